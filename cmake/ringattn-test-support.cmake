@@ -1,0 +1,58 @@
+# Helpers for ringattn's own tests.
+
+# doctest: the package config where the system has one (Debian's doctest-dev), else the header.
+if(NOT TARGET ringattn_doctest)
+  find_package(doctest CONFIG QUIET)
+  add_library(ringattn_doctest INTERFACE)
+  if(TARGET doctest::doctest)
+    target_link_libraries(ringattn_doctest INTERFACE doctest::doctest)
+  else()
+    find_path(RINGATTN_DOCTEST_INCLUDE_DIR doctest/doctest.h
+      PATHS /usr/include /usr/local/include
+      DOC "directory holding doctest/doctest.h" REQUIRED)
+    target_include_directories(ringattn_doctest SYSTEM INTERFACE "${RINGATTN_DOCTEST_INCLUDE_DIR}")
+  endif()
+endif()
+find_package(Threads REQUIRED)
+
+# mpirun as root (CI and the device machine run as root) and on fewer cores than ranks.
+set(RINGATTN_MPI_ENV "OMPI_ALLOW_RUN_AS_ROOT=1;OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1;OMPI_MCA_rmaps_base_oversubscribe=1")
+set(RINGATTN_MPIEXEC_FLAGS "")
+
+# Warnings are errors in the project's own targets (RINGATTN_WERROR, on by default; a machine with
+# a newer compiler may turn it off to see new warnings without failing the build).
+option(RINGATTN_WERROR "Treat warnings in ringattn's tests and examples as errors" ON)
+function(ringattn_warnings target)
+  if(CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
+    target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra>)
+    if(RINGATTN_WERROR)
+      target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Werror>)
+    endif()
+  endif()
+  if(CMAKE_CUDA_COMPILER)
+    target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra>)
+    if(RINGATTN_WERROR)
+      target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-Werror=all-warnings>)
+    endif()
+  endif()
+endfunction()
+
+# ringattn_add_doctest_suite(<label> MAIN <main> SOURCES <files...> LIBRARIES <libs...>)
+# One executable per label; one CTest test per source file (doctest --source-file filter), named
+# <label>.<file stem>. GPU suites map exit code 77 to "Skipped".
+function(ringattn_add_doctest_suite label)
+  cmake_parse_arguments(arg "" "MAIN" "SOURCES;LIBRARIES" ${ARGN})
+  set(exe ringattn_test_${label})
+  add_executable(${exe} ${arg_MAIN} ${arg_SOURCES})
+  target_link_libraries(${exe} PRIVATE ${arg_LIBRARIES} ringattn_doctest Threads::Threads)
+  ringattn_warnings(${exe})
+  foreach(src IN LISTS arg_SOURCES)
+    get_filename_component(stem ${src} NAME_WE)
+    get_filename_component(name ${src} NAME)
+    add_test(NAME ${label}.${stem} COMMAND ${exe} --source-file=*${name} --no-intro=true)
+    set_tests_properties(${label}.${stem} PROPERTIES LABELS ${label} TIMEOUT 600)
+    if(label STREQUAL "gpu")
+      set_tests_properties(${label}.${stem} PROPERTIES SKIP_RETURN_CODE 77 RESOURCE_LOCK gpu)
+    endif()
+  endforeach()
+endfunction()

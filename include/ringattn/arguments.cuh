@@ -1,0 +1,69 @@
+#pragma once
+//! \file
+//! The shape-independent arguments of one attention problem, and their validation.
+//!
+//! LSE convention, everywhere in the library: `lse[h, t] = log(sum_j exp(scale * q_t . k_j))`,
+//! natural log (base e), fp32, laid out `[q_heads, tokens]`. A row that sees no key has
+//! LSE = -inf and output 0.
+//!
+//! \code
+//! ringattn::attention_arguments args{.q_heads = 32, .kv_heads = 8, .head_dim = 128};
+//! args.validate().throw_if_invalid();          // GQA 4:1, scale defaults to 1/sqrt(128)
+//! \endcode
+
+#include <ringattn/error.cuh>
+
+#include <cmath>
+#include <cstdint>
+
+namespace ringattn {
+
+//! Which (query, key) pairs of one sequence interact. Positions are global positions in the
+//! sequence (0-based), whatever partitioner placed the tokens.
+enum class mask_kind {
+  full,   //!< every query sees every key of its sequence
+  causal, //!< query at position p sees keys at positions <= p
+};
+
+constexpr const char* to_string(mask_kind m) noexcept {
+  return m == mask_kind::causal ? "causal" : "full";
+}
+
+//! Head dimensions the tensor-core kernels are built for.
+inline constexpr int supported_head_dims[] = {64, 128, 256};
+
+//! Heads, head_dim and softmax scale of an attention problem (self-attention; q and k/v share
+//! their token positions).
+struct attention_arguments {
+  std::int32_t q_heads = 0;  //!< query heads (a multiple of kv_heads)
+  std::int32_t kv_heads = 0; //!< key/value heads; kv_heads < q_heads is GQA, 1 is MQA
+  std::int32_t head_dim = 0; //!< 64, 128 or 256
+  //! Multiplies q . k before the softmax; 0 selects the default 1 / sqrt(head_dim).
+  float softmax_scale = 0.0f;
+
+  //! The scale actually applied.
+  [[nodiscard]] double scale() const {
+    return softmax_scale != 0.0f ? static_cast<double>(softmax_scale)
+                                 : 1.0 / std::sqrt(static_cast<double>(head_dim));
+  }
+  //! Query heads per kv head.
+  [[nodiscard]] std::int32_t group_size() const { return q_heads / kv_heads; }
+
+  //! Rejects non-positive counts, q_heads not a multiple of kv_heads, an unsupported head_dim and
+  //! a non-finite or negative scale.
+  [[nodiscard]] validation validate() const {
+    validation r = validation::ok();
+    r.require(q_heads > 0, "q_heads must be positive (got ", q_heads, ")");
+    r.require(kv_heads > 0, "kv_heads must be positive (got ", kv_heads, ")");
+    r.require(!r || q_heads % kv_heads == 0, "q_heads (", q_heads,
+              ") is not a multiple of kv_heads (", kv_heads, ")");
+    bool dim_ok = false;
+    for (int d : supported_head_dims) dim_ok = dim_ok || d == head_dim;
+    r.require(dim_ok, "head_dim ", head_dim, " is not supported (supported: 64, 128, 256)");
+    r.require(std::isfinite(softmax_scale) && softmax_scale >= 0.0f, "softmax_scale ",
+              softmax_scale, " must be finite and >= 0 (0 selects 1/sqrt(head_dim))");
+    return r;
+  }
+};
+
+} // namespace ringattn

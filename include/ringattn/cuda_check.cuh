@@ -1,0 +1,38 @@
+#pragma once
+//! \file
+//! Checked CUDA runtime calls. Usable from plain C++ (the runtime API is a host library).
+//!
+//! \code
+//! RINGATTN_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, stream));
+//! kernel<<<grid, block, smem, stream>>>(args);
+//! RINGATTN_CUDA_CHECK_LAUNCH();   // reports a bad launch; with RINGATTN_DEBUG_SYNC also syncs
+//! \endcode
+
+#include <ringattn/error.cuh>
+
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+namespace ringattn::detail {
+//! Throws `cuda_error` naming the call, CUDA's text and name for the code, and the rank.
+inline void check_cuda(cudaError_t code, const char* call, const char* file, int line) {
+  if (code == cudaSuccess) return;
+  std::string text = std::string(cudaGetErrorString(code)) + " (" + cudaGetErrorName(code) + ")";
+  throw cuda_error(call_failure(call, text, file, line), static_cast<int>(code));
+}
+} // namespace ringattn::detail
+
+//! Evaluates a CUDA runtime call and throws `ringattn::cuda_error` if it fails.
+#define RINGATTN_CUDA_CHECK(call) ::ringattn::detail::check_cuda((call), #call, __FILE__, __LINE__)
+
+#if defined(RINGATTN_DEBUG_SYNC)
+#define RINGATTN_CUDA_CHECK_LAUNCH()                                                              \
+  do {                                                                                            \
+    RINGATTN_CUDA_CHECK(cudaGetLastError());                                                      \
+    RINGATTN_CUDA_CHECK(cudaDeviceSynchronize());                                                 \
+  } while (0)
+#else
+//! Checks that the last kernel launch was accepted (bad configuration, missing image, ...).
+#define RINGATTN_CUDA_CHECK_LAUNCH() RINGATTN_CUDA_CHECK(cudaGetLastError())
+#endif
