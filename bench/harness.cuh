@@ -14,8 +14,8 @@ namespace ringattn::bench {
 
 //! FLOPs of attention forward over `q_tokens` x `k_tokens` per head: 4 b h s_q s_k d, half of that
 //! for causal (the convention of the FlashAttention papers and PyTorch's benchmarks).
-inline double attention_forward_flops(double batch, double heads, double q_tokens,
-                                      double k_tokens, double head_dim, bool causal) {
+inline double attention_forward_flops(double batch, double heads, double q_tokens, double k_tokens,
+                                      double head_dim, bool causal) {
   const double f = 4.0 * batch * heads * q_tokens * k_tokens * head_dim;
   return causal ? f / 2 : f;
 }
@@ -40,7 +40,8 @@ public:
 
   template <class Fn>
   void time(benchmark::State& state, Fn&& fn, int warmup = 3) {
-    for (int i = 0; i < warmup; ++i) fn(stream_);
+    for (int i = 0; i < warmup; ++i)
+      fn(stream_);
     RINGATTN_CUDA_CHECK(cudaStreamSynchronize(stream_));
     for (auto _ : state) {
       RINGATTN_CUDA_CHECK(cudaEventRecord(start_, stream_));

@@ -32,10 +32,12 @@ echo "ctest exit $?"; tail -25 "$OUT/ctest.log"
 
 gpu_exe=build/gpu/test/ringattn_test_gpu
 for tool in memcheck racecheck synccheck; do
+  echo "== compute-sanitizer --tool $tool" >> "$OUT/sanitizer.log"
   timeout 400 compute-sanitizer --tool $tool --error-exitcode 99 $gpu_exe --no-intro=true \
-    > "$OUT/sanitizer-$tool.log" 2>&1
-  echo "compute-sanitizer $tool exit $?: $(grep -E 'ERROR SUMMARY|test cases' "$OUT/sanitizer-$tool.log" | tr '\n' ' ')"
+    >> "$OUT/sanitizer.log" 2>&1
+  echo "compute-sanitizer $tool exit $?"
 done
+grep -E "^== compute|ERROR SUMMARY|test cases" "$OUT/sanitizer.log"
 
 if [ -x build/gpu/bench/bench_scatter_gather ]; then
   build/gpu/bench/bench_scatter_gather --benchmark_out="$OUT/scatter_gather.json" \

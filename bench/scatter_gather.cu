@@ -28,7 +28,8 @@ struct buffers {
     RINGATTN_CUDA_CHECK(cudaMalloc(&shards, bytes));
     RINGATTN_CUDA_CHECK(cudaMalloc(&back, bytes));
     std::vector<unsigned short> h(bytes / 2);
-    for (std::size_t i = 0; i < h.size(); ++i) h[i] = static_cast<unsigned short>(0x3c00 + (i * 2654435761u >> 20) % 512);
+    for (std::size_t i = 0; i < h.size(); ++i)
+      h[i] = static_cast<unsigned short>(0x3c00 + (i * 2654435761u >> 20) % 512);
     RINGATTN_CUDA_CHECK(cudaMemcpy(full, h.data(), bytes, cudaMemcpyHostToDevice));
   }
   static buffers& get() {
@@ -77,11 +78,11 @@ void scatter_gather(benchmark::State& state) {
   state.SetLabel(mode == 0 ? "scatter" : mode == 1 ? "gather" : "scatter+gather");
 }
 #define RINGATTN_SG(P)                                                                             \
-  BENCHMARK(scatter_gather<ringattn::P>)                                                          \
-      ->ArgsProduct({{4, 8}, {0, 1, 2}})                                                          \
-      ->ArgNames({"ranks", "mode"})                                                               \
-      ->UseManualTime()                                                                           \
-      ->Unit(benchmark::kMillisecond)                                                             \
+  BENCHMARK(scatter_gather<ringattn::P>)                                                           \
+      ->ArgsProduct({{4, 8}, {0, 1, 2}})                                                           \
+      ->ArgNames({"ranks", "mode"})                                                                \
+      ->UseManualTime()                                                                            \
+      ->Unit(benchmark::kMillisecond)                                                              \
       ->MinTime(0.3)
 RINGATTN_SG(contiguous);
 RINGATTN_SG(round_robin);

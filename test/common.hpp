@@ -24,7 +24,8 @@ template <class T>
 std::vector<T> random_buffer(std::size_t n, std::mt19937_64& rng, float scale = 1.0f) {
   std::uniform_real_distribution<float> u(-scale, scale);
   std::vector<T> v(n);
-  for (auto& x : v) x = from_float<T>(u(rng));
+  for (auto& x : v)
+    x = from_float<T>(u(rng));
   return v;
 }
 
@@ -39,7 +40,8 @@ inline std::vector<std::int32_t> random_cu_seqlens(int batch, int min_len, int m
                                                    std::mt19937_64& rng) {
   std::uniform_int_distribution<int> len(min_len, max_len);
   std::vector<std::int32_t> cu{0};
-  for (int b = 0; b < batch; ++b) cu.push_back(cu.back() + len(rng));
+  for (int b = 0; b < batch; ++b)
+    cu.push_back(cu.back() + len(rng));
   return cu;
 }
 

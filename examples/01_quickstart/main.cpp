@@ -28,15 +28,23 @@ options parse(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     const char* v = i + 1 < argc ? argv[i + 1] : "";
-    if (a == "--ranks") o.ranks = std::atoi(v), ++i;
-    else if (a == "--tokens") o.tokens = std::atoi(v), ++i;
-    else if (a == "--heads") o.heads = std::atoi(v), ++i;
-    else if (a == "--kv-heads") o.kv_heads = std::atoi(v), ++i;
-    else if (a == "--mask") o.mask = std::strcmp(v, "full") == 0 ? ringattn::mask_kind::full
-                                                                 : ringattn::mask_kind::causal, ++i;
+    if (a == "--ranks")
+      o.ranks = std::atoi(v), ++i;
+    else if (a == "--tokens")
+      o.tokens = std::atoi(v), ++i;
+    else if (a == "--heads")
+      o.heads = std::atoi(v), ++i;
+    else if (a == "--kv-heads")
+      o.kv_heads = std::atoi(v), ++i;
+    else if (a == "--mask")
+      o.mask =
+          std::strcmp(v, "full") == 0 ? ringattn::mask_kind::full : ringattn::mask_kind::causal,
+      ++i;
     else {
-      std::fprintf(stderr, "usage: %s [--ranks P] [--tokens N] [--heads H] [--kv-heads K] "
-                           "[--mask causal|full]\n", argv[0]);
+      std::fprintf(stderr,
+                   "usage: %s [--ranks P] [--tokens N] [--heads H] [--kv-heads K] "
+                   "[--mask causal|full]\n",
+                   argv[0]);
       std::exit(2);
     }
   }
@@ -79,28 +87,34 @@ int main(int argc, char** argv) try {
   std::mt19937_64 rng(std::random_device{}());
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   std::vector<__nv_bfloat16> q(static_cast<std::size_t>(cu.back()) * o.heads * 64);
-  for (auto& x : q) x = ringattn::from_float<__nv_bfloat16>(u(rng));
+  for (auto& x : q)
+    x = ringattn::from_float<__nv_bfloat16>(u(rng));
   ringattn::thd_view<const __nv_bfloat16> qv(q.data(), cu.back(), o.heads, 64);
   std::vector<__nv_bfloat16> shards(q.size()), back(q.size());
   for (int r = 0; r < o.ranks; ++r)
-    ringattn::scatter(plan, r, qv,
-                      ringattn::thd_view<__nv_bfloat16>(shards.data() + plan.rank_offset(r) * o.heads * 64,
-                                                        plan.local_tokens(r), o.heads, 64));
-  ringattn::gather(plan, ringattn::thd_view<const __nv_bfloat16>(shards.data(), cu.back(), o.heads, 64),
+    ringattn::scatter(
+        plan, r, qv,
+        ringattn::thd_view<__nv_bfloat16>(shards.data() + plan.rank_offset(r) * o.heads * 64,
+                                          plan.local_tokens(r), o.heads, 64));
+  ringattn::gather(plan,
+                   ringattn::thd_view<const __nv_bfloat16>(shards.data(), cu.back(), o.heads, 64),
                    ringattn::thd_view<__nv_bfloat16>(back.data(), cu.back(), o.heads, 64));
   const bool same = std::memcmp(q.data(), back.data(), q.size() * sizeof(q[0])) == 0;
 
   std::vector<__nv_bfloat16> kv(static_cast<std::size_t>(cu.back()) * o.kv_heads * 64);
-  for (auto& x : kv) x = ringattn::from_float<__nv_bfloat16>(u(rng));
+  for (auto& x : kv)
+    x = ringattn::from_float<__nv_bfloat16>(u(rng));
   ringattn::thd_view<const __nv_bfloat16> kvv(kv.data(), cu.back(), o.kv_heads, 64);
   const auto t0 = std::chrono::steady_clock::now();
   auto ref = ringattn::reference::attention_forward(qv, kvv, kvv, cu, args, o.mask);
-  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   std::printf("\nPacked batch of %zu sequences (%d tokens), zigzag over %d ranks: scatter+gather "
               "%s; float64 oracle %.1f ms, lse[0,0] = %.6f\n",
               cu.size() - 1, cu.back(), o.ranks, same ? "is the identity" : "FAILED", ms,
               ref.lse_at(0, 0));
-  std::printf("(The ring driver, which runs this on P ranks, arrives with the ring-forward issue.)\n");
+  std::printf(
+      "(The ring driver, which runs this on P ranks, arrives with the ring-forward issue.)\n");
   return same ? 0 : 1;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "%s\n", e.what());

@@ -58,7 +58,8 @@ struct attention_arguments {
     r.require(!r || q_heads % kv_heads == 0, "q_heads (", q_heads,
               ") is not a multiple of kv_heads (", kv_heads, ")");
     bool dim_ok = false;
-    for (int d : supported_head_dims) dim_ok = dim_ok || d == head_dim;
+    for (int d : supported_head_dims)
+      dim_ok = dim_ok || d == head_dim;
     r.require(dim_ok, "head_dim ", head_dim, " is not supported (supported: 64, 128, 256)");
     r.require(std::isfinite(softmax_scale) && softmax_scale >= 0.0f, "softmax_scale ",
               softmax_scale, " must be finite and >= 0 (0 selects 1/sqrt(head_dim))");

@@ -35,40 +35,39 @@
 #define RINGATTN_DETAIL_CAT(a, b) RINGATTN_DETAIL_CAT2(a, b)
 #define RINGATTN_DETAIL_COUNT(...) RINGATTN_DETAIL_COUNT_(__VA_ARGS__, 8, 7, 6, 5, 4, 3, 2, 1, 0)
 #define RINGATTN_DETAIL_COUNT_(a, b, c, d, e, f, g, h, n, ...) n
-#define RINGATTN_DETAIL_ARCH_TAG(...)                                                             \
+#define RINGATTN_DETAIL_ARCH_TAG(...)                                                              \
   RINGATTN_DETAIL_CAT(RINGATTN_DETAIL_ARCH_TAG_, RINGATTN_DETAIL_COUNT(__VA_ARGS__))(__VA_ARGS__)
 #define RINGATTN_DETAIL_ARCH_TAG_1(a) _sm##a
 #define RINGATTN_DETAIL_ARCH_TAG_2(a, b) RINGATTN_DETAIL_CAT(_sm##a, RINGATTN_DETAIL_ARCH_TAG_1(b))
-#define RINGATTN_DETAIL_ARCH_TAG_3(a, ...)                                                        \
+#define RINGATTN_DETAIL_ARCH_TAG_3(a, ...)                                                         \
   RINGATTN_DETAIL_CAT(_sm##a, RINGATTN_DETAIL_ARCH_TAG_2(__VA_ARGS__))
-#define RINGATTN_DETAIL_ARCH_TAG_4(a, ...)                                                        \
+#define RINGATTN_DETAIL_ARCH_TAG_4(a, ...)                                                         \
   RINGATTN_DETAIL_CAT(_sm##a, RINGATTN_DETAIL_ARCH_TAG_3(__VA_ARGS__))
-#define RINGATTN_DETAIL_ARCH_TAG_5(a, ...)                                                        \
+#define RINGATTN_DETAIL_ARCH_TAG_5(a, ...)                                                         \
   RINGATTN_DETAIL_CAT(_sm##a, RINGATTN_DETAIL_ARCH_TAG_4(__VA_ARGS__))
-#define RINGATTN_DETAIL_ARCH_TAG_6(a, ...)                                                        \
+#define RINGATTN_DETAIL_ARCH_TAG_6(a, ...)                                                         \
   RINGATTN_DETAIL_CAT(_sm##a, RINGATTN_DETAIL_ARCH_TAG_5(__VA_ARGS__))
-#define RINGATTN_DETAIL_ARCH_TAG_7(a, ...)                                                        \
+#define RINGATTN_DETAIL_ARCH_TAG_7(a, ...)                                                         \
   RINGATTN_DETAIL_CAT(_sm##a, RINGATTN_DETAIL_ARCH_TAG_6(__VA_ARGS__))
-#define RINGATTN_DETAIL_ARCH_TAG_8(a, ...)                                                        \
+#define RINGATTN_DETAIL_ARCH_TAG_8(a, ...)                                                         \
   RINGATTN_DETAIL_CAT(_sm##a, RINGATTN_DETAIL_ARCH_TAG_7(__VA_ARGS__))
 
-#define RINGATTN_DETAIL_VERSION_TAG                                                               \
-  RINGATTN_DETAIL_CAT(                                                                            \
-      RINGATTN_DETAIL_CAT(RINGATTN_DETAIL_CAT(abi_v, RINGATTN_VERSION_MAJOR),                     \
-                          RINGATTN_DETAIL_CAT(_, RINGATTN_VERSION_MINOR)),                        \
-      RINGATTN_DETAIL_CAT(_, RINGATTN_VERSION_PATCH))
+#define RINGATTN_DETAIL_VERSION_TAG                                                                \
+  RINGATTN_DETAIL_CAT(RINGATTN_DETAIL_CAT(RINGATTN_DETAIL_CAT(abi_v, RINGATTN_VERSION_MAJOR),      \
+                                          RINGATTN_DETAIL_CAT(_, RINGATTN_VERSION_MINOR)),         \
+                      RINGATTN_DETAIL_CAT(_, RINGATTN_VERSION_PATCH))
 
 #if defined(__CUDA_ARCH_LIST__)
-#define RINGATTN_ABI_NAMESPACE                                                                    \
+#define RINGATTN_ABI_NAMESPACE                                                                     \
   RINGATTN_DETAIL_CAT(RINGATTN_DETAIL_VERSION_TAG, RINGATTN_DETAIL_ARCH_TAG(__CUDA_ARCH_LIST__))
 #else
 #define RINGATTN_ABI_NAMESPACE RINGATTN_DETAIL_CAT(RINGATTN_DETAIL_VERSION_TAG, _host)
 #endif
 
 //! Opens `namespace ringattn { inline namespace <abi tag> {`; for code that launches kernels.
-#define RINGATTN_ABI_BEGIN                                                                        \
-  namespace ringattn {                                                                            \
+#define RINGATTN_ABI_BEGIN                                                                         \
+  namespace ringattn {                                                                             \
   inline namespace RINGATTN_ABI_NAMESPACE {
-#define RINGATTN_ABI_END                                                                          \
-  }                                                                                               \
+#define RINGATTN_ABI_END                                                                           \
+  }                                                                                                \
   }

@@ -27,10 +27,10 @@ inline void check_cuda(cudaError_t code, const char* call, const char* file, int
 #define RINGATTN_CUDA_CHECK(call) ::ringattn::detail::check_cuda((call), #call, __FILE__, __LINE__)
 
 #if defined(RINGATTN_DEBUG_SYNC)
-#define RINGATTN_CUDA_CHECK_LAUNCH()                                                              \
-  do {                                                                                            \
-    RINGATTN_CUDA_CHECK(cudaGetLastError());                                                      \
-    RINGATTN_CUDA_CHECK(cudaDeviceSynchronize());                                                 \
+#define RINGATTN_CUDA_CHECK_LAUNCH()                                                               \
+  do {                                                                                             \
+    RINGATTN_CUDA_CHECK(cudaGetLastError());                                                       \
+    RINGATTN_CUDA_CHECK(cudaDeviceSynchronize());                                                  \
   } while (0)
 #else
 //! Checks that the last kernel launch was accepted (bad configuration, missing image, ...).

@@ -2,11 +2,11 @@
 //! \file
 //! Element types and tensor views of the THD layout.
 //!
-//! THD: a tensor `[tokens, heads, head_dim]` with head_dim contiguous (stride 1), heads `head_stride`
-//! elements apart and tokens `token_stride` elements apart. All packed sequences of a batch share the
-//! token dimension; `cu_seqlens` (int32, batch + 1 entries, starting at 0) says where each begins.
-//! Views never own memory. Whether `data` is host or device memory is the caller's contract with
-//! the function the view is passed to.
+//! THD: a tensor `[tokens, heads, head_dim]` with head_dim contiguous (stride 1), heads
+//! `head_stride` elements apart and tokens `token_stride` elements apart. All packed sequences of a
+//! batch share the token dimension; `cu_seqlens` (int32, batch + 1 entries, starting at 0) says
+//! where each begins. Views never own memory. Whether `data` is host or device memory is the
+//! caller's contract with the function the view is passed to.
 //!
 //! \code
 //! __nv_bfloat16* q = ...;                                  // [tokens, 32, 128], packed
@@ -62,7 +62,8 @@ inline constexpr dtype dtype_of_v = dtype_of<std::remove_const_t<T>>::value;
 template <class T>
 concept element = std::is_same_v<std::remove_const_t<T>, __half> ||
                   std::is_same_v<std::remove_const_t<T>, __nv_bfloat16> ||
-                  std::is_same_v<std::remove_const_t<T>, float>;
+                  std::is_same_v < std::remove_const_t<T>,
+float > ;
 
 //! Conversions usable on the host (plain C++) and the device; round to nearest even.
 RINGATTN_HOST_DEVICE inline float to_float(float x) { return x; }
@@ -72,9 +73,12 @@ RINGATTN_HOST_DEVICE inline float to_float(__nv_bfloat16 x) { return __bfloat162
 //! `from_float<T>(x)`: x rounded to nearest even in T.
 template <element T>
 RINGATTN_HOST_DEVICE inline T from_float(float x) {
-  if constexpr (std::is_same_v<T, __half>) return __float2half_rn(x);
-  else if constexpr (std::is_same_v<T, __nv_bfloat16>) return __float2bfloat16_rn(x);
-  else return x;
+  if constexpr (std::is_same_v<T, __half>)
+    return __float2half_rn(x);
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    return __float2bfloat16_rn(x);
+  else
+    return x;
 }
 
 //! A non-owning view of a `[tokens, heads, head_dim]` tensor, head_dim contiguous.
@@ -91,8 +95,8 @@ struct thd_view {
   constexpr thd_view() = default;
   //! A densely packed view: head_stride = head_dim, token_stride = heads * head_dim.
   RINGATTN_HOST_DEVICE constexpr thd_view(T* p, std::int64_t t, std::int32_t h, std::int32_t d)
-      : data(p), tokens(t), heads(h), head_dim(d),
-        token_stride(static_cast<std::int64_t>(h) * d), head_stride(d) {}
+      : data(p), tokens(t), heads(h), head_dim(d), token_stride(static_cast<std::int64_t>(h) * d),
+        head_stride(d) {}
   //! A strided view (e.g. q, k, v slices of one fused qkv projection).
   RINGATTN_HOST_DEVICE constexpr thd_view(T* p, std::int64_t t, std::int32_t h, std::int32_t d,
                                           std::int64_t ts, std::int64_t hs)
@@ -100,8 +104,8 @@ struct thd_view {
 
   //! A view of const elements from a view of mutable ones (thd_view<T> -> thd_view<const T>).
   template <class U>
-    requires(std::is_const_v<T> && std::is_same_v<const U, T> && !std::is_const_v<U>)
-  RINGATTN_HOST_DEVICE constexpr thd_view(const thd_view<U>& o)
+  requires(std::is_const_v<T>&& std::is_same_v<const U, T> &&
+           !std::is_const_v<U>) RINGATTN_HOST_DEVICE constexpr thd_view(const thd_view<U>& o)
       : data(o.data), tokens(o.tokens), heads(o.heads), head_dim(o.head_dim),
         token_stride(o.token_stride), head_stride(o.head_stride) {}
 
@@ -150,12 +154,12 @@ validation validate_view(const thd_view<T>& v, const char* name) {
 
 //! Checks that `cu_seqlens` describes packed sequences of a tensor with `tokens` tokens: at least
 //! two entries, starting at 0, non-decreasing, ending at `tokens`. Empty sequences are allowed.
-inline validation validate_cu_seqlens(std::span<const std::int32_t> cu_seqlens,
-                                      std::int64_t tokens, const char* name = "cu_seqlens") {
+inline validation validate_cu_seqlens(std::span<const std::int32_t> cu_seqlens, std::int64_t tokens,
+                                      const char* name = "cu_seqlens") {
   validation r = validation::ok();
   if (cu_seqlens.size() < 2)
-    return validation::fail(detail::concat(name, " needs batch + 1 >= 2 entries (got ",
-                                           cu_seqlens.size(), ")"));
+    return validation::fail(
+        detail::concat(name, " needs batch + 1 >= 2 entries (got ", cu_seqlens.size(), ")"));
   r.require(cu_seqlens[0] == 0, name, "[0] must be 0 (got ", cu_seqlens[0], ")");
   for (std::size_t i = 1; i < cu_seqlens.size() && r; ++i)
     r.require(cu_seqlens[i] >= cu_seqlens[i - 1], name, " is not monotone: ", name, "[", i,

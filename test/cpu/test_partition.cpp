@@ -58,7 +58,8 @@ TEST_CASE_TEMPLATE("every position has exactly one owner; locate and position ar
     }
 }
 
-TEST_CASE_TEMPLATE("plan: local cu_seqlens, global <-> local maps and position ids", P, PARTITIONERS) {
+TEST_CASE_TEMPLATE("plan: local cu_seqlens, global <-> local maps and position ids", P,
+                   PARTITIONERS) {
   const auto seed = test::fresh_seed();
   CAPTURE(seed);
   std::mt19937_64 rng(seed);
@@ -176,28 +177,31 @@ TEST_CASE_TEMPLATE("host scatter then gather is the identity, dense and strided"
     std::vector<__nv_bfloat16> shards(static_cast<std::size_t>(plan.tokens() * heads * dim),
                                       test::poison<__nv_bfloat16>());
     for (int r = 0; r < ranks; ++r)
-      scatter(plan, r,
-              full, thd_view<__nv_bfloat16>(shards.data() + plan.rank_offset(r) * heads * dim,
-                                           plan.local_tokens(r), heads, dim));
+      scatter(plan, r, full,
+              thd_view<__nv_bfloat16>(shards.data() + plan.rank_offset(r) * heads * dim,
+                                      plan.local_tokens(r), heads, dim));
     std::vector<__nv_bfloat16> back(data.size(), test::poison<__nv_bfloat16>());
     thd_view<__nv_bfloat16> out(back.data(), tokens, heads, dim, ts, hs);
     gather(plan, thd_view<const __nv_bfloat16>(shards.data(), plan.tokens(), heads, dim), out);
     for (std::int64_t t = 0; t < tokens; ++t)
       for (int h = 0; h < heads; ++h)
-        for (int d = 0; d < dim; ++d) REQUIRE(to_float(out(t, h, d)) == to_float(full(t, h, d)));
+        for (int d = 0; d < dim; ++d)
+          REQUIRE(to_float(out(t, h, d)) == to_float(full(t, h, d)));
     // The padded layout: rank r's shard at r * rank_stride.
     const std::int64_t stride = plan.max_local_tokens() + 3;
     std::vector<__nv_bfloat16> padded(static_cast<std::size_t>(stride * ranks * heads * dim),
                                       test::poison<__nv_bfloat16>());
     for (int r = 0; r < ranks; ++r)
       scatter(plan, r, full,
-              thd_view<__nv_bfloat16>(padded.data() + r * stride * heads * dim, plan.local_tokens(r),
-                                      heads, dim));
+              thd_view<__nv_bfloat16>(padded.data() + r * stride * heads * dim,
+                                      plan.local_tokens(r), heads, dim));
     std::fill(back.begin(), back.end(), test::poison<__nv_bfloat16>());
-    gather(plan, thd_view<const __nv_bfloat16>(padded.data(), stride * ranks, heads, dim), out, stride);
+    gather(plan, thd_view<const __nv_bfloat16>(padded.data(), stride * ranks, heads, dim), out,
+           stride);
     for (std::int64_t t = 0; t < tokens; ++t)
       for (int h = 0; h < heads; ++h)
-        for (int d = 0; d < dim; ++d) REQUIRE(to_float(out(t, h, d)) == to_float(full(t, h, d)));
+        for (int d = 0; d < dim; ++d)
+          REQUIRE(to_float(out(t, h, d)) == to_float(full(t, h, d)));
   }
 }
 
@@ -225,11 +229,13 @@ TEST_CASE("uneven and empty shares: 2999 tokens on 4 ranks, 3 tokens on 8 ranks"
 TEST_CASE("bad input is rejected with a clear error") {
   const std::vector<std::int32_t> cu = {0, 10};
   CHECK_THROWS_WITH_AS(partition_plan<zigzag>(cu, 0),
-                       "ringattn: the number of ranks must be at least 1 (got 0)", invalid_argument);
-  const std::vector<std::int32_t> down = {0, 10, 5};
-  CHECK_THROWS_WITH_AS(partition_plan<zigzag>(down, 2),
-                       "ringattn: cu_seqlens is not monotone: cu_seqlens[2] = 5 < cu_seqlens[1] = 10",
+                       "ringattn: the number of ranks must be at least 1 (got 0)",
                        invalid_argument);
+  const std::vector<std::int32_t> down = {0, 10, 5};
+  CHECK_THROWS_WITH_AS(
+      partition_plan<zigzag>(down, 2),
+      "ringattn: cu_seqlens is not monotone: cu_seqlens[2] = 5 < cu_seqlens[1] = 10",
+      invalid_argument);
   const std::vector<std::int32_t> empty = {};
   CHECK_THROWS_AS(partition_plan<zigzag>(empty, 2), invalid_argument);
   partition_plan<round_robin> plan(cu, 2);

@@ -17,7 +17,8 @@ namespace {
 tensor random_tensor(std::int64_t t, int h, int d, std::mt19937_64& rng) {
   std::uniform_real_distribution<double> u(-1.0, 1.0);
   tensor x(t, h, d);
-  for (double& e : x.data) e = u(rng);
+  for (double& e : x.data)
+    e = u(rng);
   return x;
 }
 tensor slice(const tensor& x, std::int64_t begin, std::int64_t end) {
@@ -32,7 +33,10 @@ TEST_CASE("oracle: a 2-token case computed by hand, full and causal") {
   tensor q(2, 1, 2), k(2, 1, 2), v(2, 1, 2);
   q(0, 0, 0) = k(0, 0, 0) = 1.0;
   q(1, 0, 1) = k(1, 0, 1) = 1.0;
-  v(0, 0, 0) = 1; v(0, 0, 1) = 2; v(1, 0, 0) = 3; v(1, 0, 1) = 4;
+  v(0, 0, 0) = 1;
+  v(0, 0, 1) = 2;
+  v(1, 0, 0) = 3;
+  v(1, 0, 1) = 4;
   const std::vector<std::int32_t> cu = {0, 2};
   const attention_arguments args{1, 1, 2, 1.0f};
   const double e = std::exp(1.0);
@@ -55,9 +59,11 @@ TEST_CASE("oracle: a 2-token case computed by hand, full and causal") {
 TEST_CASE("oracle: empty sequences in a batch are skipped") {
   std::mt19937_64 rng(test::fresh_seed());
   const std::vector<std::int32_t> cu = {0, 0, 3, 3};
-  auto q = random_tensor(3, 2, 4, rng), k = random_tensor(3, 2, 4, rng), v = random_tensor(3, 2, 4, rng);
+  auto q = random_tensor(3, 2, 4, rng), k = random_tensor(3, 2, 4, rng),
+       v = random_tensor(3, 2, 4, rng);
   auto r = reference::attention_forward(q, k, v, cu, {2, 2, 4, 0.5f}, mask_kind::causal);
-  for (double x : r.lse) CHECK(std::isfinite(x));
+  for (double x : r.lse)
+    CHECK(std::isfinite(x));
 }
 
 TEST_CASE("oracle: a packed batch equals each sequence run alone; GQA equals repeated K/V") {
@@ -74,12 +80,14 @@ TEST_CASE("oracle: a packed batch equals each sequence run alone; GQA equals rep
     auto packed = reference::attention_forward(q, k, v, cu, args, mask);
     for (std::size_t b = 0; b + 1 < cu.size(); ++b) {
       const std::vector<std::int32_t> one = {0, cu[b + 1] - cu[b]};
-      auto alone = reference::attention_forward(slice(q, cu[b], cu[b + 1]), slice(k, cu[b], cu[b + 1]),
-                                                slice(v, cu[b], cu[b + 1]), one, args, mask);
+      auto alone =
+          reference::attention_forward(slice(q, cu[b], cu[b + 1]), slice(k, cu[b], cu[b + 1]),
+                                       slice(v, cu[b], cu[b + 1]), one, args, mask);
       for (std::int64_t t = 0; t < one[1]; ++t)
         for (int h = 0; h < 4; ++h) {
           CHECK(alone.lse_at(h, t) == packed.lse_at(h, cu[b] + t));
-          for (int d = 0; d < 8; ++d) CHECK(alone.out(t, h, d) == packed.out(cu[b] + t, h, d));
+          for (int d = 0; d < 8; ++d)
+            CHECK(alone.out(t, h, d) == packed.out(cu[b] + t, h, d));
         }
     }
     // GQA: q head h reads kv head h / 2; repeating K/V per q head gives plain MHA.
@@ -109,7 +117,8 @@ TEST_CASE("oracle backward: gradients match central finite differences of <dO, O
     auto loss = [&](const tensor& qq, const tensor& kk, const tensor& vv) {
       auto f = reference::attention_forward(qq, kk, vv, cu, args, mask);
       double l = 0.0;
-      for (std::size_t i = 0; i < f.out.data.size(); ++i) l += f.out.data[i] * dout.data[i];
+      for (std::size_t i = 0; i < f.out.data.size(); ++i)
+        l += f.out.data[i] * dout.data[i];
       return l;
     };
     const double eps = 1e-6;
@@ -140,7 +149,8 @@ TEST_CASE("oracle: views of bf16 storage give the same result as the float64 ten
   auto qb = test::random_buffer<__nv_bfloat16>(7 * 2 * 64, rng);
   auto kb = test::random_buffer<__nv_bfloat16>(7 * 1 * 64, rng);
   auto vb = test::random_buffer<__nv_bfloat16>(7 * 1 * 64, rng);
-  thd_view<const __nv_bfloat16> qv(qb.data(), 7, 2, 64), kv(kb.data(), 7, 1, 64), vv(vb.data(), 7, 1, 64);
+  thd_view<const __nv_bfloat16> qv(qb.data(), 7, 2, 64), kv(kb.data(), 7, 1, 64),
+      vv(vb.data(), 7, 1, 64);
   const attention_arguments args{2, 1, 64, 0.0f};
   auto a = reference::attention_forward(qv, kv, vv, cu, args, mask_kind::causal);
   auto b = reference::attention_forward(reference::to_tensor(qv), reference::to_tensor(kv),
@@ -157,8 +167,9 @@ TEST_CASE("oracle rejects inconsistent shapes") {
   CHECK_THROWS_AS(reference::attention_forward(q, k, v, cu, {2, 2, 8, 0.f}, mask_kind::full),
                   invalid_argument);
   const std::vector<std::int32_t> short_cu = {0, 3};
-  CHECK_THROWS_WITH(reference::attention_forward(q, k, v, short_cu, {2, 1, 8, 0.f}, mask_kind::full),
-                    "ringattn: cu_seqlens ends at 3 but the tensor has 4 tokens");
+  CHECK_THROWS_WITH(
+      reference::attention_forward(q, k, v, short_cu, {2, 1, 8, 0.f}, mask_kind::full),
+      "ringattn: cu_seqlens ends at 3 but the tensor has 4 tokens");
 }
 
 TEST_CASE("relative_error: NaN never passes, sizes must agree") {

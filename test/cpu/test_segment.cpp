@@ -49,11 +49,13 @@ TEST_CASE("classify: every (q segment, k segment, window) agrees with position c
   }
 }
 
-TEST_CASE("band::kv_tiles: visited tiles hold every visible column, unmasked tiles are all-visible") {
+TEST_CASE(
+    "band::kv_tiles: visited tiles hold every visible column, unmasked tiles are all-visible") {
   const auto seed = test::fresh_seed();
   CAPTURE(seed);
   std::mt19937_64 rng(seed);
-  std::uniform_int_distribution<int> lo(-40, 20), width(0, 40), rows(1, 70), cols(1, 70), tile(1, 16);
+  std::uniform_int_distribution<int> lo(-40, 20), width(0, 40), rows(1, 70), cols(1, 70),
+      tile(1, 16);
   for (int trial = 0; trial < 3000; ++trial) {
     band b{lo(rng), 0};
     b.hi = b.lo + width(rng);

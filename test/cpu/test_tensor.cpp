@@ -54,7 +54,8 @@ TEST_CASE("validate_view rejects bad shapes, overlapping strides and null data")
 TEST_CASE("validate_cu_seqlens: starts at 0, monotone, ends at the token count") {
   std::vector<std::int32_t> good = {0, 5, 5, 9};
   CHECK(validate_cu_seqlens(good, 9).is_ok());
-  CHECK(validate_cu_seqlens(good, 10).reason() == "cu_seqlens ends at 9 but the tensor has 10 tokens");
+  CHECK(validate_cu_seqlens(good, 10).reason() ==
+        "cu_seqlens ends at 9 but the tensor has 10 tokens");
   std::vector<std::int32_t> bad = {0, 5, 4, 9};
   CHECK(validate_cu_seqlens(bad, 9).reason().find("not monotone") != std::string::npos);
   std::vector<std::int32_t> off = {1, 5};

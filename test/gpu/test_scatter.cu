@@ -46,7 +46,8 @@ void check_against_host(int trial, std::mt19937_64& rng) {
   for (int r = 0; r < ranks; ++r) {
     const std::int64_t off = plan.rank_offset(r) * row + shift;
     scatter(plan, r, hv, thd_view<T>(host_shards.data() + off, plan.local_tokens(r), heads, dim));
-    scatter(dplan, r, dv, thd_view<T>(dshards.get() + off, plan.local_tokens(r), heads, dim), stream);
+    scatter(dplan, r, dv, thd_view<T>(dshards.get() + off, plan.local_tokens(r), heads, dim),
+            stream);
   }
   RINGATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
   const auto got_shards = dshards.download();
@@ -84,7 +85,8 @@ TEST_CASE("device gather reads the padded layout of an equal-size all-gather") {
   const int ranks = 4, heads = 2, dim = 128;
   partition_plan<zigzag> plan(cu, ranks);
   device_partition_plan<zigzag> dplan(plan);
-  auto full = test::random_buffer<__nv_bfloat16>(static_cast<std::size_t>(plan.tokens() * heads * dim), rng);
+  auto full = test::random_buffer<__nv_bfloat16>(
+      static_cast<std::size_t>(plan.tokens() * heads * dim), rng);
   test::device_buffer<__nv_bfloat16> dfull(full), dback(full.size());
   const std::int64_t stride = plan.max_local_tokens();
   test::device_buffer<__nv_bfloat16> padded(static_cast<std::size_t>(stride * ranks * heads * dim));

@@ -18,7 +18,8 @@ __global__ void copy_view(thd_view<const T> src, thd_view<T> dst) {
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const std::int64_t t = i / (src.heads * src.head_dim);
-    const int h = static_cast<int>(i / src.head_dim % src.heads), d = static_cast<int>(i % src.head_dim);
+    const int h = static_cast<int>(i / src.head_dim % src.heads),
+              d = static_cast<int>(i % src.head_dim);
     dst(t, h, d) = src(t, h, d);
   }
 }
@@ -53,7 +54,8 @@ void check_round_trip() {
   RINGATTN_CUDA_CHECK_LAUNCH();
   RINGATTN_CUDA_CHECK(cudaDeviceSynchronize());
   const auto out = back.download();
-  thd_view<const T> hin(host.data(), tokens, heads, dim, ts, hs), hout(out.data(), tokens, heads, dim, ts, hs);
+  thd_view<const T> hin(host.data(), tokens, heads, dim, ts, hs),
+      hout(out.data(), tokens, heads, dim, ts, hs);
   for (std::int64_t t = 0; t < tokens; ++t)
     for (int h = 0; h < heads; ++h)
       REQUIRE(std::memcmp(hin.row(t, h), hout.row(t, h), sizeof(T) * dim) == 0);
@@ -74,7 +76,8 @@ TEST_CASE_TEMPLATE("device and host conversions agree bit for bit", T, __half, _
   std::uniform_real_distribution<float> u(-70000.0f, 70000.0f);
   const int n = 1 << 16;
   std::vector<float> x(n);
-  for (auto& e : x) e = u(rng) * (rng() % 2 ? 1.0f : 1e-6f);
+  for (auto& e : x)
+    e = u(rng) * (rng() % 2 ? 1.0f : 1e-6f);
   test::device_buffer<float> dx(x), dz(static_cast<std::size_t>(n));
   test::device_buffer<T> dy(static_cast<std::size_t>(n));
   round_trip_convert<T><<<(n + 255) / 256, 256>>>(dx.get(), dy.get(), dz.get(), n);

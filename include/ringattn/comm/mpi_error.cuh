@@ -28,8 +28,7 @@ inline void check_mpi(int code, const char* call, const char* file, int line) {
     int initialized = 0, finalized = 0;
     MPI_Initialized(&initialized);
     MPI_Finalized(&finalized);
-    if (!initialized || finalized || MPI_Comm_rank(MPI_COMM_WORLD, &rank) != MPI_SUCCESS)
-      rank = -1;
+    if (!initialized || finalized || MPI_Comm_rank(MPI_COMM_WORLD, &rank) != MPI_SUCCESS) rank = -1;
   }
   error_rank_scope scope(rank);
   throw communication_error(call_failure(call, msg, file, line));

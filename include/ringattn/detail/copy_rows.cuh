@@ -20,8 +20,10 @@ __device__ __forceinline__ int last_not_greater(const std::int32_t* a, int n, st
   int lo = 0, hi = n; // answer in [lo, hi)
   while (hi - lo > 1) {
     const int mid = (lo + hi) >> 1;
-    if (a[mid] <= x) lo = mid;
-    else hi = mid;
+    if (a[mid] <= x)
+      lo = mid;
+    else
+      hi = mid;
   }
   return lo;
 }
@@ -32,7 +34,8 @@ struct scatter_map {
   device_plan_ref plan;
   int rank;
   __device__ std::int64_t operator()(std::int64_t local) const {
-    const std::int32_t* lc = plan.local_cu_seqlens + static_cast<std::int64_t>(rank) * (plan.batch + 1);
+    const std::int32_t* lc =
+        plan.local_cu_seqlens + static_cast<std::int64_t>(rank) * (plan.batch + 1);
     const int s = last_not_greater(lc, plan.batch + 1, local);
     const std::int64_t len = plan.cu_seqlens[s + 1] - plan.cu_seqlens[s];
     return plan.cu_seqlens[s] + Partitioner::position(len, plan.ranks, rank, local - lc[s]);
@@ -66,9 +69,8 @@ struct row_geometry {
 //! One warp per destination token; lanes stride over the token's vectors, several loads in
 //! flight before the stores. Warps stride over tokens so any grid size is correct.
 template <class Vec, class Map>
-__global__ void __launch_bounds__(256) copy_rows_kernel(const Vec* __restrict__ src,
-                                                        Vec* __restrict__ dst, row_geometry g,
-                                                        Map map) {
+__global__ void __launch_bounds__(256)
+    copy_rows_kernel(const Vec* __restrict__ src, Vec* __restrict__ dst, row_geometry g, Map map) {
   constexpr int unroll = 4;
   const int lane = threadIdx.x & 31;
   const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * (blockDim.x >> 5);
@@ -105,13 +107,16 @@ template <class T>
 int vector_width(const T* src, const T* dst, const thd_view<const T>& s, const thd_view<T>& d,
                  bool whole_rows) {
   const std::uint64_t e = sizeof(T);
-  std::uint64_t bits = reinterpret_cast<std::uintptr_t>(src) | reinterpret_cast<std::uintptr_t>(dst) |
+  std::uint64_t bits = reinterpret_cast<std::uintptr_t>(src) |
+                       reinterpret_cast<std::uintptr_t>(dst) |
                        static_cast<std::uint64_t>(s.token_stride) * e |
                        static_cast<std::uint64_t>(d.token_stride) * e;
-  if (whole_rows) bits |= static_cast<std::uint64_t>(s.heads) * s.head_dim * e;
+  if (whole_rows)
+    bits |= static_cast<std::uint64_t>(s.heads) * s.head_dim * e;
   else
     bits |= static_cast<std::uint64_t>(s.head_stride) * e |
-            static_cast<std::uint64_t>(d.head_stride) * e | static_cast<std::uint64_t>(s.head_dim) * e;
+            static_cast<std::uint64_t>(d.head_stride) * e |
+            static_cast<std::uint64_t>(s.head_dim) * e;
   for (int w : {16, 8, 4})
     if ((bits & static_cast<std::uint64_t>(w - 1)) == 0) return w;
   return 2;
@@ -129,14 +134,15 @@ void copy_rows(thd_view<const T> src, thd_view<T> dst, Map map, int multiprocess
     // Widths below sizeof(T) are never chosen (vector_width starts at the element size).
     if constexpr (sizeof(Vec) >= sizeof(T)) {
       const std::int64_t per = static_cast<std::int64_t>(sizeof(Vec) / sizeof(T));
-      row_geometry g{dst.tokens,
-                     whole ? 1 : dst.heads,
-                     static_cast<int>((whole ? static_cast<std::int64_t>(dst.heads) * dst.head_dim
-                                             : dst.head_dim) / per),
-                     src.token_stride / per,
-                     src.head_stride / per,
-                     dst.token_stride / per,
-                     dst.head_stride / per};
+      row_geometry g{
+          dst.tokens,
+          whole ? 1 : dst.heads,
+          static_cast<int>(
+              (whole ? static_cast<std::int64_t>(dst.heads) * dst.head_dim : dst.head_dim) / per),
+          src.token_stride / per,
+          src.head_stride / per,
+          dst.token_stride / per,
+          dst.head_stride / per};
       constexpr int threads = 256, warps_per_block = threads / 32;
       const std::int64_t needed = (dst.tokens + warps_per_block - 1) / warps_per_block;
       // Enough resident warps to saturate memory (8 blocks of 8 warps per SM), no more.

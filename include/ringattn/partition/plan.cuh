@@ -57,8 +57,8 @@ public:
     for (int r = 0; r < ranks; ++r) {
       std::int32_t* lc = local_cu_.data() + static_cast<std::size_t>(r) * (b + 1);
       for (int s = 0; s < b; ++s)
-        lc[s + 1] = lc[s] + static_cast<std::int32_t>(
-                                Partitioner::local_length(length(s), ranks, r));
+        lc[s + 1] =
+            lc[s] + static_cast<std::int32_t>(Partitioner::local_length(length(s), ranks, r));
       rank_offsets_[r + 1] = rank_offsets_[r] + lc[b];
     }
   }
@@ -86,7 +86,8 @@ public:
   //! The largest shard (the size of a ring buffer).
   std::int64_t max_local_tokens() const {
     std::int64_t m = 0;
-    for (int r = 0; r < ranks_; ++r) m = std::max(m, local_tokens(r));
+    for (int r = 0; r < ranks_; ++r)
+      m = std::max(m, local_tokens(r));
     return m;
   }
   //! Where rank `rank`'s shard starts in the rank-major concatenation of all shards (the layout
@@ -103,16 +104,18 @@ public:
     check_rank(rank);
     auto list = Partitioner::segments(length(s), ranks_, rank);
     const std::int64_t base = local_cu_seqlens(rank)[s];
-    for (int i = 0; i < list.count; ++i) list.items[i].local_begin += base;
+    for (int i = 0; i < list.count; ++i)
+      list.items[i].local_begin += base;
     return list;
   }
 
   //! Index in the full packed batch of the `local`-th token of rank `rank`'s shard.
   std::int64_t global_token(int rank, std::int64_t local) const {
     const auto lc = local_cu_seqlens(rank);
-    const int s = static_cast<int>(std::upper_bound(lc.begin(), lc.end(),
-                                                    static_cast<std::int32_t>(local)) -
-                                   lc.begin()) - 1;
+    const int s =
+        static_cast<int>(std::upper_bound(lc.begin(), lc.end(), static_cast<std::int32_t>(local)) -
+                         lc.begin()) -
+        1;
     return cu_[s] + Partitioner::position(length(s), ranks_, rank, local - lc[s]);
   }
   //! Owner rank and shard index of the token at `global` in the full packed batch.
@@ -124,9 +127,10 @@ public:
   }
   //! Sequence holding token `global` of the full batch (the last one if several are empty).
   int sequence_of(std::int64_t global) const {
-    return static_cast<int>(std::upper_bound(cu_.begin(), cu_.end(),
-                                             static_cast<std::int32_t>(global)) -
-                            cu_.begin()) - 1;
+    return static_cast<int>(
+               std::upper_bound(cu_.begin(), cu_.end(), static_cast<std::int32_t>(global)) -
+               cu_.begin()) -
+           1;
   }
 
   //! Position within its sequence of every token of rank `rank`'s shard (for RoPE).
@@ -162,15 +166,16 @@ public:
   std::int64_t work(int rank, const position_window& w) const {
     std::int64_t n = 0;
     for (int src = 0; src < ranks_; ++src)
-      for (const block& b : blocks(rank, src, w)) n += b.visible();
+      for (const block& b : blocks(rank, src, w))
+        n += b.visible();
     return n;
   }
 
 private:
   void check_rank(int rank) const {
     if (rank < 0 || rank >= ranks_)
-      throw invalid_argument(detail::concat("ringattn: rank ", rank, " is out of range [0, ",
-                                            ranks_, ")"));
+      throw invalid_argument(
+          detail::concat("ringattn: rank ", rank, " is out of range [0, ", ranks_, ")"));
   }
 
   int ranks_;

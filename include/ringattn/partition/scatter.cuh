@@ -64,14 +64,14 @@ validation validate_gather(const partition_plan<P>& plan, thd_view<const T> gath
   r.require(detail::same_row_shape(gathered, "gathered", full, "full"));
   r.require(full.tokens == plan.tokens(), "full has ", full.tokens,
             " tokens but cu_seqlens describes ", plan.tokens());
-  r.require(rank_stride == 0 || rank_stride >= plan.max_local_tokens(), "rank_stride ",
-            rank_stride, " is smaller than the largest shard (", plan.max_local_tokens(), ")");
-  const std::int64_t need = rank_stride > 0 ? rank_stride * (plan.ranks() - 1) +
-                                                  plan.local_tokens(plan.ranks() - 1)
-                                            : plan.rank_offset(plan.ranks());
+  r.require(rank_stride == 0 || rank_stride >= plan.max_local_tokens(), "rank_stride ", rank_stride,
+            " is smaller than the largest shard (", plan.max_local_tokens(), ")");
+  const std::int64_t need =
+      rank_stride > 0 ? rank_stride * (plan.ranks() - 1) + plan.local_tokens(plan.ranks() - 1)
+                      : plan.rank_offset(plan.ranks());
   r.require(rank_stride >= 0, "rank_stride must be >= 0 (got ", rank_stride, ")");
-  r.require(gathered.tokens >= need, "gathered has ", gathered.tokens, " tokens but the shards need ",
-            need);
+  r.require(gathered.tokens >= need, "gathered has ", gathered.tokens,
+            " tokens but the shards need ", need);
   return r;
 }
 
@@ -93,8 +93,8 @@ void gather(const partition_plan<P>& plan, thd_view<const T> gathered, thd_view<
   validate_gather<P, T>(plan, gathered, full, rank_stride).throw_if_invalid();
   for (std::int64_t g = 0; g < full.tokens; ++g) {
     const owner o = plan.locate(g);
-    const std::int64_t src = (rank_stride > 0 ? o.rank * rank_stride : plan.rank_offset(o.rank)) +
-                             o.local;
+    const std::int64_t src =
+        (rank_stride > 0 ? o.rank * rank_stride : plan.rank_offset(o.rank)) + o.local;
     for (std::int32_t h = 0; h < full.heads; ++h)
       std::memcpy(full.row(g, h), gathered.row(src, h), sizeof(T) * full.head_dim);
   }
@@ -108,7 +108,7 @@ void scatter(const device_partition_plan<P>& plan, int rank, thd_view<const T> f
              thd_view<T> shard, cudaStream_t stream) {
   validate_scatter<P, T>(plan.host(), rank, full, shard).throw_if_invalid();
   kernels::copy_rows(full, shard, kernels::scatter_map<P>{plan.ref(), rank}, plan.multiprocessors(),
-                    stream);
+                     stream);
 }
 
 //! Device gather, asynchronous on `stream`, from the rank-major concatenation of all shards.
@@ -117,7 +117,7 @@ void gather(const device_partition_plan<P>& plan, thd_view<const T> gathered, th
             cudaStream_t stream, std::int64_t rank_stride = 0) {
   validate_gather<P, T>(plan.host(), gathered, full, rank_stride).throw_if_invalid();
   kernels::copy_rows(gathered, full, kernels::gather_map<P>{plan.ref(), rank_stride},
-                    plan.multiprocessors(), stream);
+                     plan.multiprocessors(), stream);
 }
 #endif
 

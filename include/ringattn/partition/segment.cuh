@@ -166,7 +166,8 @@ struct band {
     std::int64_t n = 0;
     // Rows split into at most three runs where the clipped column range changes linearly; a
     // per-row loop keeps this obviously right and costs O(rows).
-    for (std::int64_t i = 0; i < rows; ++i) n += columns(i, i + 1, cols).size();
+    for (std::int64_t i = 0; i < rows; ++i)
+      n += columns(i, i + 1, cols).size();
     return n;
   }
 };

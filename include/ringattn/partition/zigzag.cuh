@@ -50,8 +50,8 @@ struct zigzag {
     const std::int64_t c = ((position + 1) * n - 1) / length;
     if (c < ranks) return {static_cast<int>(c), position - chunk_begin(length, ranks, c)};
     const int rank = static_cast<int>(n - 1 - c);
-    const std::int64_t first = chunk_begin(length, ranks, rank + 1) -
-                               chunk_begin(length, ranks, rank);
+    const std::int64_t first =
+        chunk_begin(length, ranks, rank + 1) - chunk_begin(length, ranks, rank);
     return {rank, first + position - chunk_begin(length, ranks, c)};
   }
   RINGATTN_HOST_DEVICE static constexpr std::int64_t position(std::int64_t length, int ranks,

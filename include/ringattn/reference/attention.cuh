@@ -57,7 +57,8 @@ tensor to_tensor(thd_view<const T> v) {
   tensor r(v.tokens, v.heads, v.head_dim);
   for (std::int64_t t = 0; t < v.tokens; ++t)
     for (std::int32_t h = 0; h < v.heads; ++h)
-      for (std::int32_t d = 0; d < v.head_dim; ++d) r(t, h, d) = to_float(v(t, h, d));
+      for (std::int32_t d = 0; d < v.head_dim; ++d)
+        r(t, h, d) = to_float(v(t, h, d));
   return r;
 }
 
@@ -82,9 +83,8 @@ inline validation validate_problem(const tensor& q, const tensor& k, const tenso
                                    std::span<const std::int32_t> cu_seqlens,
                                    const attention_arguments& args) {
   validation r = validation::ok();
-  r.require(args.q_heads > 0 && args.kv_heads > 0 && args.q_heads % args.kv_heads == 0,
-            "q_heads (", args.q_heads, ") must be a positive multiple of kv_heads (",
-            args.kv_heads, ")");
+  r.require(args.q_heads > 0 && args.kv_heads > 0 && args.q_heads % args.kv_heads == 0, "q_heads (",
+            args.q_heads, ") must be a positive multiple of kv_heads (", args.kv_heads, ")");
   r.require(q.heads == args.q_heads, "q has ", q.heads, " heads, arguments say ", args.q_heads);
   r.require(k.heads == args.kv_heads && v.heads == args.kv_heads, "k/v have ", k.heads, "/",
             v.heads, " heads, arguments say ", args.kv_heads);
@@ -109,7 +109,8 @@ inline double scores(const tensor& q, const tensor& k, std::int64_t t, std::int3
     if (mask == mask_kind::causal && j > t) break; // positions are offsets within the sequence
     const double* kr = k.row(j, kvh);
     double dot = 0.0;
-    for (std::int32_t d = 0; d < q.dim; ++d) dot += qr[d] * kr[d];
+    for (std::int32_t d = 0; d < q.dim; ++d)
+      dot += qr[d] * kr[d];
     s[static_cast<std::size_t>(j - begin)] = dot * scale;
     m = std::max(m, dot * scale);
   }
@@ -144,9 +145,11 @@ inline forward_result attention_forward(const tensor& q, const tensor& k, const 
           if (p == 0.0) continue;
           sum += p;
           const double* vr = v.row(j, kvh);
-          for (std::int32_t d = 0; d < q.dim; ++d) o[d] += p * vr[d];
+          for (std::int32_t d = 0; d < q.dim; ++d)
+            o[d] += p * vr[d];
         }
-        for (std::int32_t d = 0; d < q.dim; ++d) o[d] /= sum;
+        for (std::int32_t d = 0; d < q.dim; ++d)
+          o[d] /= sum;
         r.lse[static_cast<std::size_t>(h * q.tokens + t)] = m + std::log(sum);
       }
   }
@@ -190,7 +193,8 @@ inline backward_result attention_backward(const tensor& q, const tensor& k, cons
           if (s[jj] == 0.0) continue;
           const double* vr = v.row(j, kvh);
           double x = 0.0;
-          for (std::int32_t d = 0; d < q.dim; ++d) x += dor[d] * vr[d];
+          for (std::int32_t d = 0; d < q.dim; ++d)
+            x += dor[d] * vr[d];
           dp[jj] = x;
           dsum += s[jj] * x;
         }
@@ -224,8 +228,7 @@ forward_result attention_forward(thd_view<const T> q, thd_view<const T> k, thd_v
 }
 template <element T>
 backward_result attention_backward(thd_view<const T> q, thd_view<const T> k, thd_view<const T> v,
-                                   thd_view<const T> dout,
-                                   std::span<const std::int32_t> cu_seqlens,
+                                   thd_view<const T> dout, std::span<const std::int32_t> cu_seqlens,
                                    const attention_arguments& args, mask_kind mask) {
   return attention_backward(to_tensor(q), to_tensor(k), to_tensor(v), to_tensor(dout), cu_seqlens,
                             args, mask);
