@@ -33,13 +33,19 @@ echo "ctest exit $?"; tail -25 "$OUT/ctest.log"
 gpu_exe=build/gpu/test/ringattn_test_gpu
 for tool in memcheck racecheck synccheck; do
   echo "== compute-sanitizer --tool $tool" >> "$OUT/sanitizer.log"
-  timeout 400 compute-sanitizer --tool $tool --error-exitcode 99 $gpu_exe --no-intro=true \
+  RINGATTN_TEST_SMALL=1 timeout 400 compute-sanitizer --tool $tool --error-exitcode 99 $gpu_exe --no-intro=true \
     >> "$OUT/sanitizer.log" 2>&1
   echo "compute-sanitizer $tool exit $?"
 done
 grep -E "^== compute|ERROR SUMMARY|test cases" "$OUT/sanitizer.log"
 
-if [ -x build/gpu/bench/bench_scatter_gather ]; then
+# Benchmarks: ours first, then PyTorch SDPA at the same shapes, in this one lease.
+if [ -x build/gpu/bench/bench_scatter_gather ] && [ "${RINGATTN_BENCH_SCATTER:-1}" = 1 ]; then
   build/gpu/bench/bench_scatter_gather --benchmark_out="$OUT/scatter_gather.json" \
-    --benchmark_out_format=json --benchmark_counters_tabular=true 2>&1 | tee "$OUT/bench.txt" | tail -25
+    --benchmark_out_format=json 2>&1 | tail -3
 fi
+if [ -x build/gpu/bench/bench_block_forward ]; then
+  build/gpu/bench/bench_block_forward --benchmark_out="$OUT/block_forward.json" \
+    --benchmark_out_format=json --benchmark_counters_tabular=true 2>&1 | grep -v "^\*\*\*" | tee "$OUT/bench.txt" | cut -c1-150
+fi
+python3 bench/sdpa_baseline.py "$OUT/sdpa.json" 2>&1 | tail -50

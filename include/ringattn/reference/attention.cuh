@@ -6,6 +6,8 @@
 //! nothing clever in it (no tiling, no online softmax), computed in double precision on the host:
 //! `S = scale * Q K^T` per sequence and head, masked, `P = softmax(S)`, `O = P V`,
 //! `LSE = log(sum_j exp(S_ij))` (natural log). Rows that see no key get O = 0 and LSE = -inf.
+//! The mask is a position window (segment.cuh): full, causal, a sliding window, or any band of
+//! key-minus-query position offsets.
 //! Backward from dO: `dV = P^T dO`, `dP = dO V^T`, `D_i = sum_j P_ij dP_ij`,
 //! `dS = P * (dP - D)`, `dQ = scale * dS K`, `dK = scale * dS^T Q`; under GQA, dK and dV sum over
 //! the query heads of each group.
@@ -17,6 +19,7 @@
 //! \endcode
 
 #include <ringattn/arguments.cuh>
+#include <ringattn/partition/segment.cuh>
 #include <ringattn/tensor.cuh>
 
 #include <algorithm>
@@ -96,21 +99,21 @@ inline validation validate_problem(const tensor& q, const tensor& k, const tenso
   return r;
 }
 
-// Scores of query row (t, h) against the keys [begin, end) of its sequence that the mask admits:
-// fills s[j - begin] (or -inf when masked) and returns the maximum.
+// Scores of query row (t, h) against the keys [begin, end) of its sequence that the window
+// admits: fills s[j - begin] (or -inf when masked) and returns the maximum.
 inline double scores(const tensor& q, const tensor& k, std::int64_t t, std::int32_t h,
-                     std::int32_t kvh, std::int64_t begin, std::int64_t end, mask_kind mask,
-                     double scale, std::vector<double>& s) {
+                     std::int32_t kvh, std::int64_t begin, std::int64_t end,
+                     const position_window& w, double scale, std::vector<double>& s) {
   const double inf = std::numeric_limits<double>::infinity();
   double m = -inf;
   s.assign(static_cast<std::size_t>(end - begin), -inf);
   const double* qr = q.row(t, h);
   for (std::int64_t j = begin; j < end; ++j) {
-    if (mask == mask_kind::causal && j > t) break; // positions are offsets within the sequence
+    // Positions are offsets within the sequence: t - begin and j - begin.
+    if (!w.sees(t - begin, j - begin)) continue;
     const double* kr = k.row(j, kvh);
     double dot = 0.0;
-    for (std::int32_t d = 0; d < q.dim; ++d)
-      dot += qr[d] * kr[d];
+    for (std::int32_t d = 0; d < q.dim; ++d) dot += qr[d] * kr[d];
     s[static_cast<std::size_t>(j - begin)] = dot * scale;
     m = std::max(m, dot * scale);
   }
@@ -118,11 +121,13 @@ inline double scores(const tensor& q, const tensor& k, std::int64_t t, std::int3
 }
 } // namespace detail
 
-//! Forward attention of a packed batch in float64. Throws `invalid_argument` on inconsistent
-//! shapes. `cu_seqlens` holds batch + 1 offsets into the token dimension.
+//! Forward attention of a packed batch in float64 under a position window (full, causal, sliding,
+//! or any band). Throws `invalid_argument` on inconsistent shapes. `cu_seqlens` holds batch + 1
+//! offsets into the token dimension.
 inline forward_result attention_forward(const tensor& q, const tensor& k, const tensor& v,
                                         std::span<const std::int32_t> cu_seqlens,
-                                        const attention_arguments& args, mask_kind mask) {
+                                        const attention_arguments& args,
+                                        const position_window& mask) {
   detail::validate_problem(q, k, v, cu_seqlens, args).throw_if_invalid();
   const double inf = std::numeric_limits<double>::infinity();
   const double scale = args.scale();
@@ -135,7 +140,6 @@ inline forward_result attention_forward(const tensor& q, const tensor& k, const 
     for (std::int64_t t = begin; t < end; ++t)
       for (std::int32_t h = 0; h < q.heads; ++h) {
         const std::int32_t kvh = h / group;
-        // Causal positions are offsets within the sequence: compare t - begin with j - begin.
         const double m = detail::scores(q, k, t, h, kvh, begin, end, mask, scale, s);
         if (m == -inf) continue; // no key: O = 0, LSE = -inf
         double sum = 0.0;
@@ -156,11 +160,12 @@ inline forward_result attention_forward(const tensor& q, const tensor& k, const 
   return r;
 }
 
-//! Backward attention of a packed batch in float64, recomputing P from scratch.
+//! Backward attention of a packed batch in float64 under a position window, recomputing P.
 inline backward_result attention_backward(const tensor& q, const tensor& k, const tensor& v,
                                           const tensor& dout,
                                           std::span<const std::int32_t> cu_seqlens,
-                                          const attention_arguments& args, mask_kind mask) {
+                                          const attention_arguments& args,
+                                          const position_window& mask) {
   detail::validate_problem(q, k, v, cu_seqlens, args).throw_if_invalid();
   validation shape = validation::ok();
   shape.require(dout.tokens == q.tokens && dout.heads == q.heads && dout.dim == q.dim,
@@ -219,17 +224,31 @@ inline backward_result attention_backward(const tensor& q, const tensor& k, cons
   return r;
 }
 
+//! Forward under a mask kind (full or causal).
+inline forward_result attention_forward(const tensor& q, const tensor& k, const tensor& v,
+                                        std::span<const std::int32_t> cu_seqlens,
+                                        const attention_arguments& args, mask_kind mask) {
+  return attention_forward(q, k, v, cu_seqlens, args, position_window::of(mask));
+}
+//! Backward under a mask kind (full or causal).
+inline backward_result attention_backward(const tensor& q, const tensor& k, const tensor& v,
+                                          const tensor& dout,
+                                          std::span<const std::int32_t> cu_seqlens,
+                                          const attention_arguments& args, mask_kind mask) {
+  return attention_backward(q, k, v, dout, cu_seqlens, args, position_window::of(mask));
+}
+
 //! Convenience overloads taking THD views of any element type.
-template <element T>
+template <element T, class Mask>
 forward_result attention_forward(thd_view<const T> q, thd_view<const T> k, thd_view<const T> v,
                                  std::span<const std::int32_t> cu_seqlens,
-                                 const attention_arguments& args, mask_kind mask) {
+                                 const attention_arguments& args, const Mask& mask) {
   return attention_forward(to_tensor(q), to_tensor(k), to_tensor(v), cu_seqlens, args, mask);
 }
-template <element T>
+template <element T, class Mask>
 backward_result attention_backward(thd_view<const T> q, thd_view<const T> k, thd_view<const T> v,
                                    thd_view<const T> dout, std::span<const std::int32_t> cu_seqlens,
-                                   const attention_arguments& args, mask_kind mask) {
+                                   const attention_arguments& args, const Mask& mask) {
   return attention_backward(to_tensor(q), to_tensor(k), to_tensor(v), to_tensor(dout), cu_seqlens,
                             args, mask);
 }

@@ -1,0 +1,376 @@
+#pragma once
+//! \file
+//! Mechanics of the CUDA block-forward kernel (FlashAttention-2 style, mma.sync m16n8k16 with
+//! ldmatrix and cp.async double buffering). CUDA only; see kernel/forward.cuh for the contract.
+
+#include <ringattn/config.cuh>
+#include <ringattn/kernel/block.cuh>
+#include <ringattn/kernel/state.cuh>
+#include <ringattn/kernel/tuning.cuh>
+#include <ringattn/tensor.cuh>
+
+#include <cstdint>
+
+#if defined(__CUDACC__)
+
+RINGATTN_ABI_BEGIN
+namespace kernels {
+
+//! One unit of work: rows [row_begin, row_begin + block_m) of group `group`.
+struct forward_tile {
+  std::int32_t group;
+  std::int32_t row_begin;
+};
+
+template <class T>
+struct forward_params {
+  const T* q;
+  const T* k;
+  const T* v;
+  std::int64_t q_token_stride, q_head_stride;
+  std::int64_t k_token_stride, k_head_stride;
+  std::int64_t v_token_stride, v_head_stride;
+  const block_group* groups;
+  const forward_tile* tiles;
+  attention_state state; // merge target (Merge) or o unused
+  T* out;                // plain output (!Merge): dense [tokens, q_heads, head_dim]
+  float* lse_out;        // plain output (!Merge): [q_heads, tokens]
+  std::int32_t q_heads;
+  std::int32_t group_size;
+  std::int64_t q_tokens;
+  float scale_log2; // softmax scale * log2(e)
+};
+
+__device__ __forceinline__ std::uint32_t smem_address(const void* p) {
+  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(dst)),
+               "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n"); }
+
+__device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_address(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_address(p)));
+}
+
+//! c += a * b for one m16n8k16 tile; fp32 accumulation.
+template <class T>
+__device__ __forceinline__ void mma_16816(float (&c)[4], const std::uint32_t (&a)[4],
+                                          std::uint32_t b0, std::uint32_t b1) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  else
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+//! Two floats as one register of two 16-bit elements (low half = first).
+template <class T>
+__device__ __forceinline__ std::uint32_t pack2(float lo, float hi) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<std::uint32_t*>(&v);
+  } else {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<std::uint32_t*>(&v);
+  }
+}
+
+//! Element offset of 16-byte chunk `chunk` of row `row` in a [rows, D] shared tile. Chunks are
+//! XOR-swizzled with row % 8 so that the 8 rows an ldmatrix reads hit 8 different bank groups.
+template <int D>
+__device__ __forceinline__ int swizzle(int row, int chunk) {
+  return row * D + ((chunk ^ (row & 7)) << 3);
+}
+
+//! Copies rows [0, Rows) of a [tokens, D] global slice (row stride `stride` elements) into a
+//! swizzled shared tile; rows >= valid are zero-filled (their scores are masked, and zeros keep
+//! 0 * garbage from making NaN).
+template <int Rows, int D, int Threads, class T>
+__device__ __forceinline__ void load_tile(T* s, const T* g, std::int64_t stride, int valid) {
+  constexpr int chunks = D / 8;
+#pragma unroll
+  for (int c = threadIdx.x; c < Rows * chunks; c += Threads) {
+    const int r = c / chunks, ch = c % chunks;
+    const bool ok = r < valid;
+    cp_async_16(s + swizzle<D>(r, ch), ok ? g + r * stride + ch * 8 : g, ok);
+  }
+}
+
+// The tuning arrives as plain integers: nvcc's host stubs cannot spell class-type template
+// arguments.
+template <class T, int D, int Warps, int BN, bool QInRegisters, bool Merge>
+__global__ void __launch_bounds__(Warps * 32, 1) block_forward_kernel(forward_params<T> p) {
+  constexpr int BM = 16 * Warps, Threads = 32 * Warps;
+  constexpr int KSteps = D / 16;  // k-steps of Q K^T
+  constexpr int NTiles = BN / 8;  // 8-column tiles of S
+  constexpr int DTiles = D / 8;   // 8-column tiles of O
+  constexpr float neg_inf = -__builtin_huge_valf();
+
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  T* sQ = reinterpret_cast<T*>(smem_raw);
+  T* sK = sQ + BM * D; // two buffers of BN x D
+  T* sV = sK + 2 * BN * D;
+
+  const forward_tile tile = p.tiles[blockIdx.x];
+  const block_group g = p.groups[tile.group];
+  const int h = blockIdx.y, kvh = h / p.group_size;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const std::int64_t row0 = tile.row_begin; // first row of this tile within the group
+  const int rows_valid = static_cast<int>(g.q_count - row0 < BM ? g.q_count - row0 : BM);
+
+  // KV tiles to visit, per key segment of the group, and which of them need the band predicate.
+  // Both segments are held in named variables and picked with selects: indexing an array with a
+  // run-time segment number would put it in local memory.
+  static_assert(max_blocks_per_group == 2, "the kernel walks at most two key segments per group");
+  const kv_block kv0 = g.kv[0], kv1 = g.kv[1];
+  const tile_trips none{0, 0, 0, 0};
+  const tile_trips t0 = g.count > 0 ? kv0.mask.kv_tiles(row0, row0 + rows_valid, kv0.kv_count, BN) : none;
+  const tile_trips t1 = g.count > 1 ? kv1.mask.kv_tiles(row0, row0 + rows_valid, kv1.kv_count, BN) : none;
+  const int first = static_cast<int>(t0.end - t0.begin);
+  const int total = first + static_cast<int>(t1.end - t1.begin);
+  // Iteration `it` visits KV tile `j` of segment `second ? 1 : 0`.
+  auto tile_of = [&](int it, bool& second, std::int64_t& j) {
+    second = it >= first;
+    j = second ? t1.begin + (it - first) : t0.begin + it;
+  };
+  auto kv_base = [&](bool second, std::int64_t j, const T* base, std::int64_t ts, std::int64_t hs) {
+    return base + ((second ? kv1.kv_begin : kv0.kv_begin) + j * BN) * ts + kvh * hs;
+  };
+  auto kv_valid = [&](bool second, std::int64_t j) {
+    const std::int64_t left = (second ? kv1.kv_count : kv0.kv_count) - j * BN;
+    return static_cast<int>(left < BN ? left : BN);
+  };
+
+  // Q tile and the first K/V tile.
+  load_tile<BM, D, Threads>(sQ, p.q + (g.q_begin + row0) * p.q_token_stride + h * p.q_head_stride,
+                            p.q_token_stride, rows_valid);
+  if (total > 0) {
+    bool b;
+    std::int64_t j;
+    tile_of(0, b, j);
+    load_tile<BN, D, Threads>(sK, kv_base(b, j, p.k, p.k_token_stride, p.k_head_stride),
+                              p.k_token_stride, kv_valid(b, j));
+    load_tile<BN, D, Threads>(sV, kv_base(b, j, p.v, p.v_token_stride, p.v_head_stride),
+                              p.v_token_stride, kv_valid(b, j));
+  }
+  cp_async_commit();
+
+  float acc[DTiles][4];
+#pragma unroll
+  for (int t = 0; t < DTiles; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
+  float m[2] = {neg_inf, neg_inf}; // running max of scaled scores (log2 units), rows r and r + 8
+  float l[2] = {0.0f, 0.0f};       // this thread's part of the running sum
+  std::uint32_t qf[QInRegisters ? KSteps : 1][4];
+
+  const int qrow = warp * 16 + (lane & 15); // ldmatrix row of this lane in the Q tile
+  for (int it = 0; it < total; ++it) {
+    cp_async_wait_all();
+    __syncthreads(); // tile `it` landed; every warp is done with the buffer refilled below
+    bool b;
+    std::int64_t j;
+    tile_of(it, b, j);
+    const T* cK = sK + (it & 1) * BN * D;
+    const T* cV = sV + (it & 1) * BN * D;
+    if (it + 1 < total) {
+      bool nb;
+      std::int64_t nj;
+      tile_of(it + 1, nb, nj);
+      T* dK = sK + ((it + 1) & 1) * BN * D;
+      T* dV = sV + ((it + 1) & 1) * BN * D;
+      load_tile<BN, D, Threads>(dK, kv_base(nb, nj, p.k, p.k_token_stride, p.k_head_stride),
+                                p.k_token_stride, kv_valid(nb, nj));
+      load_tile<BN, D, Threads>(dV, kv_base(nb, nj, p.v, p.v_token_stride, p.v_head_stride),
+                                p.v_token_stride, kv_valid(nb, nj));
+    }
+    cp_async_commit();
+    if constexpr (QInRegisters) {
+      if (it == 0) {
+#pragma unroll
+        for (int kk = 0; kk < KSteps; ++kk)
+          ldmatrix_x4(qf[kk], sQ + swizzle<D>(qrow, kk * 2 + (lane >> 4)));
+      }
+    }
+
+    // S = Q K^T for this warp's 16 rows and BN columns.
+    float s[NTiles][4];
+#pragma unroll
+    for (int t = 0; t < NTiles; ++t) s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < KSteps; ++kk) {
+      std::uint32_t a[4];
+      if constexpr (QInRegisters) {
+#pragma unroll
+        for (int x = 0; x < 4; ++x) a[x] = qf[kk][x];
+      } else {
+        ldmatrix_x4(a, sQ + swizzle<D>(qrow, kk * 2 + (lane >> 4)));
+      }
+#pragma unroll
+      for (int np = 0; np < NTiles / 2; ++np) {
+        std::uint32_t kb[4];
+        const int krow = np * 16 + ((lane >> 4) << 3) + (lane & 7);
+        ldmatrix_x4(kb, cK + swizzle<D>(krow, kk * 2 + ((lane >> 3) & 1)));
+        mma_16816<T>(s[2 * np], a, kb[0], kb[1]);
+        mma_16816<T>(s[2 * np + 1], a, kb[2], kb[3]);
+      }
+    }
+
+    // Band and bounds mask: only tiles outside the unmasked range or past the last key.
+    const std::int64_t count = b ? kv1.kv_count : kv0.kv_count;
+    const tile_trips tr = b ? t1 : t0;
+    const bool banded = j < tr.unmasked_begin || j >= tr.unmasked_end;
+    const bool ragged = (j + 1) * BN > count;
+    if (banded || ragged) {
+      const band bd = b ? kv1.mask : kv0.mask;
+#pragma unroll
+      for (int t = 0; t < NTiles; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const std::int64_t i = row0 + warp * 16 + (lane >> 2) + (e >= 2 ? 8 : 0);
+          const std::int64_t c = j * BN + t * 8 + (lane & 3) * 2 + (e & 1);
+          if (c >= count || !bd.sees(i, c)) s[t][e] = neg_inf;
+        }
+    }
+
+    // Online softmax in base 2: p = 2^(s * scale_log2 - m).
+    float mx[2] = {neg_inf, neg_inf};
+#pragma unroll
+    for (int t = 0; t < NTiles; ++t) {
+      mx[0] = fmaxf(mx[0], fmaxf(s[t][0], s[t][1]));
+      mx[1] = fmaxf(mx[1], fmaxf(s[t][2], s[t][3]));
+    }
+    float corr[2], base[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      const float mnew = fmaxf(m[r], mx[r] * p.scale_log2);
+      corr[r] = m[r] == neg_inf ? 0.0f : exp2f(m[r] - mnew);
+      base[r] = mnew == neg_inf ? 0.0f : mnew; // a row with nothing visible yet: p = 0
+      m[r] = mnew;
+      l[r] *= corr[r];
+    }
+#pragma unroll
+    for (int t = 0; t < NTiles; ++t) {
+      s[t][0] = exp2f(fmaf(s[t][0], p.scale_log2, -base[0]));
+      s[t][1] = exp2f(fmaf(s[t][1], p.scale_log2, -base[0]));
+      s[t][2] = exp2f(fmaf(s[t][2], p.scale_log2, -base[1]));
+      s[t][3] = exp2f(fmaf(s[t][3], p.scale_log2, -base[1]));
+      l[0] += s[t][0] + s[t][1];
+      l[1] += s[t][2] + s[t][3];
+    }
+#pragma unroll
+    for (int t = 0; t < DTiles; ++t) {
+      acc[t][0] *= corr[0];
+      acc[t][1] *= corr[0];
+      acc[t][2] *= corr[1];
+      acc[t][3] *= corr[1];
+    }
+
+    // O += P V: the S accumulators of two 8-column tiles are the A fragment of one k-step.
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk) {
+      const std::uint32_t a[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]),
+                                  pack2<T>(s[2 * kk][2], s[2 * kk][3]),
+                                  pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                  pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+      for (int dp = 0; dp < D / 16; ++dp) {
+        std::uint32_t vb[4];
+        const int vrow = kk * 16 + (((lane >> 3) & 1) << 3) + (lane & 7);
+        ldmatrix_x4_trans(vb, cV + swizzle<D>(vrow, dp * 2 + (lane >> 4)));
+        mma_16816<T>(acc[2 * dp], a, vb[0], vb[1]);
+        mma_16816<T>(acc[2 * dp + 1], a, vb[2], vb[3]);
+      }
+    }
+  }
+  cp_async_wait_all();
+
+  // The block's (o, lse) per row, then merge into the state (or write it plainly).
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+  }
+  constexpr float ln2 = 0.6931471805599453f;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int local = warp * 16 + (lane >> 2) + r * 8;
+    const bool live = local < rows_valid;
+    const std::int64_t row = g.q_begin + row0 + local;
+    const float lse_b = l[r] > 0.0f ? (m[r] + __log2f(l[r])) * ln2 : neg_inf;
+    const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+    if constexpr (Merge) {
+      float* lse_p = p.state.lse + h * p.state.tokens + row;
+      const float lse_s = live ? *lse_p : neg_inf;
+      __syncwarp(); // every lane of the quad has read lse before one of them rewrites it
+      const merge_weights w = merge_lse(lse_s, lse_b);
+      if (live) {
+        float* o = p.state.o_row(row, h) + (lane & 3) * 2;
+#pragma unroll
+        for (int t = 0; t < DTiles; ++t) {
+          float2 old = *reinterpret_cast<float2*>(o + t * 8);
+          old.x = old.x * w.wa + acc[t][2 * r] * inv * w.wb;
+          old.y = old.y * w.wa + acc[t][2 * r + 1] * inv * w.wb;
+          *reinterpret_cast<float2*>(o + t * 8) = old;
+        }
+        if ((lane & 3) == 0) *lse_p = w.lse;
+      }
+    } else if (live) {
+      T* o = p.out + (row * p.q_heads + h) * D + (lane & 3) * 2;
+#pragma unroll
+      for (int t = 0; t < DTiles; ++t)
+        *reinterpret_cast<std::uint32_t*>(o + t * 8) =
+            pack2<T>(acc[t][2 * r] * inv, acc[t][2 * r + 1] * inv);
+      if ((lane & 3) == 0) p.lse_out[h * p.q_tokens + row] = lse_b;
+    }
+  }
+}
+
+//! Shared memory of one thread block.
+template <class T, int D>
+constexpr int forward_smem_bytes() {
+  constexpr forward_tuning t = forward_tuning_for<D>;
+  return (t.block_m() + 4 * t.block_n) * D * static_cast<int>(sizeof(T));
+}
+
+template <class V>
+__global__ void fill_kernel(V* p, std::int64_t n, V value) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+    p[i] = value;
+}
+
+template <class T>
+__global__ void finalize_kernel(const float* o, T* out, std::int64_t rows, int q_heads, int head_dim,
+                                std::int64_t token_stride, std::int64_t head_stride) {
+  // Row r of the state is (token r / q_heads, head r % q_heads); two elements a thread at a time.
+  const std::int64_t pairs = rows * (head_dim / 2);
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
+       i < pairs; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t row = i / (head_dim / 2);
+    const int e = static_cast<int>(i % (head_dim / 2)) * 2;
+    const float2 x = *reinterpret_cast<const float2*>(o + row * head_dim + e);
+    T* dst = out + (row / q_heads) * token_stride + (row % q_heads) * head_stride + e;
+    *reinterpret_cast<std::uint32_t*>(dst) = pack2<T>(x.x, x.y);
+  }
+}
+
+} // namespace kernels
+RINGATTN_ABI_END
+
+#endif // __CUDACC__

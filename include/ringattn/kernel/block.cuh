@@ -1,0 +1,105 @@
+#pragma once
+//! \file
+//! What one call of a block kernel computes: a rank's queries against one K/V block, described as
+//! *block groups*, and the mask policies `full` and `causal`.
+//!
+//! A block group is one query segment (rows `[q_begin, q_begin + q_count)` of the rank's Q shard)
+//! with the key segments of the K/V block it attends to (at most `max_blocks_per_group`: zigzag
+//! gives two), each with its band `lo <= j - i <= hi` on local indices (i: row within the query
+//! segment, j: column within the key segment). Groups of one call never share query rows, so a
+//! kernel may give each group's rows to one thread block and merge into the state without atomics.
+//!
+//! \code
+//! auto blocks = plan.blocks(rank, src, ringattn::position_window::of(mask_kind::causal));
+//! auto groups = ringattn::group_blocks(blocks);      // what the block kernel takes
+//! \endcode
+
+#include <ringattn/arguments.cuh>
+#include <ringattn/error.cuh>
+#include <ringattn/partition/segment.cuh>
+
+#include <algorithm>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace ringattn {
+
+//! Most key segments one query segment meets in one K/V block (zigzag: 2).
+inline constexpr int max_blocks_per_group = 2;
+
+//! One key segment of a K/V block and the band of a query segment against it.
+struct kv_block {
+  std::int64_t kv_begin = 0; //!< first row in the K/V block
+  std::int64_t kv_count = 0;
+  band mask;                 //!< visible (i, j): lo <= j - i <= hi
+};
+
+//! One query segment and the key segments it attends to.
+struct block_group {
+  std::int64_t q_begin = 0; //!< first row in the Q shard
+  std::int64_t q_count = 0;
+  std::int32_t count = 0; //!< used entries of kv
+  kv_block kv[max_blocks_per_group] = {};
+};
+
+//! Groups a plan's blocks (`partition_plan::blocks`) by query segment. Empty blocks are dropped.
+inline std::vector<block_group> group_blocks(std::span<const block> blocks) {
+  std::vector<block_group> groups;
+  for (const block& b : blocks) {
+    if (b.kind == block_kind::empty) continue;
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const block_group& g) {
+      return g.q_begin == b.q.local_begin && g.q_count == b.q.count;
+    });
+    if (it == groups.end()) {
+      groups.push_back({b.q.local_begin, b.q.count, 0, {}});
+      it = groups.end() - 1;
+    }
+    if (it->count == max_blocks_per_group)
+      throw invalid_argument("ringattn: a query segment meets more than " +
+                             std::to_string(max_blocks_per_group) + " key segments in one block");
+    it->kv[it->count++] = {b.kv.local_begin, b.kv.count, b.mask};
+  }
+  return groups;
+}
+
+//! Checks that groups fit a Q shard of `q_tokens` and a K/V block of `kv_tokens` rows and that no
+//! two groups share a query row (the kernels rely on it).
+inline validation validate_groups(std::span<const block_group> groups, std::int64_t q_tokens,
+                                  std::int64_t kv_tokens) {
+  validation r = validation::ok();
+  std::vector<std::pair<std::int64_t, std::int64_t>> rows;
+  for (std::size_t g = 0; g < groups.size() && r; ++g) {
+    const block_group& x = groups[g];
+    r.require(x.q_begin >= 0 && x.q_count >= 0 && x.q_begin + x.q_count <= q_tokens, "group ", g,
+              " covers query rows [", x.q_begin, ", ", x.q_begin + x.q_count,
+              ") outside the Q shard of ", q_tokens, " tokens");
+    r.require(x.count >= 0 && x.count <= max_blocks_per_group, "group ", g, " has ", x.count,
+              " key segments (at most ", max_blocks_per_group, ")");
+    for (int i = 0; i < x.count && r; ++i)
+      r.require(x.kv[i].kv_begin >= 0 && x.kv[i].kv_count >= 0 &&
+                    x.kv[i].kv_begin + x.kv[i].kv_count <= kv_tokens,
+                "group ", g, " reads key rows [", x.kv[i].kv_begin, ", ",
+                x.kv[i].kv_begin + x.kv[i].kv_count, ") outside the K/V block of ", kv_tokens,
+                " tokens");
+    if (x.q_count > 0) rows.emplace_back(x.q_begin, x.q_begin + x.q_count);
+  }
+  std::sort(rows.begin(), rows.end());
+  for (std::size_t i = 1; i < rows.size() && r; ++i)
+    r.require(rows[i].first >= rows[i - 1].second, "two groups share query rows (",
+              rows[i].first, " < ", rows[i - 1].second, ")");
+  return r;
+}
+
+//! Mask policy: every query sees every key of its sequence.
+struct full {
+  static constexpr mask_kind mask = mask_kind::full;
+  static constexpr const char* name = "full";
+};
+//! Mask policy: a query sees the keys at positions up to its own.
+struct causal {
+  static constexpr mask_kind mask = mask_kind::causal;
+  static constexpr const char* name = "causal";
+};
+
+} // namespace ringattn

@@ -1,0 +1,253 @@
+#pragma once
+//! \file
+//! The CUDA block kernel, forward: attention of a rank's Q shard against one K/V block on tensor
+//! cores, merged in fp32 into an `attention_state` (see state.cuh for the numerics).
+//!
+//! Plan, then run: a `device_block_schedule` is built once per (Q shard, K/V block) layout — it
+//! validates the groups, orders the work tiles (heaviest first) and copies both to the device. The
+//! run path (`block_forward`) validates the tensors on the host, allocates nothing and never waits
+//! on the host; everything is asynchronous on `stream`.
+//!
+//! Supported: fp16 and bf16 storage, head_dim 64, 128 and 256, GQA/MQA (q_heads a multiple of
+//! kv_heads; K/V never repeated), any strides that keep 16-byte alignment (pointers and strides
+//! multiples of 8 elements), sm_80 and newer.
+//!
+//! \code
+//! ringattn::device_block_schedule sched(groups, q_tokens, kv_tokens, head_dim);  // plan time
+//! ringattn::reset(state, stream);                                                  // o=0, lse=-inf
+//! for (each K/V block) ringattn::block_forward({q, k, v, args, state}, sched, stream);
+//! ringattn::finalize(state, out, stream);                                          // o -> out
+//! \endcode
+
+#include <ringattn/cuda_check.cuh>
+#include <ringattn/detail/forward_kernel.cuh>
+#include <ringattn/kernel/forward_args.cuh>
+#include <ringattn/kernel/tuning.cuh>
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <utility>
+#include <vector>
+
+namespace ringattn {
+
+//! Work tiles of one (Q shard, K/V block) layout for the CUDA kernel, on the device.
+class device_block_schedule {
+public:
+  //! Validates `groups` against the shard sizes and lays out tiles of the kernel's row count for
+  //! `head_dim`, heaviest first (so the longest tiles of a causal block start first).
+  device_block_schedule(std::span<const block_group> groups, std::int64_t q_tokens,
+                        std::int64_t kv_tokens, int head_dim)
+      : groups_(groups.begin(), groups.end()), q_tokens_(q_tokens), kv_tokens_(kv_tokens),
+        head_dim_(head_dim) {
+    validate_groups(groups, q_tokens, kv_tokens).throw_if_invalid();
+    const int bm = block_m(head_dim), bn = head_dim <= 128 ? forward_tuning_for<128>.block_n
+                                                           : forward_tuning_for<256>.block_n;
+    struct weighted {
+      std::int64_t work;
+      std::int32_t group, row;
+    };
+    std::vector<weighted> w;
+    for (std::size_t gi = 0; gi < groups_.size(); ++gi) {
+      const block_group& g = groups_[gi];
+      for (std::int64_t r = 0; r < g.q_count; r += bm) {
+        const std::int64_t r1 = std::min(g.q_count, r + bm);
+        std::int64_t tiles = 0;
+        for (int b = 0; b < g.count; ++b) {
+          const tile_trips t = g.kv[b].mask.kv_tiles(r, r1, g.kv[b].kv_count, bn);
+          tiles += t.end - t.begin;
+        }
+        w.push_back({tiles, static_cast<std::int32_t>(gi), static_cast<std::int32_t>(r)});
+        work_tiles_ += tiles;
+      }
+    }
+    std::stable_sort(w.begin(), w.end(),
+                     [](const weighted& a, const weighted& b) { return a.work > b.work; });
+    std::vector<kernels::forward_tile> tiles;
+    for (const weighted& x : w) tiles.push_back({x.group, x.row});
+    tile_count_ = static_cast<std::int64_t>(tiles.size());
+    const std::size_t gbytes = groups_.size() * sizeof(block_group);
+    const std::size_t tbytes = tiles.size() * sizeof(kernels::forward_tile);
+    RINGATTN_CUDA_CHECK(cudaMalloc(&memory_, std::max<std::size_t>(gbytes + tbytes, 16)));
+    groups_device_ = static_cast<block_group*>(memory_);
+    tiles_device_ = reinterpret_cast<kernels::forward_tile*>(static_cast<char*>(memory_) + gbytes);
+    cudaError_t e = cudaMemcpy(groups_device_, groups_.data(), gbytes, cudaMemcpyHostToDevice);
+    if (e == cudaSuccess)
+      e = cudaMemcpy(tiles_device_, tiles.data(), tbytes, cudaMemcpyHostToDevice);
+    if (e != cudaSuccess) {
+      cudaFree(memory_);
+      RINGATTN_CUDA_CHECK(e);
+    }
+  }
+  ~device_block_schedule() {
+    if (memory_) cudaFree(memory_);
+  }
+  device_block_schedule(device_block_schedule&& o) noexcept
+      : groups_(std::move(o.groups_)), q_tokens_(o.q_tokens_), kv_tokens_(o.kv_tokens_),
+        head_dim_(o.head_dim_), tile_count_(o.tile_count_), work_tiles_(o.work_tiles_),
+        memory_(std::exchange(o.memory_, nullptr)), groups_device_(o.groups_device_),
+        tiles_device_(o.tiles_device_) {}
+  device_block_schedule(const device_block_schedule&) = delete;
+  device_block_schedule& operator=(const device_block_schedule&) = delete;
+  device_block_schedule& operator=(device_block_schedule&&) = delete;
+
+  //! Query rows per thread block for a head_dim.
+  static int block_m(int head_dim) {
+    return head_dim <= 128 ? forward_tuning_for<128>.block_m() : forward_tuning_for<256>.block_m();
+  }
+  std::span<const block_group> groups() const noexcept { return groups_; }
+  std::int64_t q_tokens() const noexcept { return q_tokens_; }
+  std::int64_t kv_tokens() const noexcept { return kv_tokens_; }
+  int head_dim() const noexcept { return head_dim_; }
+  //! Thread blocks per head of one launch.
+  std::int64_t tiles() const noexcept { return tile_count_; }
+  //! (row tile, KV tile) pairs visited per head: the work of one launch.
+  std::int64_t work_tiles() const noexcept { return work_tiles_; }
+  const block_group* device_groups() const noexcept { return groups_device_; }
+  const kernels::forward_tile* device_tiles() const noexcept { return tiles_device_; }
+
+private:
+  std::vector<block_group> groups_;
+  std::int64_t q_tokens_, kv_tokens_;
+  int head_dim_;
+  std::int64_t tile_count_ = 0, work_tiles_ = 0;
+  void* memory_ = nullptr;
+  block_group* groups_device_ = nullptr;
+  kernels::forward_tile* tiles_device_ = nullptr;
+};
+
+//! The device-specific checks on top of `validate_block_forward`: dtype, head_dim, 16-byte
+//! alignment, and a schedule made for these shapes.
+template <element T>
+validation validate_device_forward(const block_forward_args<T>& a,
+                                   const device_block_schedule& s) {
+  validation r = validate_block_forward(a, s.groups());
+  if (!r) return r;
+  r.require(!std::is_same_v<std::remove_const_t<T>, float>,
+            "the CUDA block kernel takes fp16 or bf16 inputs (got fp32)");
+  auto aligned = [](const auto& v) {
+    return reinterpret_cast<std::uintptr_t>(v.data) % 16 == 0 && v.token_stride % 8 == 0 &&
+           v.head_stride % 8 == 0;
+  };
+  r.require(aligned(a.q) && aligned(a.k) && aligned(a.v),
+            "q, k and v must be 16-byte aligned with token and head strides that are multiples of "
+            "8 elements");
+  r.require(reinterpret_cast<std::uintptr_t>(a.state.o) % 16 == 0,
+            "the state's o must be 16-byte aligned");
+  r.require(s.q_tokens() == a.q.tokens && s.kv_tokens() == a.k.tokens &&
+                s.head_dim() == a.args.head_dim,
+            "the schedule was made for ", s.q_tokens(), " query and ", s.kv_tokens(),
+            " key tokens, head_dim ", s.head_dim(), "; the call has ", a.q.tokens, ", ",
+            a.k.tokens, ", ", a.args.head_dim);
+  return r;
+}
+
+#if defined(__CUDACC__)
+namespace detail {
+template <class T, int D, bool Merge>
+void launch_block_forward(const kernels::forward_params<T>& p, const device_block_schedule& s,
+                          cudaStream_t stream) {
+  if (s.tiles() == 0 || p.q_heads == 0) return;
+  constexpr forward_tuning tune = forward_tuning_for<D>;
+  constexpr int smem = kernels::forward_smem_bytes<T, D>();
+  auto* kernel = &kernels::block_forward_kernel<T, D, tune.warps, tune.block_n,
+                                                tune.q_in_registers, Merge>;
+  RINGATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  kernel<<<dim3(static_cast<unsigned>(s.tiles()), static_cast<unsigned>(p.q_heads)), tune.threads(),
+           smem, stream>>>(p);
+  RINGATTN_CUDA_CHECK_LAUNCH();
+}
+
+template <class T, bool Merge>
+void block_forward(const block_forward_args<T>& a, const device_block_schedule& s, T* out,
+                   float* lse_out, cudaStream_t stream) {
+  validate_device_forward(a, s).throw_if_invalid();
+  kernels::forward_params<T> p{a.q.data,
+                               a.k.data,
+                               a.v.data,
+                               a.q.token_stride,
+                               a.q.head_stride,
+                               a.k.token_stride,
+                               a.k.head_stride,
+                               a.v.token_stride,
+                               a.v.head_stride,
+                               s.device_groups(),
+                               s.device_tiles(),
+                               a.state,
+                               out,
+                               lse_out,
+                               a.args.q_heads,
+                               a.args.group_size(),
+                               a.q.tokens,
+                               static_cast<float>(a.args.scale() * 1.4426950408889634)};
+  switch (a.args.head_dim) {
+  case 64: launch_block_forward<T, 64, Merge>(p, s, stream); break;
+  case 128: launch_block_forward<T, 128, Merge>(p, s, stream); break;
+  default: launch_block_forward<T, 256, Merge>(p, s, stream); break;
+  }
+}
+} // namespace detail
+
+//! Merges attention of `a.q` against the K/V block `a.k`, `a.v` into `a.state`, asynchronously on
+//! `stream`. Validation (on the host, before anything is launched) throws `invalid_argument`.
+template <class T>
+  requires(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>)
+void block_forward(const block_forward_args<T>& a, const device_block_schedule& s,
+                   cudaStream_t stream) {
+  detail::block_forward<T, true>(a, s, nullptr, nullptr, stream);
+}
+
+//! The same kernel writing its block result directly (no state): `out` dense
+//! `[q_tokens, q_heads, head_dim]` in T, `lse` `[q_heads, q_tokens]`. Every row of `out` and
+//! `lse` that no group covers is left untouched. For a single-block attention and for measuring
+//! what the merge costs.
+template <class T>
+  requires(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>)
+void block_forward_plain(const block_forward_args<T>& a, const device_block_schedule& s,
+                         thd_view<T> out, float* lse, cudaStream_t stream) {
+  validation r = validate_view(out, "out");
+  r.require(out.dense() && out.tokens == a.q.tokens && out.heads == a.args.q_heads &&
+                out.head_dim == a.args.head_dim,
+            "out must be a dense [q_tokens, q_heads, head_dim] tensor");
+  r.require(lse != nullptr || a.q.tokens == 0, "lse is a null pointer");
+  r.throw_if_invalid();
+  detail::block_forward<T, false>(a, s, out.data, lse, stream);
+}
+
+//! Sets a device state to "no key seen" (o = 0, lse = -inf), asynchronously on `stream`.
+inline void reset(const attention_state& s, cudaStream_t stream) {
+  if (s.o_elements() == 0) return;
+  RINGATTN_CUDA_CHECK(cudaMemsetAsync(s.o, 0, sizeof(float) * s.o_elements(), stream));
+  const std::int64_t n = s.lse_elements();
+  const unsigned blocks = static_cast<unsigned>(std::min<std::int64_t>((n + 255) / 256, 1024));
+  kernels::fill_kernel<<<blocks, 256, 0, stream>>>(s.lse, n, -std::numeric_limits<float>::infinity());
+  RINGATTN_CUDA_CHECK_LAUNCH();
+}
+
+//! Converts a device state's output to `out` (fp16/bf16), asynchronously on `stream`.
+template <class T>
+  requires(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>)
+void finalize(const attention_state& s, thd_view<T> out, cudaStream_t stream) {
+  validation r = validate_view(out, "out");
+  r.require(out.tokens == s.tokens && out.heads == s.q_heads && out.head_dim == s.head_dim,
+            "out is [", out.tokens, ", ", out.heads, ", ", out.head_dim, "] but the state is [",
+            s.tokens, ", ", s.q_heads, ", ", s.head_dim, "]");
+  r.require(reinterpret_cast<std::uintptr_t>(out.data) % 4 == 0 && out.token_stride % 2 == 0 &&
+                out.head_stride % 2 == 0,
+            "out must be 4-byte aligned with even strides");
+  r.throw_if_invalid();
+  const std::int64_t pairs = s.tokens * s.q_heads * (s.head_dim / 2);
+  if (pairs == 0) return;
+  const unsigned blocks = static_cast<unsigned>(std::min<std::int64_t>((pairs + 255) / 256, 4096));
+  kernels::finalize_kernel<T><<<blocks, 256, 0, stream>>>(s.o, out.data, s.tokens * s.q_heads,
+                                                          s.q_heads, s.head_dim, out.token_stride,
+                                                          out.head_stride);
+  RINGATTN_CUDA_CHECK_LAUNCH();
+}
+#endif // __CUDACC__
+
+} // namespace ringattn

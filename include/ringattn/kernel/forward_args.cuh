@@ -1,0 +1,53 @@
+#pragma once
+//! \file
+//! Arguments of one block-forward call, shared by the host and CUDA implementations, and their
+//! validation (run before anything is launched or written).
+
+#include <ringattn/arguments.cuh>
+#include <ringattn/kernel/block.cuh>
+#include <ringattn/kernel/state.cuh>
+#include <ringattn/tensor.cuh>
+
+#include <cstdint>
+#include <span>
+
+namespace ringattn {
+
+//! One block-forward call: `q` (this rank's Q shard, `[q_tokens, q_heads, head_dim]`) against the
+//! K/V block `k`, `v` (`[kv_tokens, kv_heads, head_dim]`), merged into `state`.
+template <element T>
+struct block_forward_args {
+  thd_view<const T> q;
+  thd_view<const T> k;
+  thd_view<const T> v;
+  attention_arguments args;
+  attention_state state;
+};
+
+//! Shapes agree with the arguments, views are valid, the state matches q, groups fit.
+template <element T>
+validation validate_block_forward(const block_forward_args<T>& a,
+                                  std::span<const block_group> groups) {
+  validation r = a.args.validate();
+  r.require(validate_view(a.q, "q")).require(validate_view(a.k, "k")).require(validate_view(a.v, "v"));
+  if (!r) return r;
+  r.require(a.q.heads == a.args.q_heads, "q has ", a.q.heads, " heads but q_heads is ",
+            a.args.q_heads);
+  r.require(a.k.heads == a.args.kv_heads && a.v.heads == a.args.kv_heads, "k/v have ", a.k.heads,
+            "/", a.v.heads, " heads but kv_heads is ", a.args.kv_heads);
+  r.require(a.q.head_dim == a.args.head_dim && a.k.head_dim == a.args.head_dim &&
+                a.v.head_dim == a.args.head_dim,
+            "q/k/v head_dim ", a.q.head_dim, "/", a.k.head_dim, "/", a.v.head_dim,
+            " differ from head_dim ", a.args.head_dim);
+  r.require(a.k.tokens == a.v.tokens, "k has ", a.k.tokens, " tokens but v has ", a.v.tokens);
+  r.require(a.state.tokens == a.q.tokens && a.state.q_heads == a.args.q_heads &&
+                a.state.head_dim == a.args.head_dim,
+            "the state is [", a.state.tokens, ", ", a.state.q_heads, ", ", a.state.head_dim,
+            "] but q is [", a.q.tokens, ", ", a.args.q_heads, ", ", a.args.head_dim, "]");
+  r.require(a.q.tokens == 0 || (a.state.o != nullptr && a.state.lse != nullptr),
+            "the state's o or lse is a null pointer");
+  if (r) r.require(validate_groups(groups, a.q.tokens, a.k.tokens));
+  return r;
+}
+
+} // namespace ringattn

@@ -1,0 +1,91 @@
+#pragma once
+//! \file
+//! The host block kernel: the exact contract of the CUDA kernel in plain C++ (scores and the
+//! block's softmax in fp64, the state in fp32 as on the device). It is what the CPU ring runs, in
+//! CI and on machines without a GPU.
+//!
+//! \code
+//! ringattn::reset(state);                                  // o = 0, lse = -inf
+//! for (each K/V block) ringattn::host_block_forward({q, k, v, args, state}, groups);
+//! ringattn::finalize(state, out);                          // o -> out in the input dtype
+//! \endcode
+
+#include <ringattn/kernel/forward_args.cuh>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <span>
+#include <vector>
+
+namespace ringattn {
+
+//! Sets a host state to "no key seen": o = 0, lse = -inf.
+inline void reset(const attention_state& s) {
+  std::fill(s.o, s.o + s.o_elements(), 0.0f);
+  std::fill(s.lse, s.lse + s.lse_elements(), -std::numeric_limits<float>::infinity());
+}
+
+//! Host block forward: merges attention of `a.q` against the K/V block into `a.state`.
+//! Throws `invalid_argument` (nothing written) when validation fails.
+template <element T>
+void host_block_forward(const block_forward_args<T>& a, std::span<const block_group> groups) {
+  validate_block_forward(a, groups).throw_if_invalid();
+  const double scale = a.args.scale();
+  const int group_size = a.args.group_size(), d = a.args.head_dim;
+  std::vector<double> s, o(static_cast<std::size_t>(d));
+  std::vector<std::int64_t> col;
+  for (const block_group& g : groups)
+    for (std::int64_t i = 0; i < g.q_count; ++i) {
+      const std::int64_t row = g.q_begin + i;
+      for (int h = 0; h < a.args.q_heads; ++h) {
+        const int kvh = h / group_size;
+        s.clear();
+        col.clear();
+        double m = -std::numeric_limits<double>::infinity();
+        for (int b = 0; b < g.count; ++b) {
+          const kv_block& kb = g.kv[b];
+          const index_range c = kb.mask.columns(i, i + 1, kb.kv_count);
+          for (std::int64_t j = c.begin; j < c.end; ++j) {
+            double dot = 0.0;
+            for (int e = 0; e < d; ++e)
+              dot += static_cast<double>(to_float(a.q(row, h, e))) *
+                     to_float(a.k(kb.kv_begin + j, kvh, e));
+            s.push_back(dot * scale);
+            col.push_back(kb.kv_begin + j);
+            m = std::max(m, dot * scale);
+          }
+        }
+        if (s.empty()) continue; // nothing visible in this block: the state is unchanged
+        double sum = 0.0;
+        std::fill(o.begin(), o.end(), 0.0);
+        for (std::size_t x = 0; x < s.size(); ++x) {
+          const double p = std::exp(s[x] - m);
+          sum += p;
+          for (int e = 0; e < d; ++e) o[static_cast<std::size_t>(e)] += p * to_float(a.v(col[x], kvh, e));
+        }
+        const float lse_b = static_cast<float>(m + std::log(sum));
+        float& lse = a.state.lse_at(row, h);
+        const merge_weights w = merge_lse(lse, lse_b);
+        float* os = a.state.o_row(row, h);
+        for (int e = 0; e < d; ++e)
+          os[e] = os[e] * w.wa + static_cast<float>(o[static_cast<std::size_t>(e)] / sum) * w.wb;
+        lse = w.lse;
+      }
+    }
+}
+
+//! Writes the state's output in the output dtype (rows that saw no key are 0).
+template <element T>
+void finalize(const attention_state& s, thd_view<T> out) {
+  validation r = validate_view(out, "out");
+  r.require(out.tokens == s.tokens && out.heads == s.q_heads && out.head_dim == s.head_dim,
+            "out is [", out.tokens, ", ", out.heads, ", ", out.head_dim, "] but the state is [",
+            s.tokens, ", ", s.q_heads, ", ", s.head_dim, "]");
+  r.throw_if_invalid();
+  for (std::int64_t t = 0; t < s.tokens; ++t)
+    for (int h = 0; h < s.q_heads; ++h)
+      for (int e = 0; e < s.head_dim; ++e) out(t, h, e) = from_float<T>(s.o_row(t, h)[e]);
+}
+
+} // namespace ringattn

@@ -1,0 +1,105 @@
+#pragma once
+// A block-forward problem for the tests: a random packed batch, one group per sequence (its
+// queries against its own keys under a band), the same band as a position window for the
+// float64 oracle, and ways to split the keys into several blocks.
+#include "common.hpp"
+
+#include <ringattn/kernel/block.cuh>
+#include <ringattn/reference/attention.cuh>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace ringattn::test {
+
+template <class T>
+struct block_case {
+  std::vector<std::int32_t> cu;
+  attention_arguments args;
+  band mask;
+  std::vector<T> q, k, v;
+
+  block_case(std::vector<std::int32_t> cu_, attention_arguments a, band b, std::mt19937_64& rng)
+      : cu(std::move(cu_)), args(a), mask(b) {
+    const auto n = static_cast<std::size_t>(tokens());
+    q = random_buffer<T>(n * a.q_heads * a.head_dim, rng);
+    k = random_buffer<T>(n * a.kv_heads * a.head_dim, rng);
+    v = random_buffer<T>(n * a.kv_heads * a.head_dim, rng);
+  }
+  std::int64_t tokens() const { return cu.back(); }
+  thd_view<const T> qv() const { return {q.data(), tokens(), args.q_heads, args.head_dim}; }
+  thd_view<const T> kv() const { return {k.data(), tokens(), args.kv_heads, args.head_dim}; }
+  thd_view<const T> vv() const { return {v.data(), tokens(), args.kv_heads, args.head_dim}; }
+
+  //! The band as the oracle's window: lo <= pk - pq <= hi.
+  position_window window() const {
+    return {mask.lo <= -unbounded ? unbounded : -mask.lo, mask.hi >= unbounded ? unbounded : mask.hi};
+  }
+  reference::forward_result oracle() const {
+    return reference::attention_forward(qv(), kv(), vv(), cu, args, window());
+  }
+
+  //! The keys of every sequence cut into `pieces` near-equal ranges; piece p of every sequence
+  //! forms one call. With `together`, the first two pieces share one call as two key segments of
+  //! the same group (what zigzag produces).
+  std::vector<std::vector<block_group>> calls(int pieces, bool together = false) const {
+    std::vector<std::vector<block_group>> out(static_cast<std::size_t>(pieces));
+    for (std::size_t s = 0; s + 1 < cu.size(); ++s) {
+      const std::int64_t len = cu[s + 1] - cu[s];
+      for (int p = 0; p < pieces; ++p) {
+        const std::int64_t b = len * p / pieces, e = len * (p + 1) / pieces;
+        // Keys [b, e) of the sequence: column j of the piece is position b + j.
+        const kv_block kb{cu[s] + b, e - b,
+                          band{mask.lo <= -unbounded ? -unbounded : mask.lo - b,
+                               mask.hi >= unbounded ? unbounded : mask.hi - b}};
+        auto& call = out[static_cast<std::size_t>(together && p == 1 ? 0 : p)];
+        if (together && p == 1) {
+          call.back().kv[call.back().count++] = kb;
+        } else {
+          block_group g{cu[s], len, 1, {}};
+          g.kv[0] = kb;
+          call.push_back(g);
+        }
+      }
+    }
+    if (together && pieces > 1) out.erase(out.begin() + 1);
+    return out;
+  }
+};
+
+//! Relative L2 error of an [tokens, heads, dim] result against the oracle's output.
+template <class Get>
+double out_error(const reference::forward_result& ref, Get get) {
+  std::vector<double> got(ref.out.data.size());
+  for (std::int64_t t = 0; t < ref.out.tokens; ++t)
+    for (int h = 0; h < ref.out.heads; ++h)
+      for (int d = 0; d < ref.out.dim; ++d)
+        got[static_cast<std::size_t>((t * ref.out.heads + h) * ref.out.dim + d)] = get(t, h, d);
+  return reference::relative_error(got, ref.out.data);
+}
+
+//! Largest |lse - oracle| (0 where both are -inf; infinite where only one is).
+template <class Get>
+double lse_error(const reference::forward_result& ref, Get get) {
+  double worst = 0.0;
+  for (std::int64_t t = 0; t < ref.out.tokens; ++t)
+    for (int h = 0; h < ref.out.heads; ++h) {
+      const double a = get(t, h), b = ref.lse_at(h, t);
+      if (std::isinf(b) && a == b) continue;
+      worst = std::max(worst, std::isnan(a) ? std::numeric_limits<double>::infinity() : std::abs(a - b));
+    }
+  return worst;
+}
+
+//! Bands worth testing: full, causal, a diagonal offset both ways, a window, and one that leaves
+//! the last rows with no key at all.
+inline std::vector<band> test_bands(std::mt19937_64& rng) {
+  std::uniform_int_distribution<int> off(-40, 40), width(1, 60);
+  const int lo = off(rng);
+  return {band{}, band{-unbounded, 0}, band{-unbounded, off(rng)}, band{lo, lo + width(rng)},
+          band{1, 7}};
+}
+
+} // namespace ringattn::test

@@ -1,0 +1,171 @@
+// The CUDA block kernel against the float64 oracle (same matrix as the host kernel's test), the
+// merge of split K/V ranges, determinism, the plain-output mode, and validation.
+#include "../block_case.hpp"
+#include "device_buffer.cuh"
+
+#include <ringattn/kernel/forward.cuh>
+#include <ringattn/kernel/host_forward.cuh>
+
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <tuple>
+
+using namespace ringattn;
+
+namespace {
+template <class T>
+struct device_case {
+  const test::block_case<T>& c;
+  test::device_buffer<T> q, k, v;
+  test::device_buffer<float> o, lse;
+  attention_state state;
+  explicit device_case(const test::block_case<T>& bc)
+      : c(bc), q(bc.q), k(bc.k), v(bc.v),
+        o(std::vector<float>(bc.q.size(), -7.0f)), // poisoned: reset must write every element
+        lse(std::vector<float>(static_cast<std::size_t>(bc.tokens() * bc.args.q_heads), -7.0f)),
+        state{o.get(), lse.get(), bc.tokens(), bc.args.q_heads, bc.args.head_dim} {}
+  block_forward_args<T> args() const {
+    const auto& a = c.args;
+    return {{q.get(), c.tokens(), a.q_heads, a.head_dim},
+            {k.get(), c.tokens(), a.kv_heads, a.head_dim},
+            {v.get(), c.tokens(), a.kv_heads, a.head_dim},
+            a,
+            state};
+  }
+  //! Runs every call, finalises into a poisoned output; returns (out, o, lse) on the host.
+  std::tuple<std::vector<T>, std::vector<float>, std::vector<float>>
+  run(const std::vector<std::vector<block_group>>& calls) {
+    std::vector<device_block_schedule> schedules;
+    for (const auto& g : calls) schedules.emplace_back(g, c.tokens(), c.tokens(), c.args.head_dim);
+    reset(state, nullptr);
+    for (const auto& s : schedules) block_forward(args(), s, nullptr);
+    test::device_buffer<T> out(std::vector<T>(c.q.size(), test::poison<T>()));
+    finalize(state, thd_view<T>(out.get(), c.tokens(), c.args.q_heads, c.args.head_dim), nullptr);
+    RINGATTN_CUDA_CHECK(cudaDeviceSynchronize());
+    return {out.download(), o.download(), lse.download()};
+  }
+};
+
+// Tolerances for the kernel's output against the float64 oracle, relative L2 over all elements:
+// the kernel rounds P to the input type before P V and the output once more, so the error is a
+// few units of that type's rounding: bf16 (8 bits) 8e-3, fp16 (11 bits) 1.5e-3. LSE is computed
+// in fp32 from exact products: 2e-3 absolute.
+template <class T>
+constexpr double out_tolerance = std::is_same_v<T, __nv_bfloat16> ? 8e-3 : 1.5e-3;
+constexpr double lse_tolerance = 2e-3;
+
+// RINGATTN_TEST_SMALL=1 (set for compute-sanitizer runs) shortens sequences and skips GQA 8.
+inline bool small_run() { return std::getenv("RINGATTN_TEST_SMALL") != nullptr; }
+
+template <class T>
+void check_against_oracle(std::mt19937_64& rng) {
+  for (int group : {1, 4, 8})
+    for (int d : {64, 128, 256})
+      for (const band& b : test::test_bands(rng)) {
+        CAPTURE(group);
+        CAPTURE(d);
+        CAPTURE(b.lo);
+        CAPTURE(b.hi);
+        if (small_run() && group == 8) continue;
+        const attention_arguments a{8, 8 / group, d, 0.0f};
+        // Odd lengths around the tile sizes (64 keys, 128 query rows).
+        test::block_case<T> c(test::random_cu_seqlens(3, 1, small_run() ? 140 : 300, rng), a, b, rng);
+        const auto ref = c.oracle();
+        device_case<T> dc(c);
+        auto [out, o, lse] = dc.run(c.calls(1));
+        thd_view<const T> ov(out.data(), c.tokens(), a.q_heads, d);
+        const double eo = test::out_error(ref, [&](auto t, int h, int e) { return to_float(ov(t, h, e)); });
+        const double el = test::lse_error(ref, [&](auto t, int h) { return lse[static_cast<std::size_t>(h * c.tokens() + t)]; });
+        MESSAGE("d=" << d << " group=" << group << " band=[" << b.lo << "," << b.hi << "] out err " << eo << " lse err " << el);
+        CHECK(eo < out_tolerance<T>);
+        CHECK(el < lse_tolerance);
+      }
+}
+} // namespace
+
+TEST_CASE_TEMPLATE("CUDA block forward equals the oracle: bands x GQA x head_dim x packed odd lengths",
+                   T, __nv_bfloat16, __half) {
+  const auto seed = test::fresh_seed();
+  CAPTURE(seed);
+  std::mt19937_64 rng(seed);
+  check_against_oracle<T>(rng);
+}
+
+TEST_CASE("CUDA block forward: split K/V ranges merge to the single-block result; bitwise repeatable") {
+  const auto seed = test::fresh_seed();
+  CAPTURE(seed);
+  std::mt19937_64 rng(seed);
+  const attention_arguments a{8, 2, 128, 0.0f};
+  test::block_case<__nv_bfloat16> c(test::random_cu_seqlens(2, 200, 700, rng), a,
+                                    band{-unbounded, 0}, rng);
+  device_case<__nv_bfloat16> dc(c);
+  auto [out1, o1, lse1] = dc.run(c.calls(1));
+  auto [out1b, o1b, lse1b] = dc.run(c.calls(1));
+  CHECK(std::memcmp(o1.data(), o1b.data(), o1.size() * sizeof(float)) == 0); // deterministic
+  CHECK(std::memcmp(lse1.data(), lse1b.data(), lse1.size() * sizeof(float)) == 0);
+  for (int pieces : {2, 3, 8})
+    for (bool together : {false, true}) {
+      CAPTURE(pieces);
+      CAPTURE(together);
+      auto [out, o, lse] = dc.run(c.calls(pieces, together));
+      // Each block's softmax is computed with bf16 P, so splitting changes the rounding of P:
+      // within the kernel's own error, not fp32 rounding.
+      CHECK(reference::relative_error(std::vector<double>(o.begin(), o.end()),
+                                      std::vector<double>(o1.begin(), o1.end())) < 5e-3);
+      double worst = 0.0;
+      for (std::size_t i = 0; i < lse.size(); ++i) worst = std::max(worst, double(std::abs(lse[i] - lse1[i])));
+      CHECK(worst < 1e-4);
+    }
+}
+
+TEST_CASE("CUDA block forward, plain output: the same values as the merged path") {
+  std::mt19937_64 rng(test::fresh_seed());
+  const attention_arguments a{4, 4, 64, 0.0f};
+  test::block_case<__half> c(test::random_cu_seqlens(2, 100, 300, rng), a, band{-unbounded, 0}, rng);
+  device_case<__half> dc(c);
+  auto [out, o, lse] = dc.run(c.calls(1));
+  device_block_schedule s(c.calls(1)[0], c.tokens(), c.tokens(), a.head_dim);
+  test::device_buffer<__half> plain(std::vector<__half>(c.q.size(), test::poison<__half>()));
+  test::device_buffer<float> plse(std::vector<float>(lse.size(), -7.0f));
+  block_forward_plain(dc.args(), s, thd_view<__half>(plain.get(), c.tokens(), 4, 64), plse.get(), nullptr);
+  RINGATTN_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto p = plain.download();
+  const auto pl = plse.download();
+  // Merging one block into an empty state is exact up to (w_a, w_b) = (0, 1): identical values.
+  CHECK(std::memcmp(p.data(), out.data(), p.size() * sizeof(__half)) == 0);
+  CHECK(std::memcmp(pl.data(), lse.data(), pl.size() * sizeof(float)) == 0);
+}
+
+TEST_CASE("CUDA block forward rejects bad input before launching anything") {
+  std::mt19937_64 rng(test::fresh_seed());
+  const attention_arguments a{4, 2, 64, 0.0f};
+  test::block_case<__nv_bfloat16> c({0, 130}, a, band{}, rng);
+  device_case<__nv_bfloat16> dc(c);
+  device_block_schedule s(c.calls(1)[0], c.tokens(), c.tokens(), a.head_dim);
+  reset(dc.state, nullptr);
+  auto args = dc.args();
+  args.q.data = args.q.data + 1; // misaligned
+  CHECK_THROWS_WITH_AS(block_forward(args, s, nullptr),
+                       "ringattn: q, k and v must be 16-byte aligned with token and head strides "
+                       "that are multiples of 8 elements",
+                       invalid_argument);
+  args = dc.args();
+  args.k.data = nullptr;
+  CHECK_THROWS_WITH_AS(block_forward(args, s, nullptr),
+                       "ringattn: k is a null pointer with 130 tokens", invalid_argument);
+  args = dc.args();
+  args.args.head_dim = 128;
+  CHECK_THROWS_AS(block_forward(args, s, nullptr), invalid_argument);
+  device_block_schedule other(c.calls(1)[0], c.tokens(), c.tokens(), 128);
+  CHECK_THROWS_WITH_AS(block_forward(dc.args(), other, nullptr),
+                       "ringattn: the schedule was made for 130 query and 130 key tokens, head_dim "
+                       "128; the call has 130, 130, 64",
+                       invalid_argument);
+  auto bad = c.calls(1)[0];
+  bad[0].q_count = 131;
+  CHECK_THROWS_AS(device_block_schedule(bad, 130, 130, 64), invalid_argument);
+  RINGATTN_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto lse = dc.lse.download();
+  CHECK(std::all_of(lse.begin(), lse.end(), [](float x) { return std::isinf(x) && x < 0; }));
+}
