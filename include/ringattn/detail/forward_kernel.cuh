@@ -16,12 +16,6 @@
 RINGATTN_ABI_BEGIN
 namespace kernels {
 
-//! One unit of work: rows [row_begin, row_begin + block_m) of group `group`.
-struct forward_tile {
-  std::int32_t group;
-  std::int32_t row_begin;
-};
-
 template <class T>
 struct forward_params {
   const T* q;
@@ -31,7 +25,7 @@ struct forward_params {
   std::int64_t k_token_stride, k_head_stride;
   std::int64_t v_token_stride, v_head_stride;
   const block_group* groups;
-  const forward_tile* tiles;
+  const work_tile* tiles;
   attention_state state; // merge target (Merge) or o unused
   T* out;                // plain output (!Merge): dense [tokens, q_heads, head_dim]
   float* lse_out;        // plain output (!Merge): [q_heads, tokens]
@@ -112,13 +106,14 @@ __device__ __forceinline__ void load_tile(T* s, const T* g, std::int64_t stride,
 }
 
 // The tuning arrives as plain integers: nvcc's host stubs cannot spell class-type template
-// arguments.
-template <class T, int D, int Warps, int BN, bool QInRegisters, bool Merge>
-__global__ void __launch_bounds__(Warps * 32, 1) block_forward_kernel(forward_params<T> p) {
-  constexpr int BM = 16 * Warps, Threads = 32 * Warps;
-  constexpr int KSteps = D / 16;  // k-steps of Q K^T
-  constexpr int NTiles = BN / 8;  // 8-column tiles of S
-  constexpr int DTiles = D / 8;   // 8-column tiles of O
+// arguments. Each warp owns MT row tiles of 16 rows; the thread block owns BM = 16 * MT * Warps.
+template <class T, int D, int Warps, int MT, int BN, bool QInRegisters, bool Merge>
+__global__ void __launch_bounds__(Warps * 32, Warps == 4 && D <= 128 ? 2 : 1)
+    block_forward_kernel(forward_params<T> p) {
+  constexpr int BM = 16 * MT * Warps, Threads = 32 * Warps;
+  constexpr int KSteps = D / 16; // k-steps of Q K^T
+  constexpr int NTiles = BN / 8; // 8-column tiles of S
+  constexpr int DTiles = D / 8;  // 8-column tiles of O
   constexpr float neg_inf = -__builtin_huge_valf();
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
@@ -126,7 +121,7 @@ __global__ void __launch_bounds__(Warps * 32, 1) block_forward_kernel(forward_pa
   T* sK = sQ + BM * D; // two buffers of BN x D
   T* sV = sK + 2 * BN * D;
 
-  const forward_tile tile = p.tiles[blockIdx.x];
+  const work_tile tile = p.tiles[blockIdx.x];
   const block_group g = p.groups[tile.group];
   const int h = blockIdx.y, kvh = h / p.group_size;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -139,8 +134,10 @@ __global__ void __launch_bounds__(Warps * 32, 1) block_forward_kernel(forward_pa
   static_assert(max_blocks_per_group == 2, "the kernel walks at most two key segments per group");
   const kv_block kv0 = g.kv[0], kv1 = g.kv[1];
   const tile_trips none{0, 0, 0, 0};
-  const tile_trips t0 = g.count > 0 ? kv0.mask.kv_tiles(row0, row0 + rows_valid, kv0.kv_count, BN) : none;
-  const tile_trips t1 = g.count > 1 ? kv1.mask.kv_tiles(row0, row0 + rows_valid, kv1.kv_count, BN) : none;
+  const tile_trips t0 =
+      g.count > 0 ? kv0.mask.kv_tiles(row0, row0 + rows_valid, kv0.kv_count, BN) : none;
+  const tile_trips t1 =
+      g.count > 1 ? kv1.mask.kv_tiles(row0, row0 + rows_valid, kv1.kv_count, BN) : none;
   const int first = static_cast<int>(t0.end - t0.begin);
   const int total = first + static_cast<int>(t1.end - t1.begin);
   // Iteration `it` visits KV tile `j` of segment `second ? 1 : 0`.
@@ -148,7 +145,8 @@ __global__ void __launch_bounds__(Warps * 32, 1) block_forward_kernel(forward_pa
     second = it >= first;
     j = second ? t1.begin + (it - first) : t0.begin + it;
   };
-  auto kv_base = [&](bool second, std::int64_t j, const T* base, std::int64_t ts, std::int64_t hs) {
+  auto kv_base = [&](bool second, std::int64_t j, const T* base, std::int64_t ts,
+                     std::int64_t hs) {
     return base + ((second ? kv1.kv_begin : kv0.kv_begin) + j * BN) * ts + kvh * hs;
   };
   auto kv_valid = [&](bool second, std::int64_t j) {
@@ -170,14 +168,19 @@ __global__ void __launch_bounds__(Warps * 32, 1) block_forward_kernel(forward_pa
   }
   cp_async_commit();
 
-  float acc[DTiles][4];
+  float acc[MT][DTiles][4];
 #pragma unroll
-  for (int t = 0; t < DTiles; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
-  float m[2] = {neg_inf, neg_inf}; // running max of scaled scores (log2 units), rows r and r + 8
-  float l[2] = {0.0f, 0.0f};       // this thread's part of the running sum
-  std::uint32_t qf[QInRegisters ? KSteps : 1][4];
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int t = 0; t < DTiles; ++t) acc[mt][t][0] = acc[mt][t][1] = acc[mt][t][2] = acc[mt][t][3] = 0.0f;
+  // Running max of scaled scores (log2 units) and this thread's part of the running sum, for
+  // rows r and r + 8 of each row tile.
+  float m[MT][2], l[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) m[mt][0] = m[mt][1] = neg_inf, l[mt][0] = l[mt][1] = 0.0f;
+  std::uint32_t qf[QInRegisters ? MT : 1][QInRegisters ? KSteps : 1][4];
 
-  const int qrow = warp * 16 + (lane & 15); // ldmatrix row of this lane in the Q tile
+  const int wrow = warp * 16 * MT; // first row of this warp in the tile
   for (int it = 0; it < total; ++it) {
     cp_async_wait_all();
     __syncthreads(); // tile `it` landed; every warp is done with the buffer refilled below
@@ -201,31 +204,41 @@ __global__ void __launch_bounds__(Warps * 32, 1) block_forward_kernel(forward_pa
     if constexpr (QInRegisters) {
       if (it == 0) {
 #pragma unroll
-        for (int kk = 0; kk < KSteps; ++kk)
-          ldmatrix_x4(qf[kk], sQ + swizzle<D>(qrow, kk * 2 + (lane >> 4)));
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int kk = 0; kk < KSteps; ++kk)
+            ldmatrix_x4(qf[mt][kk], sQ + swizzle<D>(wrow + mt * 16 + (lane & 15), kk * 2 + (lane >> 4)));
       }
     }
 
-    // S = Q K^T for this warp's 16 rows and BN columns.
-    float s[NTiles][4];
+    // S = Q K^T for this warp's rows and BN columns; each K fragment feeds MT instructions.
+    float s[MT][NTiles][4];
 #pragma unroll
-    for (int t = 0; t < NTiles; ++t) s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.0f;
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int t = 0; t < NTiles; ++t) s[mt][t][0] = s[mt][t][1] = s[mt][t][2] = s[mt][t][3] = 0.0f;
 #pragma unroll
     for (int kk = 0; kk < KSteps; ++kk) {
-      std::uint32_t a[4];
-      if constexpr (QInRegisters) {
+      std::uint32_t a[MT][4];
 #pragma unroll
-        for (int x = 0; x < 4; ++x) a[x] = qf[kk][x];
-      } else {
-        ldmatrix_x4(a, sQ + swizzle<D>(qrow, kk * 2 + (lane >> 4)));
+      for (int mt = 0; mt < MT; ++mt) {
+        if constexpr (QInRegisters) {
+#pragma unroll
+          for (int x = 0; x < 4; ++x) a[mt][x] = qf[mt][kk][x];
+        } else {
+          ldmatrix_x4(a[mt], sQ + swizzle<D>(wrow + mt * 16 + (lane & 15), kk * 2 + (lane >> 4)));
+        }
       }
 #pragma unroll
       for (int np = 0; np < NTiles / 2; ++np) {
         std::uint32_t kb[4];
         const int krow = np * 16 + ((lane >> 4) << 3) + (lane & 7);
         ldmatrix_x4(kb, cK + swizzle<D>(krow, kk * 2 + ((lane >> 3) & 1)));
-        mma_16816<T>(s[2 * np], a, kb[0], kb[1]);
-        mma_16816<T>(s[2 * np + 1], a, kb[2], kb[3]);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma_16816<T>(s[mt][2 * np], a[mt], kb[0], kb[1]);
+          mma_16816<T>(s[mt][2 * np + 1], a[mt], kb[2], kb[3]);
+        }
       }
     }
 
@@ -237,114 +250,126 @@ __global__ void __launch_bounds__(Warps * 32, 1) block_forward_kernel(forward_pa
     if (banded || ragged) {
       const band bd = b ? kv1.mask : kv0.mask;
 #pragma unroll
-      for (int t = 0; t < NTiles; ++t)
+      for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const std::int64_t i = row0 + warp * 16 + (lane >> 2) + (e >= 2 ? 8 : 0);
-          const std::int64_t c = j * BN + t * 8 + (lane & 3) * 2 + (e & 1);
-          if (c >= count || !bd.sees(i, c)) s[t][e] = neg_inf;
-        }
+        for (int t = 0; t < NTiles; ++t)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const std::int64_t i = row0 + wrow + mt * 16 + (lane >> 2) + (e >= 2 ? 8 : 0);
+            const std::int64_t c = j * BN + t * 8 + (lane & 3) * 2 + (e & 1);
+            if (c >= count || !bd.sees(i, c)) s[mt][t][e] = neg_inf;
+          }
     }
 
-    // Online softmax in base 2: p = 2^(s * scale_log2 - m).
-    float mx[2] = {neg_inf, neg_inf};
+    // Online softmax in base 2: p = 2^(s * scale_log2 - m), then O += P V.
 #pragma unroll
-    for (int t = 0; t < NTiles; ++t) {
-      mx[0] = fmaxf(mx[0], fmaxf(s[t][0], s[t][1]));
-      mx[1] = fmaxf(mx[1], fmaxf(s[t][2], s[t][3]));
-    }
-    float corr[2], base[2];
+    for (int mt = 0; mt < MT; ++mt) {
+      float mx[2] = {neg_inf, neg_inf};
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      const float mnew = fmaxf(m[r], mx[r] * p.scale_log2);
-      corr[r] = m[r] == neg_inf ? 0.0f : exp2f(m[r] - mnew);
-      base[r] = mnew == neg_inf ? 0.0f : mnew; // a row with nothing visible yet: p = 0
-      m[r] = mnew;
-      l[r] *= corr[r];
-    }
+      for (int t = 0; t < NTiles; ++t) {
+        mx[0] = fmaxf(mx[0], fmaxf(s[mt][t][0], s[mt][t][1]));
+        mx[1] = fmaxf(mx[1], fmaxf(s[mt][t][2], s[mt][t][3]));
+      }
+      float corr[2], base[2];
 #pragma unroll
-    for (int t = 0; t < NTiles; ++t) {
-      s[t][0] = exp2f(fmaf(s[t][0], p.scale_log2, -base[0]));
-      s[t][1] = exp2f(fmaf(s[t][1], p.scale_log2, -base[0]));
-      s[t][2] = exp2f(fmaf(s[t][2], p.scale_log2, -base[1]));
-      s[t][3] = exp2f(fmaf(s[t][3], p.scale_log2, -base[1]));
-      l[0] += s[t][0] + s[t][1];
-      l[1] += s[t][2] + s[t][3];
-    }
+      for (int r = 0; r < 2; ++r) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        const float mnew = fmaxf(m[mt][r], mx[r] * p.scale_log2);
+        corr[r] = m[mt][r] == neg_inf ? 0.0f : exp2f(m[mt][r] - mnew);
+        base[r] = mnew == neg_inf ? 0.0f : mnew; // a row with nothing visible yet: p = 0
+        m[mt][r] = mnew;
+        l[mt][r] *= corr[r];
+      }
 #pragma unroll
-    for (int t = 0; t < DTiles; ++t) {
-      acc[t][0] *= corr[0];
-      acc[t][1] *= corr[0];
-      acc[t][2] *= corr[1];
-      acc[t][3] *= corr[1];
+      for (int t = 0; t < NTiles; ++t) {
+        s[mt][t][0] = exp2f(fmaf(s[mt][t][0], p.scale_log2, -base[0]));
+        s[mt][t][1] = exp2f(fmaf(s[mt][t][1], p.scale_log2, -base[0]));
+        s[mt][t][2] = exp2f(fmaf(s[mt][t][2], p.scale_log2, -base[1]));
+        s[mt][t][3] = exp2f(fmaf(s[mt][t][3], p.scale_log2, -base[1]));
+        l[mt][0] += s[mt][t][0] + s[mt][t][1];
+        l[mt][1] += s[mt][t][2] + s[mt][t][3];
+      }
+#pragma unroll
+      for (int t = 0; t < DTiles; ++t) {
+        acc[mt][t][0] *= corr[0];
+        acc[mt][t][1] *= corr[0];
+        acc[mt][t][2] *= corr[1];
+        acc[mt][t][3] *= corr[1];
+      }
     }
 
-    // O += P V: the S accumulators of two 8-column tiles are the A fragment of one k-step.
+    // O += P V: the S accumulators of two 8-column tiles are the A fragment of one k-step; each
+    // V fragment feeds MT instructions.
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {
-      const std::uint32_t a[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]),
-                                  pack2<T>(s[2 * kk][2], s[2 * kk][3]),
-                                  pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                                  pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+      std::uint32_t a[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        a[mt][0] = pack2<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+        a[mt][1] = pack2<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+        a[mt][2] = pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+        a[mt][3] = pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+      }
 #pragma unroll
       for (int dp = 0; dp < D / 16; ++dp) {
         std::uint32_t vb[4];
         const int vrow = kk * 16 + (((lane >> 3) & 1) << 3) + (lane & 7);
         ldmatrix_x4_trans(vb, cV + swizzle<D>(vrow, dp * 2 + (lane >> 4)));
-        mma_16816<T>(acc[2 * dp], a, vb[0], vb[1]);
-        mma_16816<T>(acc[2 * dp + 1], a, vb[2], vb[3]);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma_16816<T>(acc[mt][2 * dp], a[mt], vb[0], vb[1]);
+          mma_16816<T>(acc[mt][2 * dp + 1], a[mt], vb[2], vb[3]);
+        }
       }
     }
   }
   cp_async_wait_all();
 
   // The block's (o, lse) per row, then merge into the state (or write it plainly).
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-  }
   constexpr float ln2 = 0.6931471805599453f;
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int local = warp * 16 + (lane >> 2) + r * 8;
-    const bool live = local < rows_valid;
-    const std::int64_t row = g.q_begin + row0 + local;
-    const float lse_b = l[r] > 0.0f ? (m[r] + __log2f(l[r])) * ln2 : neg_inf;
-    const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
-    if constexpr (Merge) {
-      float* lse_p = p.state.lse + h * p.state.tokens + row;
-      const float lse_s = live ? *lse_p : neg_inf;
-      __syncwarp(); // every lane of the quad has read lse before one of them rewrites it
-      const merge_weights w = merge_lse(lse_s, lse_b);
-      if (live) {
-        float* o = p.state.o_row(row, h) + (lane & 3) * 2;
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int t = 0; t < DTiles; ++t) {
-          float2 old = *reinterpret_cast<float2*>(o + t * 8);
-          old.x = old.x * w.wa + acc[t][2 * r] * inv * w.wb;
-          old.y = old.y * w.wa + acc[t][2 * r + 1] * inv * w.wb;
-          *reinterpret_cast<float2*>(o + t * 8) = old;
+    for (int r = 0; r < 2; ++r) {
+      float sum = l[mt][r];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const int local = wrow + mt * 16 + (lane >> 2) + r * 8;
+      const bool live = local < rows_valid;
+      const std::int64_t row = g.q_begin + row0 + local;
+      const float lse_b = sum > 0.0f ? (m[mt][r] + __log2f(sum)) * ln2 : neg_inf;
+      const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+      if constexpr (Merge) {
+        float* lse_p = p.state.lse + h * p.state.tokens + row;
+        const float lse_s = live ? *lse_p : neg_inf;
+        __syncwarp(); // every lane of the quad has read lse before one of them rewrites it
+        const merge_weights w = merge_lse(lse_s, lse_b);
+        if (live) {
+          float* o = p.state.o_row(row, h) + (lane & 3) * 2;
+#pragma unroll
+          for (int t = 0; t < DTiles; ++t) {
+            float2 old = *reinterpret_cast<float2*>(o + t * 8);
+            old.x = old.x * w.wa + acc[mt][t][2 * r] * inv * w.wb;
+            old.y = old.y * w.wa + acc[mt][t][2 * r + 1] * inv * w.wb;
+            *reinterpret_cast<float2*>(o + t * 8) = old;
+          }
+          if ((lane & 3) == 0) *lse_p = w.lse;
         }
-        if ((lane & 3) == 0) *lse_p = w.lse;
-      }
-    } else if (live) {
-      T* o = p.out + (row * p.q_heads + h) * D + (lane & 3) * 2;
+      } else if (live) {
+        T* o = p.out + (row * p.q_heads + h) * D + (lane & 3) * 2;
 #pragma unroll
-      for (int t = 0; t < DTiles; ++t)
-        *reinterpret_cast<std::uint32_t*>(o + t * 8) =
-            pack2<T>(acc[t][2 * r] * inv, acc[t][2 * r + 1] * inv);
-      if ((lane & 3) == 0) p.lse_out[h * p.q_tokens + row] = lse_b;
+        for (int t = 0; t < DTiles; ++t)
+          *reinterpret_cast<std::uint32_t*>(o + t * 8) =
+              pack2<T>(acc[mt][t][2 * r] * inv, acc[mt][t][2 * r + 1] * inv);
+        if ((lane & 3) == 0) p.lse_out[h * p.q_tokens + row] = lse_b;
+      }
     }
-  }
 }
 
-//! Shared memory of one thread block.
+//! Shared memory of one thread block: the Q tile, two K and two V tiles.
 template <class T, int D>
-constexpr int forward_smem_bytes() {
-  constexpr forward_tuning t = forward_tuning_for<D>;
+constexpr int forward_smem_bytes(forward_tuning t) {
   return (t.block_m() + 4 * t.block_n) * D * static_cast<int>(sizeof(T));
 }
 

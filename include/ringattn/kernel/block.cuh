@@ -43,6 +43,12 @@ struct block_group {
   kv_block kv[max_blocks_per_group] = {};
 };
 
+//! One unit of a kernel launch: query rows [row_begin, row_begin + block_m) of group `group`.
+struct work_tile {
+  std::int32_t group = 0;
+  std::int32_t row_begin = 0;
+};
+
 //! Groups a plan's blocks (`partition_plan::blocks`) by query segment. Empty blocks are dropped.
 inline std::vector<block_group> group_blocks(std::span<const block> blocks) {
   std::vector<block_group> groups;

@@ -67,14 +67,14 @@ public:
     }
     std::stable_sort(w.begin(), w.end(),
                      [](const weighted& a, const weighted& b) { return a.work > b.work; });
-    std::vector<kernels::forward_tile> tiles;
+    std::vector<work_tile> tiles;
     for (const weighted& x : w) tiles.push_back({x.group, x.row});
     tile_count_ = static_cast<std::int64_t>(tiles.size());
     const std::size_t gbytes = groups_.size() * sizeof(block_group);
-    const std::size_t tbytes = tiles.size() * sizeof(kernels::forward_tile);
+    const std::size_t tbytes = tiles.size() * sizeof(work_tile);
     RINGATTN_CUDA_CHECK(cudaMalloc(&memory_, std::max<std::size_t>(gbytes + tbytes, 16)));
     groups_device_ = static_cast<block_group*>(memory_);
-    tiles_device_ = reinterpret_cast<kernels::forward_tile*>(static_cast<char*>(memory_) + gbytes);
+    tiles_device_ = reinterpret_cast<work_tile*>(static_cast<char*>(memory_) + gbytes);
     cudaError_t e = cudaMemcpy(groups_device_, groups_.data(), gbytes, cudaMemcpyHostToDevice);
     if (e == cudaSuccess)
       e = cudaMemcpy(tiles_device_, tiles.data(), tbytes, cudaMemcpyHostToDevice);
@@ -108,7 +108,7 @@ public:
   //! (row tile, KV tile) pairs visited per head: the work of one launch.
   std::int64_t work_tiles() const noexcept { return work_tiles_; }
   const block_group* device_groups() const noexcept { return groups_device_; }
-  const kernels::forward_tile* device_tiles() const noexcept { return tiles_device_; }
+  const work_tile* device_tiles() const noexcept { return tiles_device_; }
 
 private:
   std::vector<block_group> groups_;
@@ -117,7 +117,7 @@ private:
   std::int64_t tile_count_ = 0, work_tiles_ = 0;
   void* memory_ = nullptr;
   block_group* groups_device_ = nullptr;
-  kernels::forward_tile* tiles_device_ = nullptr;
+  work_tile* tiles_device_ = nullptr;
 };
 
 //! The device-specific checks on top of `validate_block_forward`: dtype, head_dim, 16-byte
@@ -148,46 +148,52 @@ validation validate_device_forward(const block_forward_args<T>& a,
 
 #if defined(__CUDACC__)
 namespace detail {
-template <class T, int D, bool Merge>
+template <class T, int D, forward_tuning Tune, bool Merge>
 void launch_block_forward(const kernels::forward_params<T>& p, const device_block_schedule& s,
                           cudaStream_t stream) {
   if (s.tiles() == 0 || p.q_heads == 0) return;
-  constexpr forward_tuning tune = forward_tuning_for<D>;
-  constexpr int smem = kernels::forward_smem_bytes<T, D>();
-  auto* kernel = &kernels::block_forward_kernel<T, D, tune.warps, tune.block_n,
-                                                tune.q_in_registers, Merge>;
+  constexpr int smem = kernels::forward_smem_bytes<T, D>(Tune);
+  auto* kernel = &kernels::block_forward_kernel<T, D, Tune.warps, Tune.m_tiles, Tune.block_n,
+                                                Tune.q_in_registers, Merge>;
   RINGATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  kernel<<<dim3(static_cast<unsigned>(s.tiles()), static_cast<unsigned>(p.q_heads)), tune.threads(),
-           smem, stream>>>(p);
+  kernel<<<dim3(static_cast<unsigned>(s.tiles()), static_cast<unsigned>(p.q_heads)),
+           Tune.threads(), smem, stream>>>(p);
   RINGATTN_CUDA_CHECK_LAUNCH();
+}
+
+template <class T>
+kernels::forward_params<T> forward_params_of(const block_forward_args<T>& a,
+                                             const device_block_schedule& s, T* out,
+                                             float* lse_out) {
+  return {a.q.data,
+          a.k.data,
+          a.v.data,
+          a.q.token_stride,
+          a.q.head_stride,
+          a.k.token_stride,
+          a.k.head_stride,
+          a.v.token_stride,
+          a.v.head_stride,
+          s.device_groups(),
+          s.device_tiles(),
+          a.state,
+          out,
+          lse_out,
+          a.args.q_heads,
+          a.args.group_size(),
+          a.q.tokens,
+          static_cast<float>(a.args.scale() * 1.4426950408889634)};
 }
 
 template <class T, bool Merge>
 void block_forward(const block_forward_args<T>& a, const device_block_schedule& s, T* out,
                    float* lse_out, cudaStream_t stream) {
   validate_device_forward(a, s).throw_if_invalid();
-  kernels::forward_params<T> p{a.q.data,
-                               a.k.data,
-                               a.v.data,
-                               a.q.token_stride,
-                               a.q.head_stride,
-                               a.k.token_stride,
-                               a.k.head_stride,
-                               a.v.token_stride,
-                               a.v.head_stride,
-                               s.device_groups(),
-                               s.device_tiles(),
-                               a.state,
-                               out,
-                               lse_out,
-                               a.args.q_heads,
-                               a.args.group_size(),
-                               a.q.tokens,
-                               static_cast<float>(a.args.scale() * 1.4426950408889634)};
+  const auto p = forward_params_of(a, s, out, lse_out);
   switch (a.args.head_dim) {
-  case 64: launch_block_forward<T, 64, Merge>(p, s, stream); break;
-  case 128: launch_block_forward<T, 128, Merge>(p, s, stream); break;
-  default: launch_block_forward<T, 256, Merge>(p, s, stream); break;
+  case 64: launch_block_forward<T, 64, forward_tuning_for<64>, Merge>(p, s, stream); break;
+  case 128: launch_block_forward<T, 128, forward_tuning_for<128>, Merge>(p, s, stream); break;
+  default: launch_block_forward<T, 256, forward_tuning_for<256>, Merge>(p, s, stream); break;
   }
 }
 } // namespace detail

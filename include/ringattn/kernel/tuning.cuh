@@ -2,10 +2,12 @@
 //! \file
 //! Tile shapes of the CUDA block-forward kernel, per head_dim, as constexpr aggregates.
 //!
-//! Each warp owns 16 query rows (one m16n8k16 row tile); a thread block of `warps` warps owns
-//! `16 * warps` rows and walks the K/V block in tiles of `block_n` rows, double-buffered in shared
-//! memory. `q_in_registers` keeps the Q fragments in registers for the whole tile (fewer shared
-//! memory reads; needs head_dim / 4 registers).
+//! Each warp owns `m_tiles` x 16 query rows (m16n8k16 row tiles); a thread block of `warps` warps
+//! owns `16 * m_tiles * warps` rows and walks the K/V block in tiles of `block_n` rows,
+//! double-buffered in shared memory. Every K and V fragment a warp reads from shared memory feeds
+//! `m_tiles` matrix instructions, so two row tiles per warp halve the shared-memory traffic per
+//! FLOP. `q_in_registers` keeps the Q fragments in registers for the whole tile instead of
+//! re-reading them from shared memory each K/V tile (needs m_tiles * head_dim / 4 registers).
 
 #include <ringattn/config.cuh>
 
@@ -13,19 +15,25 @@ namespace ringattn {
 
 struct forward_tuning {
   int warps;
+  int m_tiles;
   int block_n;
   bool q_in_registers;
-  RINGATTN_HOST_DEVICE constexpr int block_m() const { return 16 * warps; }
+  RINGATTN_HOST_DEVICE constexpr int block_m() const { return 16 * m_tiles * warps; }
   RINGATTN_HOST_DEVICE constexpr int threads() const { return 32 * warps; }
 };
 
-//! Shapes for sm_80 and sm_90 (the same mma.sync path runs on both).
-//! head_dim 64/128: 8 warps (128 query rows) x 64 keys; Q in registers. Shared memory: Q tile plus
-//! two K and two V tiles, 48 KB (d = 64) and 96 KB (d = 128); about 170 registers a thread, no
-//! spills (ptxas report in docs/kernels.md). head_dim 256: 4 warps x 32 keys, Q read from shared
-//! memory each step so the fp32 output tile (128 registers) fits.
+//! Shapes for sm_80 and sm_90 (the same mma.sync path runs on both); measurements on an H200,
+//! bf16, 32 heads, 8K tokens, full mask (bench/results/, docs/kernels.md):
+//! - 8 warps x 1 row tile (128 rows) x 64 keys, Q in registers: 229 TFLOP/s at head_dim 128,
+//!   177 at 64 — shared-memory bound (each K/V fragment fed one instruction).
+//! - head_dim 64/128 now: 4 warps x 2 row tiles (128 rows) x 64 keys, Q from shared memory;
+//!   two thread blocks per SM (96 KB of shared memory each at d = 128).
+//! - head_dim 256: 4 warps x 1 row tile x 32 keys, Q from shared memory, so the fp32 output tile
+//!   (128 registers) fits without spills.
 template <int HeadDim>
 inline constexpr forward_tuning forward_tuning_for =
-    HeadDim <= 128 ? forward_tuning{8, 64, true} : forward_tuning{4, 32, false};
+    HeadDim == 64    ? forward_tuning{4, 2, 64, false}
+    : HeadDim == 128 ? forward_tuning{4, 2, 32, false}
+                     : forward_tuning{4, 1, 32, false};
 
 } // namespace ringattn
