@@ -45,15 +45,23 @@ __device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool val
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n"); }
 
-__device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], const void* p) {
+// ldmatrix on a 32-bit shared-space address (computed once per thread block, then offset with
+// 32-bit arithmetic: no generic-to-shared conversion per load).
+__device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], std::uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_address(p)));
+               : "r"(addr));
 }
-__device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&r)[4], const void* p) {
+__device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&r)[4], std::uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_address(p)));
+               : "r"(addr));
+}
+//! 2^x with the hardware approximation (relative error ~2^-22; -inf gives 0).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
 }
 
 //! c += a * b for one m16n8k16 tile; fp32 accumulation.
@@ -87,8 +95,8 @@ __device__ __forceinline__ std::uint32_t pack2(float lo, float hi) {
 //! Element offset of 16-byte chunk `chunk` of row `row` in a [rows, D] shared tile. Chunks are
 //! XOR-swizzled with row % 8 so that the 8 rows an ldmatrix reads hit 8 different bank groups.
 template <int D>
-__device__ __forceinline__ int swizzle(int row, int chunk) {
-  return row * D + ((chunk ^ (row & 7)) << 3);
+__device__ __forceinline__ std::uint32_t swizzle(int row, int chunk) {
+  return static_cast<std::uint32_t>(row * D + ((chunk ^ (row & 7)) << 3));
 }
 
 //! Copies rows [0, Rows) of a [tokens, D] global slice (row stride `stride` elements) into a
@@ -120,6 +128,8 @@ __global__ void __launch_bounds__(Warps * 32, Warps == 4 && D <= 128 ? 2 : 1)
   T* sQ = reinterpret_cast<T*>(smem_raw);
   T* sK = sQ + BM * D; // two buffers of BN x D
   T* sV = sK + 2 * BN * D;
+  constexpr std::uint32_t elem = sizeof(T);
+  const std::uint32_t aQ = smem_address(sQ), aK = smem_address(sK), aV = smem_address(sV);
 
   const work_tile tile = p.tiles[blockIdx.x];
   const block_group g = p.groups[tile.group];
@@ -187,8 +197,8 @@ __global__ void __launch_bounds__(Warps * 32, Warps == 4 && D <= 128 ? 2 : 1)
     bool b;
     std::int64_t j;
     tile_of(it, b, j);
-    const T* cK = sK + (it & 1) * BN * D;
-    const T* cV = sV + (it & 1) * BN * D;
+    const std::uint32_t cK = aK + (it & 1) * (BN * D * elem);
+    const std::uint32_t cV = aV + (it & 1) * (BN * D * elem);
     if (it + 1 < total) {
       bool nb;
       std::int64_t nj;
@@ -207,7 +217,8 @@ __global__ void __launch_bounds__(Warps * 32, Warps == 4 && D <= 128 ? 2 : 1)
         for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
           for (int kk = 0; kk < KSteps; ++kk)
-            ldmatrix_x4(qf[mt][kk], sQ + swizzle<D>(wrow + mt * 16 + (lane & 15), kk * 2 + (lane >> 4)));
+            ldmatrix_x4(qf[mt][kk],
+                        aQ + elem * swizzle<D>(wrow + mt * 16 + (lane & 15), kk * 2 + (lane >> 4)));
       }
     }
 
@@ -226,14 +237,15 @@ __global__ void __launch_bounds__(Warps * 32, Warps == 4 && D <= 128 ? 2 : 1)
 #pragma unroll
           for (int x = 0; x < 4; ++x) a[mt][x] = qf[mt][kk][x];
         } else {
-          ldmatrix_x4(a[mt], sQ + swizzle<D>(wrow + mt * 16 + (lane & 15), kk * 2 + (lane >> 4)));
+          ldmatrix_x4(a[mt],
+                      aQ + elem * swizzle<D>(wrow + mt * 16 + (lane & 15), kk * 2 + (lane >> 4)));
         }
       }
 #pragma unroll
       for (int np = 0; np < NTiles / 2; ++np) {
         std::uint32_t kb[4];
         const int krow = np * 16 + ((lane >> 4) << 3) + (lane & 7);
-        ldmatrix_x4(kb, cK + swizzle<D>(krow, kk * 2 + ((lane >> 3) & 1)));
+        ldmatrix_x4(kb, cK + elem * swizzle<D>(krow, kk * 2 + ((lane >> 3) & 1)));
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
           mma_16816<T>(s[mt][2 * np], a[mt], kb[0], kb[1]);
@@ -261,7 +273,10 @@ __global__ void __launch_bounds__(Warps * 32, Warps == 4 && D <= 128 ? 2 : 1)
           }
     }
 
-    // Online softmax in base 2: p = 2^(s * scale_log2 - m), then O += P V.
+    // Online softmax in base 2: p = 2^(s * scale_log2 - m). P is packed to 16-bit pairs at once:
+    // the fp32 scores die here (half the registers), and two 8-column tiles of S accumulators are
+    // exactly the A fragment of one k-step of P V.
+    std::uint32_t pa[MT][BN / 16][4];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
       float mx[2] = {neg_inf, neg_inf};
@@ -276,19 +291,21 @@ __global__ void __launch_bounds__(Warps * 32, Warps == 4 && D <= 128 ? 2 : 1)
         mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
         mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
         const float mnew = fmaxf(m[mt][r], mx[r] * p.scale_log2);
-        corr[r] = m[mt][r] == neg_inf ? 0.0f : exp2f(m[mt][r] - mnew);
+        corr[r] = m[mt][r] == neg_inf ? 0.0f : fast_exp2(m[mt][r] - mnew);
         base[r] = mnew == neg_inf ? 0.0f : mnew; // a row with nothing visible yet: p = 0
         m[mt][r] = mnew;
         l[mt][r] *= corr[r];
       }
 #pragma unroll
       for (int t = 0; t < NTiles; ++t) {
-        s[mt][t][0] = exp2f(fmaf(s[mt][t][0], p.scale_log2, -base[0]));
-        s[mt][t][1] = exp2f(fmaf(s[mt][t][1], p.scale_log2, -base[0]));
-        s[mt][t][2] = exp2f(fmaf(s[mt][t][2], p.scale_log2, -base[1]));
-        s[mt][t][3] = exp2f(fmaf(s[mt][t][3], p.scale_log2, -base[1]));
-        l[mt][0] += s[mt][t][0] + s[mt][t][1];
-        l[mt][1] += s[mt][t][2] + s[mt][t][3];
+        const float p0 = fast_exp2(fmaf(s[mt][t][0], p.scale_log2, -base[0]));
+        const float p1 = fast_exp2(fmaf(s[mt][t][1], p.scale_log2, -base[0]));
+        const float p2 = fast_exp2(fmaf(s[mt][t][2], p.scale_log2, -base[1]));
+        const float p3 = fast_exp2(fmaf(s[mt][t][3], p.scale_log2, -base[1]));
+        l[mt][0] += p0 + p1;
+        l[mt][1] += p2 + p3;
+        pa[mt][t / 2][(t & 1) * 2] = pack2<T>(p0, p1);
+        pa[mt][t / 2][(t & 1) * 2 + 1] = pack2<T>(p2, p3);
       }
 #pragma unroll
       for (int t = 0; t < DTiles; ++t) {
@@ -299,27 +316,18 @@ __global__ void __launch_bounds__(Warps * 32, Warps == 4 && D <= 128 ? 2 : 1)
       }
     }
 
-    // O += P V: the S accumulators of two 8-column tiles are the A fragment of one k-step; each
-    // V fragment feeds MT instructions.
+    // O += P V; each V fragment feeds MT instructions.
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {
-      std::uint32_t a[MT][4];
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt) {
-        a[mt][0] = pack2<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-        a[mt][1] = pack2<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-        a[mt][2] = pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-        a[mt][3] = pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-      }
 #pragma unroll
       for (int dp = 0; dp < D / 16; ++dp) {
         std::uint32_t vb[4];
         const int vrow = kk * 16 + (((lane >> 3) & 1) << 3) + (lane & 7);
-        ldmatrix_x4_trans(vb, cV + swizzle<D>(vrow, dp * 2 + (lane >> 4)));
+        ldmatrix_x4_trans(vb, cV + elem * swizzle<D>(vrow, dp * 2 + (lane >> 4)));
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          mma_16816<T>(acc[mt][2 * dp], a[mt], vb[0], vb[1]);
-          mma_16816<T>(acc[mt][2 * dp + 1], a[mt], vb[2], vb[3]);
+          mma_16816<T>(acc[mt][2 * dp], pa[mt][kk], vb[0], vb[1]);
+          mma_16816<T>(acc[mt][2 * dp + 1], pa[mt][kk], vb[2], vb[3]);
         }
       }
     }
