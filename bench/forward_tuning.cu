@@ -61,6 +61,7 @@ VARIANT(128, 8, 1, 64, false);
 VARIANT(128, 4, 2, 64, false);
 VARIANT(128, 4, 2, 32, false);
 VARIANT(128, 8, 1, 32, true);
+VARIANT(128, 4, 2, 48, false);
 VARIANT(64, 8, 1, 64, true);
 VARIANT(64, 4, 2, 64, false);
 VARIANT(64, 4, 2, 128, false);

@@ -48,4 +48,8 @@ if [ -x build/gpu/bench/bench_block_forward ]; then
   build/gpu/bench/bench_block_forward --benchmark_out="$OUT/block_forward.json" \
     --benchmark_out_format=json --benchmark_counters_tabular=true 2>&1 | grep -v "^\*\*\*" | tee "$OUT/bench.txt" | cut -c1-150
 fi
+if [ -x build/gpu/bench/bench_forward_tuning ]; then
+  echo "== bench_forward_tuning" >> "$OUT/bench.txt"
+  build/gpu/bench/bench_forward_tuning 2>&1 | grep -E "^d[0-9]" | tee -a "$OUT/bench.txt" | cut -c1-40,100-150
+fi
 python3 bench/sdpa_baseline.py "$OUT/sdpa.json" 2>&1 | tail -50

@@ -22,18 +22,21 @@ struct forward_tuning {
   RINGATTN_HOST_DEVICE constexpr int threads() const { return 32 * warps; }
 };
 
-//! Shapes for sm_80 and sm_90 (the same mma.sync path runs on both); measurements on an H200,
-//! bf16, 32 heads, 8K tokens, full mask (bench/results/, docs/kernels.md):
-//! - 8 warps x 1 row tile (128 rows) x 64 keys, Q in registers: 229 TFLOP/s at head_dim 128,
-//!   177 at 64 — shared-memory bound (each K/V fragment fed one instruction).
-//! - head_dim 64/128 now: 4 warps x 2 row tiles (128 rows) x 64 keys, Q from shared memory;
-//!   two thread blocks per SM (96 KB of shared memory each at d = 128).
+//! Shapes for sm_80 and sm_90 (the same mma.sync path runs on both). Measured on an H200, bf16,
+//! 32 heads, 8K tokens, full mask, with bench/forward_tuning.cu (bench/results/, docs/kernels.md):
+//! - 8 warps x 1 row tile x 64 keys, Q in registers (the first version): 229 TFLOP/s at
+//!   head_dim 128, 179 at 64. Each K/V fragment fed one instruction: shared-memory bound.
+//! - 4 warps x 2 row tiles x 64 keys, Q from shared memory: 273 at head_dim 128 (but ptxas spills
+//!   56 bytes), 251 at 64; with 128 keys at head_dim 64: 274; with 32 keys at 128: 245 (spills).
+//! - 4 warps x 2 row tiles x 48 keys at head_dim 128: 254 registers, no spills (shipped; its
+//!   speed is in docs/kernels.md).
 //! - head_dim 256: 4 warps x 1 row tile x 32 keys, Q from shared memory, so the fp32 output tile
 //!   (128 registers) fits without spills.
+//! Two thread blocks of 4 warps share an SM (up to 112 KB of shared memory each).
 template <int HeadDim>
 inline constexpr forward_tuning forward_tuning_for =
-    HeadDim == 64    ? forward_tuning{4, 2, 64, false}
-    : HeadDim == 128 ? forward_tuning{4, 2, 32, false}
+    HeadDim == 64    ? forward_tuning{4, 2, 128, false}
+    : HeadDim == 128 ? forward_tuning{4, 2, 48, false}
                      : forward_tuning{4, 1, 32, false};
 
 } // namespace ringattn
