@@ -40,13 +40,14 @@ class device_block_schedule {
 public:
   //! Validates `groups` against the shard sizes and lays out tiles of the kernel's row count for
   //! `head_dim`, heaviest first (so the longest tiles of a causal block start first).
+  //! `block_m` and `block_n` override the kernel's tuned tile (tile-shape experiments only; a
+  //! schedule made with other values is rejected by `block_forward`).
   device_block_schedule(std::span<const block_group> groups, std::int64_t q_tokens,
-                        std::int64_t kv_tokens, int head_dim)
+                        std::int64_t kv_tokens, int head_dim, int block_m = 0, int block_n = 0)
       : groups_(groups.begin(), groups.end()), q_tokens_(q_tokens), kv_tokens_(kv_tokens),
-        head_dim_(head_dim) {
+        head_dim_(head_dim), block_m_(block_m > 0 ? block_m : tuned_block_m(head_dim)) {
     validate_groups(groups, q_tokens, kv_tokens).throw_if_invalid();
-    const int bm = block_m(head_dim), bn = head_dim <= 128 ? forward_tuning_for<128>.block_n
-                                                           : forward_tuning_for<256>.block_n;
+    const int bm = block_m_, bn = block_n > 0 ? block_n : tuned_block_n(head_dim);
     struct weighted {
       std::int64_t work;
       std::int32_t group, row;
@@ -88,17 +89,26 @@ public:
   }
   device_block_schedule(device_block_schedule&& o) noexcept
       : groups_(std::move(o.groups_)), q_tokens_(o.q_tokens_), kv_tokens_(o.kv_tokens_),
-        head_dim_(o.head_dim_), tile_count_(o.tile_count_), work_tiles_(o.work_tiles_),
+        head_dim_(o.head_dim_), block_m_(o.block_m_), tile_count_(o.tile_count_), work_tiles_(o.work_tiles_),
         memory_(std::exchange(o.memory_, nullptr)), groups_device_(o.groups_device_),
         tiles_device_(o.tiles_device_) {}
   device_block_schedule(const device_block_schedule&) = delete;
   device_block_schedule& operator=(const device_block_schedule&) = delete;
   device_block_schedule& operator=(device_block_schedule&&) = delete;
 
-  //! Query rows per thread block for a head_dim.
-  static int block_m(int head_dim) {
-    return head_dim <= 128 ? forward_tuning_for<128>.block_m() : forward_tuning_for<256>.block_m();
+  //! Query rows per thread block and keys per K/V tile of the tuned kernel for a head_dim.
+  static int tuned_block_m(int head_dim) {
+    return head_dim == 64    ? forward_tuning_for<64>.block_m()
+           : head_dim == 128 ? forward_tuning_for<128>.block_m()
+                             : forward_tuning_for<256>.block_m();
   }
+  static int tuned_block_n(int head_dim) {
+    return head_dim == 64    ? forward_tuning_for<64>.block_n
+           : head_dim == 128 ? forward_tuning_for<128>.block_n
+                             : forward_tuning_for<256>.block_n;
+  }
+  //! Query rows per work tile of this schedule.
+  int block_m() const noexcept { return block_m_; }
   std::span<const block_group> groups() const noexcept { return groups_; }
   std::int64_t q_tokens() const noexcept { return q_tokens_; }
   std::int64_t kv_tokens() const noexcept { return kv_tokens_; }
@@ -114,6 +124,7 @@ private:
   std::vector<block_group> groups_;
   std::int64_t q_tokens_, kv_tokens_;
   int head_dim_;
+  int block_m_;
   std::int64_t tile_count_ = 0, work_tiles_ = 0;
   void* memory_ = nullptr;
   block_group* groups_device_ = nullptr;
@@ -138,6 +149,9 @@ validation validate_device_forward(const block_forward_args<T>& a,
             "8 elements");
   r.require(reinterpret_cast<std::uintptr_t>(a.state.o) % 16 == 0,
             "the state's o must be 16-byte aligned");
+  r.require(s.block_m() == device_block_schedule::tuned_block_m(a.args.head_dim),
+            "the schedule's tiles have ", s.block_m(), " rows; the kernel for head_dim ",
+            a.args.head_dim, " takes ", device_block_schedule::tuned_block_m(a.args.head_dim));
   r.require(s.q_tokens() == a.q.tokens && s.kv_tokens() == a.k.tokens &&
                 s.head_dim() == a.args.head_dim,
             "the schedule was made for ", s.q_tokens(), " query and ", s.kv_tokens(),
