@@ -18,7 +18,8 @@ U* device_random(std::size_t n, std::uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   std::vector<U> h(n);
-  for (auto& x : h) x = ringattn::from_float<U>(u(rng));
+  for (auto& x : h)
+    x = ringattn::from_float<U>(u(rng));
   U* d = nullptr;
   RINGATTN_CUDA_CHECK(cudaMalloc(&d, n * sizeof(U)));
   RINGATTN_CUDA_CHECK(cudaMemcpy(d, h.data(), n * sizeof(U), cudaMemcpyHostToDevice));
@@ -51,8 +52,11 @@ void block_forward(benchmark::State& state) {
   ringattn::reset(st, nullptr);
   ringattn::bench::gpu_timer timer;
   timer.time(state, [&](cudaStream_t stream) {
-    if (merge) ringattn::block_forward(a, sched, stream);
-    else ringattn::block_forward_plain(a, sched, ringattn::thd_view<T>(out, s, q_heads, d), lse, stream);
+    if (merge)
+      ringattn::block_forward(a, sched, stream);
+    else
+      ringattn::block_forward_plain(a, sched, ringattn::thd_view<T>(out, s, q_heads, d), lse,
+                                    stream);
   });
   ringattn::bench::report_flops(
       state, ringattn::bench::attention_forward_flops(1, q_heads, s, s, d, causal));
@@ -68,10 +72,4 @@ BENCHMARK(block_forward)
     ->MinTime(0.2);
 } // namespace
 
-int main(int argc, char** argv) {
-  benchmark::Initialize(&argc, argv);
-  ringattn::bench::add_device_context();
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
-}
+int main(int argc, char** argv) { return ringattn::bench::run_benchmarks(argc, argv); }

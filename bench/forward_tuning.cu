@@ -20,7 +20,8 @@ void variant(benchmark::State& state) {
   std::mt19937_64 rng(1);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   std::vector<T> h(static_cast<std::size_t>(s * heads * D));
-  for (auto& x : h) x = ringattn::from_float<T>(u(rng));
+  for (auto& x : h)
+    x = ringattn::from_float<T>(u(rng));
   T *q, *k, *v;
   float *o, *lse;
   for (T** p : {&q, &k, &v}) {
@@ -42,12 +43,14 @@ void variant(benchmark::State& state) {
   timer.time(state, [&](cudaStream_t stream) {
     ringattn::detail::launch_block_forward<T, D, Tune, true>(p, sched, stream);
   });
-  ringattn::bench::report_flops(state, ringattn::bench::attention_forward_flops(1, heads, s, s, D, causal));
-  for (void* x : {(void*)q, (void*)k, (void*)v, (void*)o, (void*)lse}) cudaFree(x);
+  ringattn::bench::report_flops(
+      state, ringattn::bench::attention_forward_flops(1, heads, s, s, D, causal));
+  for (void* x : {(void*)q, (void*)k, (void*)v, (void*)o, (void*)lse})
+    cudaFree(x);
 }
 using ringattn::forward_tuning;
 #define VARIANT(D, W, MT, BN, QR)                                                                  \
-  BENCHMARK(variant<D, forward_tuning{W, MT, BN, QR}>)                                            \
+  BENCHMARK(variant<D, forward_tuning{W, MT, BN, QR}>)                                             \
       ->Name("d" #D "_w" #W "_mt" #MT "_bn" #BN "_q" #QR)                                          \
       ->ArgName("causal")                                                                          \
       ->Arg(0)                                                                                     \
@@ -70,4 +73,4 @@ VARIANT(64, 8, 2, 128, false);
 VARIANT(64, 4, 2, 32, false);
 } // namespace
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) { return ringattn::bench::run_benchmarks(argc, argv); }

@@ -89,4 +89,13 @@ inline void add_device_context() {
   benchmark::AddCustomContext("l2_bytes", std::to_string(p.l2CacheSize));
 }
 
+//! main() of every ringattn benchmark: Google Benchmark's, plus the device context in the output.
+inline int run_benchmarks(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  add_device_context();
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
+
 } // namespace ringattn::bench

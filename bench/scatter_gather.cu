@@ -89,10 +89,4 @@ RINGATTN_SG(round_robin);
 RINGATTN_SG(zigzag);
 } // namespace
 
-int main(int argc, char** argv) {
-  benchmark::Initialize(&argc, argv);
-  ringattn::bench::add_device_context();
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
-}
+int main(int argc, char** argv) { return ringattn::bench::run_benchmarks(argc, argv); }

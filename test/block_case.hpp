@@ -35,7 +35,8 @@ struct block_case {
 
   //! The band as the oracle's window: lo <= pk - pq <= hi.
   position_window window() const {
-    return {mask.lo <= -unbounded ? unbounded : -mask.lo, mask.hi >= unbounded ? unbounded : mask.hi};
+    return {mask.lo <= -unbounded ? unbounded : -mask.lo,
+            mask.hi >= unbounded ? unbounded : mask.hi};
   }
   reference::forward_result oracle() const {
     return reference::attention_forward(qv(), kv(), vv(), cu, args, window());
@@ -88,7 +89,8 @@ double lse_error(const reference::forward_result& ref, Get get) {
     for (int h = 0; h < ref.out.heads; ++h) {
       const double a = get(t, h), b = ref.lse_at(h, t);
       if (std::isinf(b) && a == b) continue;
-      worst = std::max(worst, std::isnan(a) ? std::numeric_limits<double>::infinity() : std::abs(a - b));
+      worst = std::max(worst,
+                       std::isnan(a) ? std::numeric_limits<double>::infinity() : std::abs(a - b));
     }
   return worst;
 }

@@ -17,8 +17,8 @@ struct sharded_case {
   partition_plan<P> plan;
   attention_arguments args;
   mask_kind mask;
-  std::vector<T> q, k, v;                      // full tensors
-  std::vector<std::vector<T>> qs, ks, vs;      // per-rank shards
+  std::vector<T> q, k, v;                 // full tensors
+  std::vector<std::vector<T>> qs, ks, vs; // per-rank shards
 
   sharded_case(std::vector<std::int32_t> cu, int ranks, attention_arguments a, mask_kind m,
                std::mt19937_64& rng)

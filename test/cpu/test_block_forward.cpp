@@ -13,8 +13,8 @@ struct host_state {
   attention_state view;
   host_state(std::int64_t tokens, const attention_arguments& a)
       : o(static_cast<std::size_t>(tokens * a.q_heads * a.head_dim), -7.0f),
-        lse(static_cast<std::size_t>(tokens * a.q_heads), -7.0f),
-        view{o.data(), lse.data(), tokens, a.q_heads, a.head_dim} {
+        lse(static_cast<std::size_t>(tokens * a.q_heads), -7.0f), view{o.data(), lse.data(), tokens,
+                                                                       a.q_heads, a.head_dim} {
     reset(view); // poisoned first: reset must write every element
   }
 };
@@ -46,12 +46,14 @@ TEST_CASE("host block forward equals the oracle: bands x GQA x head_dim x packed
         test::block_case<__nv_bfloat16> c(test::random_cu_seqlens(3, 1, 37, rng), a, b, rng);
         const auto ref = c.oracle();
         auto s = run(c, c.calls(1));
-        CHECK(test::out_error(ref, [&](auto t, int h, int e) { return s.view.o_row(t, h)[e]; }) < 1e-5);
+        CHECK(test::out_error(ref, [&](auto t, int h, int e) { return s.view.o_row(t, h)[e]; }) <
+              1e-5);
         CHECK(test::lse_error(ref, [&](auto t, int h) { return s.view.lse_at(t, h); }) < 1e-5);
         std::vector<__nv_bfloat16> out(c.q.size(), test::poison<__nv_bfloat16>());
         thd_view<__nv_bfloat16> ov(out.data(), c.tokens(), a.q_heads, d);
         finalize(s.view, ov);
-        CHECK(test::out_error(ref, [&](auto t, int h, int e) { return to_float(ov(t, h, e)); }) < 4e-3);
+        CHECK(test::out_error(ref, [&](auto t, int h, int e) { return to_float(ov(t, h, e)); }) <
+              4e-3);
       }
 }
 
@@ -72,8 +74,10 @@ TEST_CASE("host block forward: K/V split into 1..8 blocks merges to the single-b
         CHECK(reference::relative_error(std::vector<double>(split.o.begin(), split.o.end()),
                                         std::vector<double>(one.o.begin(), one.o.end())) < 1e-6);
         for (std::size_t i = 0; i < one.lse.size(); ++i) {
-          if (std::isinf(one.lse[i])) REQUIRE(split.lse[i] == one.lse[i]);
-          else REQUIRE(std::abs(split.lse[i] - one.lse[i]) < 1e-5f);
+          if (std::isinf(one.lse[i]))
+            REQUIRE(split.lse[i] == one.lse[i]);
+          else
+            REQUIRE(std::abs(split.lse[i] - one.lse[i]) < 1e-5f);
         }
       }
   }
@@ -89,14 +93,18 @@ TEST_CASE("rows that see no key: o = 0, lse = -inf, never NaN; the state survive
     for (std::int64_t t : {4, 11}) {
       CHECK(std::isinf(s.view.lse_at(t, h)));
       CHECK(s.view.lse_at(t, h) < 0);
-      for (int e = 0; e < 64; ++e) CHECK(s.view.o_row(t, h)[e] == 0.0f);
+      for (int e = 0; e < 64; ++e)
+        CHECK(s.view.o_row(t, h)[e] == 0.0f);
     }
-  for (float x : s.o) CHECK_FALSE(std::isnan(x));
+  for (float x : s.o)
+    CHECK_FALSE(std::isnan(x));
   // Huge logits: exp would overflow without the running maximum.
   test::block_case<__nv_bfloat16> big({0, 9}, {2, 2, 64, 1000.0f}, band{}, rng);
   auto sb = run(big, big.calls(4));
-  for (float x : sb.o) CHECK(std::isfinite(x));
-  for (float x : sb.lse) CHECK(std::isfinite(x));
+  for (float x : sb.o)
+    CHECK(std::isfinite(x));
+  for (float x : sb.lse)
+    CHECK(std::isfinite(x));
 }
 
 TEST_CASE("host block forward validates before writing anything") {
@@ -107,22 +115,23 @@ TEST_CASE("host block forward validates before writing anything") {
   const std::vector<float> before = s.o;
   auto groups = c.calls(1)[0];
   groups[0].kv[0].kv_count = 11; // reads past the K/V block
-  CHECK_THROWS_WITH_AS(host_block_forward<__nv_bfloat16>({c.qv(), c.kv(), c.vv(), a, s.view}, groups),
-                       "ringattn: group 0 reads key rows [0, 11) outside the K/V block of 10 tokens",
-                       invalid_argument);
+  CHECK_THROWS_WITH_AS(
+      host_block_forward<__nv_bfloat16>({c.qv(), c.kv(), c.vv(), a, s.view}, groups),
+      "ringattn: group 0 reads key rows [0, 11) outside the K/V block of 10 tokens",
+      invalid_argument);
   auto overlap = c.calls(1)[0];
   overlap.push_back(overlap[0]);
-  CHECK_THROWS_WITH_AS(host_block_forward<__nv_bfloat16>({c.qv(), c.kv(), c.vv(), a, s.view}, overlap),
-                       "ringattn: two groups share query rows (0 < 10)", invalid_argument);
+  CHECK_THROWS_WITH_AS(
+      host_block_forward<__nv_bfloat16>({c.qv(), c.kv(), c.vv(), a, s.view}, overlap),
+      "ringattn: two groups share query rows (0 < 10)", invalid_argument);
   const attention_arguments wrong{4, 4, 64, 0.0f};
-  CHECK_THROWS_WITH_AS(host_block_forward<__nv_bfloat16>({c.qv(), c.kv(), c.vv(), wrong, s.view},
-                                                         c.calls(1)[0]),
-                       "ringattn: k/v have 2/2 heads but kv_heads is 4", invalid_argument);
+  CHECK_THROWS_WITH_AS(
+      host_block_forward<__nv_bfloat16>({c.qv(), c.kv(), c.vv(), wrong, s.view}, c.calls(1)[0]),
+      "ringattn: k/v have 2/2 heads but kv_heads is 4", invalid_argument);
   const attention_arguments odd{4, 2, 96, 0.0f};
-  CHECK_THROWS_WITH_AS(host_block_forward<__nv_bfloat16>({c.qv(), c.kv(), c.vv(), odd, s.view},
-                                                         c.calls(1)[0]),
-                       "ringattn: head_dim 96 is not supported (supported: 64, 128, 256)",
-                       invalid_argument);
+  CHECK_THROWS_WITH_AS(
+      host_block_forward<__nv_bfloat16>({c.qv(), c.kv(), c.vv(), odd, s.view}, c.calls(1)[0]),
+      "ringattn: head_dim 96 is not supported (supported: 64, 128, 256)", invalid_argument);
   CHECK(s.o == before);
 }
 
@@ -133,7 +142,8 @@ TEST_CASE("group_blocks turns a plan's blocks into groups the kernel takes") {
   const segment q1{4, 1, 4, 0}, q2{8, 1, 4, 4}, k0{0, 1, 4, 0}, k3{12, 1, 4, 4};
   const auto w = position_window::of(mask_kind::causal);
   for (const segment& q : {q1, q2})
-    for (const segment& k : {k0, k3}) blocks.push_back(classify(q, k, w));
+    for (const segment& k : {k0, k3})
+      blocks.push_back(classify(q, k, w));
   const auto groups = group_blocks(blocks);
   REQUIRE(groups.size() == 2);
   CHECK(groups[0].q_begin == 0);
@@ -172,17 +182,20 @@ TEST_CASE_TEMPLATE("every rank's shard against every rank's K/V equals the oracl
         for (int step = 0; step < ranks; ++step) {
           const int src = (r - step + ranks) % ranks; // the ring's order
           const std::int64_t nk = c.plan.local_tokens(src);
-          host_block_forward<__nv_bfloat16>(
-              {qv, {c.ks[src].data(), nk, c.args.kv_heads, 64}, {c.vs[src].data(), nk, c.args.kv_heads, 64},
-               c.args, s.view},
-              c.groups(r, src));
+          host_block_forward<__nv_bfloat16>({qv,
+                                             {c.ks[src].data(), nk, c.args.kv_heads, 64},
+                                             {c.vs[src].data(), nk, c.args.kv_heads, 64},
+                                             c.args,
+                                             s.view},
+                                            c.groups(r, src));
         }
         for (std::int64_t l = 0; l < n; ++l) {
           const std::int64_t g = c.plan.global_token(r, l);
           for (int h = 0; h < c.args.q_heads; ++h) {
             worst_l = std::max(worst_l, std::abs(double(s.view.lse_at(l, h)) - ref.lse_at(h, g)));
             for (int e = 0; e < 64; ++e)
-              worst_o = std::max(worst_o, std::abs(double(s.view.o_row(l, h)[e]) - ref.out(g, h, e)));
+              worst_o =
+                  std::max(worst_o, std::abs(double(s.view.o_row(l, h)[e]) - ref.out(g, h, e)));
           }
         }
       }

@@ -37,9 +37,11 @@ struct device_case {
   std::tuple<std::vector<T>, std::vector<float>, std::vector<float>>
   run(const std::vector<std::vector<block_group>>& calls) {
     std::vector<device_block_schedule> schedules;
-    for (const auto& g : calls) schedules.emplace_back(g, c.tokens(), c.tokens(), c.args.head_dim);
+    for (const auto& g : calls)
+      schedules.emplace_back(g, c.tokens(), c.tokens(), c.args.head_dim);
     reset(state, nullptr);
-    for (const auto& s : schedules) block_forward(args(), s, nullptr);
+    for (const auto& s : schedules)
+      block_forward(args(), s, nullptr);
     test::device_buffer<T> out(std::vector<T>(c.q.size(), test::poison<T>()));
     finalize(state, thd_view<T>(out.get(), c.tokens(), c.args.q_heads, c.args.head_dim), nullptr);
     RINGATTN_CUDA_CHECK(cudaDeviceSynchronize());
@@ -70,29 +72,35 @@ void check_against_oracle(std::mt19937_64& rng) {
         if (small_run() && group == 8) continue;
         const attention_arguments a{8, 8 / group, d, 0.0f};
         // Odd lengths around the tile sizes (64 keys, 128 query rows).
-        test::block_case<T> c(test::random_cu_seqlens(3, 1, small_run() ? 140 : 300, rng), a, b, rng);
+        test::block_case<T> c(test::random_cu_seqlens(3, 1, small_run() ? 140 : 300, rng), a, b,
+                              rng);
         const auto ref = c.oracle();
         device_case<T> dc(c);
         auto [out, o, lse] = dc.run(c.calls(1));
         thd_view<const T> ov(out.data(), c.tokens(), a.q_heads, d);
-        const double eo = test::out_error(ref, [&](auto t, int h, int e) { return to_float(ov(t, h, e)); });
-        const double el = test::lse_error(ref, [&](auto t, int h) { return lse[static_cast<std::size_t>(h * c.tokens() + t)]; });
-        MESSAGE("d=" << d << " group=" << group << " band=[" << b.lo << "," << b.hi << "] out err " << eo << " lse err " << el);
+        const double eo =
+            test::out_error(ref, [&](auto t, int h, int e) { return to_float(ov(t, h, e)); });
+        const double el = test::lse_error(
+            ref, [&](auto t, int h) { return lse[static_cast<std::size_t>(h * c.tokens() + t)]; });
+        MESSAGE("d=" << d << " group=" << group << " band=[" << b.lo << "," << b.hi << "] out err "
+                     << eo << " lse err " << el);
         CHECK(eo < out_tolerance<T>);
         CHECK(el < lse_tolerance);
       }
 }
 } // namespace
 
-TEST_CASE_TEMPLATE("CUDA block forward equals the oracle: bands x GQA x head_dim x packed odd lengths",
-                   T, __nv_bfloat16, __half) {
+TEST_CASE_TEMPLATE(
+    "CUDA block forward equals the oracle: bands x GQA x head_dim x packed odd lengths", T,
+    __nv_bfloat16, __half) {
   const auto seed = test::fresh_seed();
   CAPTURE(seed);
   std::mt19937_64 rng(seed);
   check_against_oracle<T>(rng);
 }
 
-TEST_CASE("CUDA block forward: split K/V ranges merge to the single-block result; bitwise repeatable") {
+TEST_CASE(
+    "CUDA block forward: split K/V ranges merge to the single-block result; bitwise repeatable") {
   const auto seed = test::fresh_seed();
   CAPTURE(seed);
   std::mt19937_64 rng(seed);
@@ -114,7 +122,8 @@ TEST_CASE("CUDA block forward: split K/V ranges merge to the single-block result
       CHECK(reference::relative_error(std::vector<double>(o.begin(), o.end()),
                                       std::vector<double>(o1.begin(), o1.end())) < 5e-3);
       double worst = 0.0;
-      for (std::size_t i = 0; i < lse.size(); ++i) worst = std::max(worst, double(std::abs(lse[i] - lse1[i])));
+      for (std::size_t i = 0; i < lse.size(); ++i)
+        worst = std::max(worst, double(std::abs(lse[i] - lse1[i])));
       CHECK(worst < 1e-4);
     }
 }
@@ -122,13 +131,15 @@ TEST_CASE("CUDA block forward: split K/V ranges merge to the single-block result
 TEST_CASE("CUDA block forward, plain output: the same values as the merged path") {
   std::mt19937_64 rng(test::fresh_seed());
   const attention_arguments a{4, 4, 64, 0.0f};
-  test::block_case<__half> c(test::random_cu_seqlens(2, 100, 300, rng), a, band{-unbounded, 0}, rng);
+  test::block_case<__half> c(test::random_cu_seqlens(2, 100, 300, rng), a, band{-unbounded, 0},
+                             rng);
   device_case<__half> dc(c);
   auto [out, o, lse] = dc.run(c.calls(1));
   device_block_schedule s(c.calls(1)[0], c.tokens(), c.tokens(), a.head_dim);
   test::device_buffer<__half> plain(std::vector<__half>(c.q.size(), test::poison<__half>()));
   test::device_buffer<float> plse(std::vector<float>(lse.size(), -7.0f));
-  block_forward_plain(dc.args(), s, thd_view<__half>(plain.get(), c.tokens(), 4, 64), plse.get(), nullptr);
+  block_forward_plain(dc.args(), s, thd_view<__half>(plain.get(), c.tokens(), 4, 64), plse.get(),
+                      nullptr);
   RINGATTN_CUDA_CHECK(cudaDeviceSynchronize());
   const auto p = plain.download();
   const auto pl = plse.download();

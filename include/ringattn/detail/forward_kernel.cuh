@@ -39,8 +39,8 @@ __device__ __forceinline__ std::uint32_t smem_address(const void* p) {
   return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
 }
 __device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(dst)),
-               "l"(src), "r"(valid ? 16 : 0));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(dst)), "l"(src),
+               "r"(valid ? 16 : 0));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n"); }
@@ -155,8 +155,7 @@ __global__ void __launch_bounds__(Warps * 32, Warps == 4 && D <= 128 ? 2 : 1)
     second = it >= first;
     j = second ? t1.begin + (it - first) : t0.begin + it;
   };
-  auto kv_base = [&](bool second, std::int64_t j, const T* base, std::int64_t ts,
-                     std::int64_t hs) {
+  auto kv_base = [&](bool second, std::int64_t j, const T* base, std::int64_t ts, std::int64_t hs) {
     return base + ((second ? kv1.kv_begin : kv0.kv_begin) + j * BN) * ts + kvh * hs;
   };
   auto kv_valid = [&](bool second, std::int64_t j) {
@@ -182,12 +181,14 @@ __global__ void __launch_bounds__(Warps * 32, Warps == 4 && D <= 128 ? 2 : 1)
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int t = 0; t < DTiles; ++t) acc[mt][t][0] = acc[mt][t][1] = acc[mt][t][2] = acc[mt][t][3] = 0.0f;
+    for (int t = 0; t < DTiles; ++t)
+      acc[mt][t][0] = acc[mt][t][1] = acc[mt][t][2] = acc[mt][t][3] = 0.0f;
   // Running max of scaled scores (log2 units) and this thread's part of the running sum, for
   // rows r and r + 8 of each row tile.
   float m[MT][2], l[MT][2];
 #pragma unroll
-  for (int mt = 0; mt < MT; ++mt) m[mt][0] = m[mt][1] = neg_inf, l[mt][0] = l[mt][1] = 0.0f;
+  for (int mt = 0; mt < MT; ++mt)
+    m[mt][0] = m[mt][1] = neg_inf, l[mt][0] = l[mt][1] = 0.0f;
   std::uint32_t qf[QInRegisters ? MT : 1][QInRegisters ? KSteps : 1][4];
 
   const int wrow = warp * 16 * MT; // first row of this warp in the tile
@@ -227,7 +228,8 @@ __global__ void __launch_bounds__(Warps * 32, Warps == 4 && D <= 128 ? 2 : 1)
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-      for (int t = 0; t < NTiles; ++t) s[mt][t][0] = s[mt][t][1] = s[mt][t][2] = s[mt][t][3] = 0.0f;
+      for (int t = 0; t < NTiles; ++t)
+        s[mt][t][0] = s[mt][t][1] = s[mt][t][2] = s[mt][t][3] = 0.0f;
 #pragma unroll
     for (int kk = 0; kk < KSteps; ++kk) {
       std::uint32_t a[MT][4];
@@ -235,7 +237,8 @@ __global__ void __launch_bounds__(Warps * 32, Warps == 4 && D <= 128 ? 2 : 1)
       for (int mt = 0; mt < MT; ++mt) {
         if constexpr (QInRegisters) {
 #pragma unroll
-          for (int x = 0; x < 4; ++x) a[mt][x] = qf[mt][kk][x];
+          for (int x = 0; x < 4; ++x)
+            a[mt][x] = qf[mt][kk][x];
         } else {
           ldmatrix_x4(a[mt],
                       aQ + elem * swizzle<D>(wrow + mt * 16 + (lane & 15), kk * 2 + (lane >> 4)));
@@ -389,12 +392,12 @@ __global__ void fill_kernel(V* p, std::int64_t n, V value) {
 }
 
 template <class T>
-__global__ void finalize_kernel(const float* o, T* out, std::int64_t rows, int q_heads, int head_dim,
-                                std::int64_t token_stride, std::int64_t head_stride) {
+__global__ void finalize_kernel(const float* o, T* out, std::int64_t rows, int q_heads,
+                                int head_dim, std::int64_t token_stride, std::int64_t head_stride) {
   // Row r of the state is (token r / q_heads, head r % q_heads); two elements a thread at a time.
   const std::int64_t pairs = rows * (head_dim / 2);
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x;
-       i < pairs; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < pairs;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const std::int64_t row = i / (head_dim / 2);
     const int e = static_cast<int>(i % (head_dim / 2)) * 2;
     const float2 x = *reinterpret_cast<const float2*>(o + row * head_dim + e);

@@ -32,7 +32,7 @@ inline constexpr int max_blocks_per_group = 2;
 struct kv_block {
   std::int64_t kv_begin = 0; //!< first row in the K/V block
   std::int64_t kv_count = 0;
-  band mask;                 //!< visible (i, j): lo <= j - i <= hi
+  band mask; //!< visible (i, j): lo <= j - i <= hi
 };
 
 //! One query segment and the key segments it attends to.
@@ -92,8 +92,8 @@ inline validation validate_groups(std::span<const block_group> groups, std::int6
   }
   std::sort(rows.begin(), rows.end());
   for (std::size_t i = 1; i < rows.size() && r; ++i)
-    r.require(rows[i].first >= rows[i - 1].second, "two groups share query rows (",
-              rows[i].first, " < ", rows[i - 1].second, ")");
+    r.require(rows[i].first >= rows[i - 1].second, "two groups share query rows (", rows[i].first,
+              " < ", rows[i - 1].second, ")");
   return r;
 }
 

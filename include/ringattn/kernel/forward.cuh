@@ -14,8 +14,8 @@
 //!
 //! \code
 //! ringattn::device_block_schedule sched(groups, q_tokens, kv_tokens, head_dim);  // plan time
-//! ringattn::reset(state, stream);                                                  // o=0, lse=-inf
-//! for (each K/V block) ringattn::block_forward({q, k, v, args, state}, sched, stream);
+//! ringattn::reset(state, stream);                                                  // o=0,
+//! lse=-inf for (each K/V block) ringattn::block_forward({q, k, v, args, state}, sched, stream);
 //! ringattn::finalize(state, out, stream);                                          // o -> out
 //! \endcode
 
@@ -69,7 +69,8 @@ public:
     std::stable_sort(w.begin(), w.end(),
                      [](const weighted& a, const weighted& b) { return a.work > b.work; });
     std::vector<work_tile> tiles;
-    for (const weighted& x : w) tiles.push_back({x.group, x.row});
+    for (const weighted& x : w)
+      tiles.push_back({x.group, x.row});
     tile_count_ = static_cast<std::int64_t>(tiles.size());
     const std::size_t gbytes = groups_.size() * sizeof(block_group);
     const std::size_t tbytes = tiles.size() * sizeof(work_tile);
@@ -89,9 +90,9 @@ public:
   }
   device_block_schedule(device_block_schedule&& o) noexcept
       : groups_(std::move(o.groups_)), q_tokens_(o.q_tokens_), kv_tokens_(o.kv_tokens_),
-        head_dim_(o.head_dim_), block_m_(o.block_m_), tile_count_(o.tile_count_), work_tiles_(o.work_tiles_),
-        memory_(std::exchange(o.memory_, nullptr)), groups_device_(o.groups_device_),
-        tiles_device_(o.tiles_device_) {}
+        head_dim_(o.head_dim_), block_m_(o.block_m_), tile_count_(o.tile_count_),
+        work_tiles_(o.work_tiles_), memory_(std::exchange(o.memory_, nullptr)),
+        groups_device_(o.groups_device_), tiles_device_(o.tiles_device_) {}
   device_block_schedule(const device_block_schedule&) = delete;
   device_block_schedule& operator=(const device_block_schedule&) = delete;
   device_block_schedule& operator=(device_block_schedule&&) = delete;
@@ -134,8 +135,7 @@ private:
 //! The device-specific checks on top of `validate_block_forward`: dtype, head_dim, 16-byte
 //! alignment, and a schedule made for these shapes.
 template <element T>
-validation validate_device_forward(const block_forward_args<T>& a,
-                                   const device_block_schedule& s) {
+validation validate_device_forward(const block_forward_args<T>& a, const device_block_schedule& s) {
   validation r = validate_block_forward(a, s.groups());
   if (!r) return r;
   r.require(!std::is_same_v<std::remove_const_t<T>, float>,
@@ -155,8 +155,8 @@ validation validate_device_forward(const block_forward_args<T>& a,
   r.require(s.q_tokens() == a.q.tokens && s.kv_tokens() == a.k.tokens &&
                 s.head_dim() == a.args.head_dim,
             "the schedule was made for ", s.q_tokens(), " query and ", s.kv_tokens(),
-            " key tokens, head_dim ", s.head_dim(), "; the call has ", a.q.tokens, ", ",
-            a.k.tokens, ", ", a.args.head_dim);
+            " key tokens, head_dim ", s.head_dim(), "; the call has ", a.q.tokens, ", ", a.k.tokens,
+            ", ", a.args.head_dim);
   return r;
 }
 
@@ -169,9 +169,10 @@ void launch_block_forward(const kernels::forward_params<T>& p, const device_bloc
   constexpr int smem = kernels::forward_smem_bytes<T, D>(Tune);
   auto* kernel = &kernels::block_forward_kernel<T, D, Tune.warps, Tune.m_tiles, Tune.block_n,
                                                 Tune.q_in_registers, Merge>;
-  RINGATTN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  kernel<<<dim3(static_cast<unsigned>(s.tiles()), static_cast<unsigned>(p.q_heads)),
-           Tune.threads(), smem, stream>>>(p);
+  RINGATTN_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  kernel<<<dim3(static_cast<unsigned>(s.tiles()), static_cast<unsigned>(p.q_heads)), Tune.threads(),
+           smem, stream>>>(p);
   RINGATTN_CUDA_CHECK_LAUNCH();
 }
 
@@ -215,9 +216,8 @@ void block_forward(const block_forward_args<T>& a, const device_block_schedule& 
 //! Merges attention of `a.q` against the K/V block `a.k`, `a.v` into `a.state`, asynchronously on
 //! `stream`. Validation (on the host, before anything is launched) throws `invalid_argument`.
 template <class T>
-  requires(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>)
-void block_forward(const block_forward_args<T>& a, const device_block_schedule& s,
-                   cudaStream_t stream) {
+requires(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) void block_forward(
+    const block_forward_args<T>& a, const device_block_schedule& s, cudaStream_t stream) {
   detail::block_forward<T, true>(a, s, nullptr, nullptr, stream);
 }
 
@@ -226,9 +226,11 @@ void block_forward(const block_forward_args<T>& a, const device_block_schedule& 
 //! `lse` that no group covers is left untouched. For a single-block attention and for measuring
 //! what the merge costs.
 template <class T>
-  requires(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>)
-void block_forward_plain(const block_forward_args<T>& a, const device_block_schedule& s,
-                         thd_view<T> out, float* lse, cudaStream_t stream) {
+requires(std::is_same_v<T, __half> ||
+         std::is_same_v<T, __nv_bfloat16>) void block_forward_plain(const block_forward_args<T>& a,
+                                                                    const device_block_schedule& s,
+                                                                    thd_view<T> out, float* lse,
+                                                                    cudaStream_t stream) {
   validation r = validate_view(out, "out");
   r.require(out.dense() && out.tokens == a.q.tokens && out.heads == a.args.q_heads &&
                 out.head_dim == a.args.head_dim,
@@ -244,14 +246,16 @@ inline void reset(const attention_state& s, cudaStream_t stream) {
   RINGATTN_CUDA_CHECK(cudaMemsetAsync(s.o, 0, sizeof(float) * s.o_elements(), stream));
   const std::int64_t n = s.lse_elements();
   const unsigned blocks = static_cast<unsigned>(std::min<std::int64_t>((n + 255) / 256, 1024));
-  kernels::fill_kernel<<<blocks, 256, 0, stream>>>(s.lse, n, -std::numeric_limits<float>::infinity());
+  kernels::fill_kernel<<<blocks, 256, 0, stream>>>(s.lse, n,
+                                                   -std::numeric_limits<float>::infinity());
   RINGATTN_CUDA_CHECK_LAUNCH();
 }
 
 //! Converts a device state's output to `out` (fp16/bf16), asynchronously on `stream`.
 template <class T>
-  requires(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>)
-void finalize(const attention_state& s, thd_view<T> out, cudaStream_t stream) {
+requires(std::is_same_v<T, __half> ||
+         std::is_same_v<T, __nv_bfloat16>) void finalize(const attention_state& s, thd_view<T> out,
+                                                         cudaStream_t stream) {
   validation r = validate_view(out, "out");
   r.require(out.tokens == s.tokens && out.heads == s.q_heads && out.head_dim == s.head_dim,
             "out is [", out.tokens, ", ", out.heads, ", ", out.head_dim, "] but the state is [",

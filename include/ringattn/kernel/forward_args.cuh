@@ -29,7 +29,9 @@ template <element T>
 validation validate_block_forward(const block_forward_args<T>& a,
                                   std::span<const block_group> groups) {
   validation r = a.args.validate();
-  r.require(validate_view(a.q, "q")).require(validate_view(a.k, "k")).require(validate_view(a.v, "v"));
+  r.require(validate_view(a.q, "q"))
+      .require(validate_view(a.k, "k"))
+      .require(validate_view(a.v, "v"));
   if (!r) return r;
   r.require(a.q.heads == a.args.q_heads, "q has ", a.q.heads, " heads but q_heads is ",
             a.args.q_heads);

@@ -62,7 +62,8 @@ void host_block_forward(const block_forward_args<T>& a, std::span<const block_gr
         for (std::size_t x = 0; x < s.size(); ++x) {
           const double p = std::exp(s[x] - m);
           sum += p;
-          for (int e = 0; e < d; ++e) o[static_cast<std::size_t>(e)] += p * to_float(a.v(col[x], kvh, e));
+          for (int e = 0; e < d; ++e)
+            o[static_cast<std::size_t>(e)] += p * to_float(a.v(col[x], kvh, e));
         }
         const float lse_b = static_cast<float>(m + std::log(sum));
         float& lse = a.state.lse_at(row, h);
@@ -85,7 +86,8 @@ void finalize(const attention_state& s, thd_view<T> out) {
   r.throw_if_invalid();
   for (std::int64_t t = 0; t < s.tokens; ++t)
     for (int h = 0; h < s.q_heads; ++h)
-      for (int e = 0; e < s.head_dim; ++e) out(t, h, e) = from_float<T>(s.o_row(t, h)[e]);
+      for (int e = 0; e < s.head_dim; ++e)
+        out(t, h, e) = from_float<T>(s.o_row(t, h)[e]);
 }
 
 } // namespace ringattn

@@ -113,7 +113,8 @@ inline double scores(const tensor& q, const tensor& k, std::int64_t t, std::int3
     if (!w.sees(t - begin, j - begin)) continue;
     const double* kr = k.row(j, kvh);
     double dot = 0.0;
-    for (std::int32_t d = 0; d < q.dim; ++d) dot += qr[d] * kr[d];
+    for (std::int32_t d = 0; d < q.dim; ++d)
+      dot += qr[d] * kr[d];
     s[static_cast<std::size_t>(j - begin)] = dot * scale;
     m = std::max(m, dot * scale);
   }
