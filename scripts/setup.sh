@@ -1,14 +1,24 @@
 #!/usr/bin/env bash
 # Installs what building and testing ringattn needs on a Debian/Ubuntu machine that has the CUDA
-# toolkit: CMake >= 3.25, Ninja, doctest, Google Benchmark, Open MPI. Packages already present are
-# left alone, so a second run does nothing. Needs root (or sudo) only when something is missing.
+# toolkit: CMake >= 3.25, Ninja, doctest, Google Benchmark, Open MPI, git. It checks for each
+# capability (a command, a header, a library), not for package names, so a machine that has a tool
+# from elsewhere (CMake from pip, a preinstalled image) is left alone and needs no network. Needs
+# root (or sudo) only when something is missing. Sourced by scripts/test.sh and quickstart.sh.
 set -euo pipefail
 
 need=()
-have_pkg() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
-for p in cmake ninja-build doctest-dev libbenchmark-dev libopenmpi-dev openmpi-bin git; do
-  have_pkg "$p" || need+=("$p")
-done
+version_ge() { [ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -n1)" = "$2" ]; }
+cmake_version=$(cmake --version 2>/dev/null | head -n1 | awk '{print $3}')
+if [ -z "$cmake_version" ] || ! version_ge "$cmake_version" 3.25; then need+=(cmake); fi
+command -v ninja >/dev/null 2>&1 || need+=(ninja-build)
+command -v git >/dev/null 2>&1 || need+=(git)
+has_header() { for d in /usr/include /usr/local/include; do [ -f "$d/$1" ] && return 0; done; return 1; }
+has_header doctest/doctest.h || need+=(doctest-dev)
+if ! has_header benchmark/benchmark.h || ! ldconfig -p 2>/dev/null | grep -q libbenchmark; then
+  need+=(libbenchmark-dev)
+fi
+{ command -v mpirun >/dev/null 2>&1 && command -v mpicxx >/dev/null 2>&1; } || need+=(libopenmpi-dev openmpi-bin)
+
 if ((${#need[@]})); then
   echo "setup: installing ${need[*]}"
   sudo=""
