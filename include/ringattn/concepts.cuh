@@ -2,13 +2,14 @@
 //! \file
 //! One concept per policy family of `ring_attention<Partitioner, Communicator, BlockKernel>`.
 //! They state type-level requirements only; the driver re-checks them with `static_assert` and a
-//! sentence a user can act on. (The Communicator and BlockKernel concepts arrive with their
-//! families.)
+//! sentence a user can act on.
 
 #include <ringattn/partition/segment.cuh>
 
 #include <concepts>
+#include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace ringattn {
 
@@ -23,6 +24,28 @@ concept partitioner = requires(std::int64_t length, int ranks, int rank, std::in
   { P::local_length(length, ranks, rank) } -> std::same_as<std::int64_t>;
   { P::locate(length, ranks, i) } -> std::same_as<owner>;
   { P::position(length, ranks, rank, i) } -> std::same_as<std::int64_t>;
+};
+
+//! A host Communicator moves bytes between ranks' host buffers, with bounded waits: ring
+//! exchange (send to one peer, receive from another, for a numbered step), all-gather (plan-time
+//! agreement checks), barrier, abort (fail the group so peers stop waiting), and a byte count.
+template <class C>
+concept host_communicator = requires(C& c, const void* s, void* r, std::size_t n, int peer,
+                                     std::int64_t step, const std::string& why) {
+  { c.rank() } -> std::convertible_to<int>;
+  { c.size() } -> std::convertible_to<int>;
+  c.exchange(s, n, peer, r, n, peer, step);
+  c.all_gather(s, n, r);
+  c.barrier();
+  c.abort(why);
+  { c.bytes_sent() } -> std::convertible_to<std::uint64_t>;
+};
+
+//! A mask policy names its mask kind (`full`, `causal`).
+template <class M>
+concept mask_policy = requires {
+  { M::mask } -> std::convertible_to<mask_kind>;
+  { M::name } -> std::convertible_to<const char*>;
 };
 
 } // namespace ringattn

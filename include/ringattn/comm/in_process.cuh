@@ -1,0 +1,217 @@
+#pragma once
+//! \file
+//! The in-process communicator: the ranks of a ring are threads of one process.
+//!
+//! An `in_process_group` is the shared meeting point of `size` ranks; each thread takes its
+//! `in_process_communicator` with `group.communicator(rank)`. This is how CI runs the whole ring
+//! on the CPU, and (with device buffers, a later step) how one GPU hosts several virtual ranks.
+//!
+//! Every wait is bounded (`timeout`, default 60 s, settable): a peer that never arrives makes the
+//! waiting rank throw `communication_error` naming itself, the peer and the step. A rank that
+//! fails calls `abort(reason)` (the ring driver does this for it), which wakes every waiting rank
+//! with an error naming the failed rank instead of letting them wait out the timeout.
+//!
+//! \code
+//! ringattn::in_process_group group(4);
+//! std::vector<std::thread> threads;
+//! for (int r = 0; r < 4; ++r)
+//!   threads.emplace_back([&, r] { auto comm = group.communicator(r); /* ring_attention(...) */ });
+//! \endcode
+
+#include <ringattn/error.cuh>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace ringattn {
+
+class in_process_communicator;
+
+//! Shared state of the ranks of one in-process ring. Outlives every communicator taken from it.
+class in_process_group {
+public:
+  explicit in_process_group(int size, std::chrono::milliseconds timeout = std::chrono::seconds(60))
+      : size_(size), timeout_(timeout), posts_(static_cast<std::size_t>(size > 0 ? size : 0)),
+        gathered_(static_cast<std::size_t>(size > 0 ? size : 0), nullptr) {
+    if (size < 1)
+      throw invalid_argument("ringattn: an in-process group needs at least one rank (got " +
+                             std::to_string(size) + ")");
+  }
+  in_process_group(const in_process_group&) = delete;
+  in_process_group& operator=(const in_process_group&) = delete;
+
+  int size() const noexcept { return size_; }
+  std::chrono::milliseconds timeout() const noexcept { return timeout_; }
+  //! The communicator of rank `rank` (one per thread).
+  in_process_communicator communicator(int rank);
+
+  //! Marks the group failed: every current and future wait throws with `reason`.
+  void abort(int rank, const std::string& reason) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (aborted_.empty())
+      aborted_ = "rank " + std::to_string(rank) + " aborted the ring: " + reason;
+    changed_.notify_all();
+  }
+
+private:
+  friend class in_process_communicator;
+
+  // What rank `from` offers to its successor for one step: the sender's buffer stays valid until
+  // the receiver has copied it (consumed), so no intermediate copy is needed.
+  struct post {
+    const void* data = nullptr;
+    std::size_t bytes = 0;
+    std::int64_t step = -1;
+    bool consumed = true;
+  };
+
+  //! "rank r, step s" (or "rank r, at plan time" for step < 0): where an error happened.
+  static std::string where(int rank, std::int64_t step) {
+    return "rank " + std::to_string(rank) +
+           (step >= 0 ? ", step " + std::to_string(step) : std::string(", at plan time"));
+  }
+
+  // Waits on `changed_` until `ready()` or timeout/abort; throws naming the ranks and the step.
+  template <class Ready>
+  void wait(std::unique_lock<std::mutex>& lock, Ready ready, int rank, int peer, std::int64_t step,
+            const char* what) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    while (!ready()) {
+      if (!aborted_.empty())
+        throw communication_error("ringattn: " + where(rank, step) + ": " + aborted_);
+      if (changed_.wait_until(lock, deadline) == std::cv_status::timeout && !ready()) {
+        std::string msg = "ringattn: " + where(rank, step) + ": timed out after " +
+                          std::to_string(timeout_.count()) + " ms waiting for ";
+        msg += peer >= 0 ? "rank " + std::to_string(peer) + " " + what : what;
+        throw communication_error(msg);
+      }
+    }
+  }
+
+  int size_;
+  std::chrono::milliseconds timeout_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::string aborted_;
+  std::vector<post> posts_; // posts_[r]: what rank r offers its successor
+  // all_gather / barrier state: a generation counter and per-rank pointers.
+  std::vector<const void*> gathered_;
+  int arrived_ = 0;
+  std::int64_t generation_ = 0;
+  int departed_ = 0;
+};
+
+//! One rank's handle on an `in_process_group`. Cheap to copy; all waits are bounded.
+class in_process_communicator {
+public:
+  int rank() const noexcept { return rank_; }
+  int size() const noexcept { return group_->size_; }
+  //! Bytes this rank has sent through `exchange` (for tests and benchmarks).
+  std::uint64_t bytes_sent() const noexcept { return bytes_sent_; }
+
+  //! Sends `send_bytes` at `send` to rank `to` and receives `recv_bytes` from rank `from` into
+  //! `recv`, for ring step `step`; returns when both are done. The received size must match what
+  //! the peer sent (a mismatch is an error naming both sizes, never a silent truncation).
+  void exchange(const void* send, std::size_t send_bytes, int to, void* recv,
+                std::size_t recv_bytes, int from, std::int64_t step) {
+    in_process_group& g = *group_;
+    std::unique_lock<std::mutex> lock(g.mutex_);
+    check_peer(to, step);
+    check_peer(from, step);
+    // 1. offer our buffer to `to`.
+    g.wait(
+        lock, [&] { return g.posts_[rank_].consumed; }, rank_, to, step,
+        "to take the previous step's data");
+    g.posts_[rank_] = {send, send_bytes, step, false};
+    g.changed_.notify_all();
+    // 2. take what `from` offers for this step.
+    g.wait(
+        lock, [&] { return !g.posts_[from].consumed && g.posts_[from].step == step; }, rank_, from,
+        step, "to send");
+    in_process_group::post& in = g.posts_[from];
+    if (in.bytes != recv_bytes) {
+      const std::string why = in_process_group::where(rank_, step) + ": rank " +
+                              std::to_string(from) + " sent " + std::to_string(in.bytes) +
+                              " bytes, " + std::to_string(recv_bytes) + " expected";
+      if (g.aborted_.empty()) g.aborted_ = why; // every waiting rank learns why
+      g.changed_.notify_all();
+      throw communication_error("ringattn: " + why);
+    }
+    if (recv_bytes) std::memcpy(recv, in.data, recv_bytes);
+    in.consumed = true;
+    g.changed_.notify_all();
+    // 3. our buffer must stay valid until `to` has copied it.
+    g.wait(
+        lock, [&] { return g.posts_[rank_].consumed; }, rank_, to, step, "to receive");
+    bytes_sent_ += send_bytes;
+  }
+
+  //! Every rank contributes `bytes` at `send`; `recv` receives all contributions, rank-major
+  //! (`size() * bytes`). Used at plan time to check that ranks agree.
+  void all_gather(const void* send, std::size_t bytes, void* recv) {
+    in_process_group& g = *group_;
+    std::unique_lock<std::mutex> lock(g.mutex_);
+    const std::int64_t gen = g.generation_;
+    g.gathered_[rank_] = send;
+    if (++g.arrived_ == g.size_) {
+      g.arrived_ = 0;
+      ++g.generation_;
+      g.changed_.notify_all();
+    } else {
+      g.wait(
+          lock, [&] { return g.generation_ != gen; }, rank_, -1, -1,
+          "every rank to join an all-gather");
+    }
+    for (int r = 0; r < g.size_; ++r)
+      if (bytes) std::memcpy(static_cast<char*>(recv) + r * bytes, g.gathered_[r], bytes);
+    // Nobody may leave (and free its buffer) before everyone has copied.
+    if (++g.departed_ == g.size_) {
+      g.departed_ = 0;
+      ++g.generation_;
+      g.changed_.notify_all();
+    } else {
+      g.wait(
+          lock, [&] { return g.generation_ != gen + 1; }, rank_, -1, -1,
+          "every rank to finish an all-gather");
+    }
+  }
+
+  //! Waits until every rank has arrived.
+  void barrier() {
+    char none = 0;
+    std::vector<char> all(static_cast<std::size_t>(size()));
+    all_gather(&none, 1, all.data());
+  }
+
+  //! Fails the whole group (see in_process_group::abort).
+  void abort(const std::string& reason) { group_->abort(rank_, reason); }
+
+private:
+  friend class in_process_group;
+  in_process_communicator(in_process_group* g, int rank) : group_(g), rank_(rank) {}
+  void check_peer(int peer, std::int64_t step) const {
+    if (peer < 0 || peer >= group_->size_)
+      throw invalid_argument("ringattn: " + in_process_group::where(rank_, step) + ": peer " +
+                             std::to_string(peer) + " is out of range [0, " +
+                             std::to_string(group_->size_) + ")");
+  }
+
+  in_process_group* group_;
+  int rank_;
+  std::uint64_t bytes_sent_ = 0;
+};
+
+inline in_process_communicator in_process_group::communicator(int rank) {
+  if (rank < 0 || rank >= size_)
+    throw invalid_argument("ringattn: rank " + std::to_string(rank) + " is out of range [0, " +
+                           std::to_string(size_) + ")");
+  return in_process_communicator(this, rank);
+}
+
+} // namespace ringattn

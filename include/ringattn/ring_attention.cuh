@@ -1,0 +1,260 @@
+#pragma once
+//! \file
+//! `ring_attention<Partitioner, Communicator, Mask>`: context-parallel attention over a ring.
+//!
+//! Each rank holds its Q, K, V shard (the partitioner's layout of a packed batch). The functor is
+//! built once per layout — it validates the arguments, checks that every rank agrees on them (at
+//! plan time, so a disagreement is an error on every rank, never a hang) and precomputes, for
+//! every step, the block groups of this rank's queries against the K/V block that will arrive.
+//! The run then takes P steps: at step t rank r attends to the K/V of rank (r - t) mod P and
+//! passes that block on to rank r + 1, receiving the next from rank r - 1. Only kv heads travel:
+//! a step moves `2 * local tokens of the source * kv_heads * head_dim * element size` bytes.
+//! State is merged in fp32 across all steps (kernel/state.cuh) and finalised once.
+//!
+//! This header holds the host path (host block kernel, host communicators: in-process threads or
+//! MPI processes), which runs everywhere, CI included. The device path (CUDA block kernel, double
+//! buffers on a communication stream, NCCL) builds on the same plan.
+//!
+//! \code
+//! ringattn::in_process_group group(P);                          // or an MPI communicator
+//! auto comm = group.communicator(rank);                          // one per rank's thread
+//! ringattn::ring_attention<ringattn::zigzag, ringattn::in_process_communicator, ringattn::causal>
+//!     attn(comm, {.q_heads = 32, .kv_heads = 8, .head_dim = 128}, cu_seqlens);
+//! std::vector<std::byte> ws(attn.host_workspace_bytes<__nv_bfloat16>());
+//! attn.forward_host(q, k, v, out, lse, ws);   // this rank's shards; lse [q_heads, local tokens]
+//! \endcode
+
+#include <ringattn/arguments.cuh>
+#include <ringattn/concepts.cuh>
+#include <ringattn/error.cuh>
+#include <ringattn/kernel/block.cuh>
+#include <ringattn/kernel/host_forward.cuh>
+#include <ringattn/partition/plan.cuh>
+#include <ringattn/tensor.cuh>
+
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace ringattn {
+
+namespace detail {
+//! What every rank of a ring must agree on, compared at plan time.
+struct ring_fingerprint {
+  std::int64_t tokens;
+  std::uint64_t cu_seqlens_hash;
+  std::uint64_t partitioner_hash;
+  std::int32_t ranks, batch, q_heads, kv_heads, head_dim, mask;
+  std::uint32_t scale_bits;
+  std::int32_t padding = 0;
+};
+
+inline std::uint64_t fnv1a(const void* p, std::size_t n, std::uint64_t h = 1469598103934665603ull) {
+  const auto* b = static_cast<const unsigned char*>(p);
+  for (std::size_t i = 0; i < n; ++i)
+    h = (h ^ b[i]) * 1099511628211ull;
+  return h;
+}
+} // namespace detail
+
+template <class Partitioner, class Communicator, class Mask>
+class ring_attention {
+  static_assert(partitioner<Partitioner>,
+                "ringattn::ring_attention: the first template argument must be a Partitioner "
+                "(ringattn::contiguous, ringattn::round_robin or ringattn::zigzag)");
+  static_assert(host_communicator<Communicator>,
+                "ringattn::ring_attention: the second template argument must be a Communicator "
+                "(ringattn::in_process_communicator or ringattn::mpi_communicator)");
+  static_assert(mask_policy<Mask>,
+                "ringattn::ring_attention: the third template argument must be a mask policy "
+                "(ringattn::full or ringattn::causal)");
+
+public:
+  //! Plans the ring for this rank. `cu_seqlens` is the *global* packed layout (batch + 1
+  //! offsets), the same on every rank. Collective: every rank of `comm` must construct its
+  //! functor; throws `invalid_argument` on every rank if the ranks disagree.
+  ring_attention(Communicator& comm, const attention_arguments& args,
+                 std::span<const std::int32_t> cu_seqlens)
+      : comm_(comm), args_(args), plan_(checked_plan(args, cu_seqlens, comm.size())) {
+    check_agreement(cu_seqlens);
+    const int p = comm_.size(), r = comm_.rank();
+    const position_window w = position_window::of(Mask::mask);
+    for (int t = 0; t < p; ++t)
+      steps_.push_back(group_blocks(plan_.blocks(r, (r - t + p) % p, w)));
+  }
+
+  const partition_plan<Partitioner>& plan() const noexcept { return plan_; }
+  const attention_arguments& arguments() const noexcept { return args_; }
+  int rank() const noexcept { return comm_.rank(); }
+  int size() const noexcept { return comm_.size(); }
+  //! Tokens of this rank's shards.
+  std::int64_t local_tokens() const { return plan_.local_tokens(comm_.rank()); }
+  //! Block groups of step t (this rank's queries against the K/V of rank (rank - t) mod P).
+  std::span<const block_group> step_groups(int t) const {
+    return steps_.at(static_cast<std::size_t>(t));
+  }
+
+  //! Bytes a K/V block of rank `src` occupies on the wire (and in a ring buffer).
+  template <element T>
+  std::size_t block_bytes(int src) const {
+    return 2 * static_cast<std::size_t>(plan_.local_tokens(src)) * args_.kv_heads * args_.head_dim *
+           sizeof(T);
+  }
+  //! Host workspace of `forward_host`: two K/V ring buffers of the largest shard and the fp32
+  //! output accumulator of this rank's shard.
+  template <element T>
+  std::size_t host_workspace_bytes() const {
+    const std::size_t kv = align(2 * static_cast<std::size_t>(plan_.max_local_tokens()) *
+                                 args_.kv_heads * args_.head_dim * sizeof(T));
+    return 2 * kv + static_cast<std::size_t>(local_tokens()) * args_.q_heads * args_.head_dim *
+                        sizeof(float);
+  }
+
+  //! Why `forward_host(q, k, v, out, lse, workspace)` cannot run, or ok.
+  template <element T>
+  validation validate_forward(thd_view<const T> q, thd_view<const T> k, thd_view<const T> v,
+                              thd_view<T> out, const float* lse,
+                              std::span<const std::byte> workspace) const {
+    validation r = validation::ok();
+    r.require(validate_view(q, "q")).require(validate_view(k, "k")).require(validate_view(v, "v"));
+    r.require(validate_view(out, "out"));
+    if (!r) return r;
+    const std::int64_t n = local_tokens();
+    auto shape = [&](const auto& x, const char* name, int heads) {
+      r.require(x.tokens == n && x.heads == heads && x.head_dim == args_.head_dim, name, " is [",
+                x.tokens, ", ", x.heads, ", ", x.head_dim, "] but rank ", comm_.rank(),
+                "'s shard is [", n, ", ", heads, ", ", args_.head_dim, "]");
+    };
+    shape(q, "q", args_.q_heads);
+    shape(k, "k", args_.kv_heads);
+    shape(v, "v", args_.kv_heads);
+    shape(out, "out", args_.q_heads);
+    r.require(n == 0 || lse != nullptr, "lse is a null pointer");
+    r.require(workspace.size() >= host_workspace_bytes<T>(), "the workspace has ", workspace.size(),
+              " bytes; ", host_workspace_bytes<T>(), " are needed");
+    r.require(reinterpret_cast<std::uintptr_t>(workspace.data()) % 16 == 0,
+              "the workspace must be 16-byte aligned");
+    return r;
+  }
+
+  //! The ring forward on host memory. `q`, `k`, `v`: this rank's shards; `out` like `q`;
+  //! `lse`: `[q_heads, local tokens]` fp32, natural log. Collective: every rank must call it.
+  //! Validation throws `invalid_argument` before anything is sent or written; a failure during
+  //! the ring aborts the group (peers stop waiting with an error naming this rank) and rethrows.
+  template <element T>
+  void forward_host(thd_view<const T> q, thd_view<const T> k, thd_view<const T> v, thd_view<T> out,
+                    float* lse, std::span<std::byte> workspace) {
+    error_rank_scope scope(comm_.rank());
+    const validation ok = validate_forward(q, k, v, out, lse, workspace);
+    if (!ok) comm_.abort(ok.reason()); // the peers stop waiting for this rank at once
+    ok.throw_if_invalid();
+    try {
+      run_host(q, k, v, out, lse, workspace);
+    } catch (const std::exception& e) {
+      comm_.abort(e.what());
+      throw;
+    }
+  }
+
+private:
+  static std::size_t align(std::size_t n) { return (n + 255) / 256 * 256; }
+
+  static partition_plan<Partitioner> checked_plan(const attention_arguments& args,
+                                                  std::span<const std::int32_t> cu, int ranks) {
+    args.validate().throw_if_invalid();
+    return partition_plan<Partitioner>(cu, ranks);
+  }
+
+  // Every rank sends its fingerprint to every other; all compare against rank 0's, so all fail
+  // together with the same sentence.
+  void check_agreement(std::span<const std::int32_t> cu) {
+    detail::ring_fingerprint mine{
+        plan_.tokens(),
+        detail::fnv1a(cu.data(), cu.size_bytes()),
+        detail::fnv1a(Partitioner::name, std::char_traits<char>::length(Partitioner::name)),
+        comm_.size(),
+        plan_.batch(),
+        args_.q_heads,
+        args_.kv_heads,
+        args_.head_dim,
+        static_cast<std::int32_t>(Mask::mask),
+        std::bit_cast<std::uint32_t>(static_cast<float>(args_.scale()))};
+    std::vector<detail::ring_fingerprint> all(static_cast<std::size_t>(comm_.size()));
+    comm_.all_gather(&mine, sizeof mine, all.data());
+    const detail::ring_fingerprint& ref = all[0];
+    validation v = validation::ok();
+    for (int r = 1; r < comm_.size() && v; ++r) {
+      const detail::ring_fingerprint& x = all[static_cast<std::size_t>(r)];
+      auto differ = [&](bool same, const char* what, auto a, auto b) {
+        v.require(same, "rank ", r, " disagrees with rank 0 on ", what, " (", a, " vs ", b, ")");
+      };
+      differ(x.ranks == ref.ranks, "the number of ranks", x.ranks, ref.ranks);
+      differ(x.q_heads == ref.q_heads, "q_heads", x.q_heads, ref.q_heads);
+      differ(x.kv_heads == ref.kv_heads, "kv_heads", x.kv_heads, ref.kv_heads);
+      differ(x.head_dim == ref.head_dim, "head_dim", x.head_dim, ref.head_dim);
+      differ(x.scale_bits == ref.scale_bits, "the softmax scale",
+             std::bit_cast<float>(x.scale_bits), std::bit_cast<float>(ref.scale_bits));
+      differ(x.mask == ref.mask, "the mask", to_string(static_cast<mask_kind>(x.mask)),
+             to_string(static_cast<mask_kind>(ref.mask)));
+      differ(x.partitioner_hash == ref.partitioner_hash, "the partitioner", "a different one",
+             Partitioner::name);
+      differ(x.tokens == ref.tokens, "the total token count", x.tokens, ref.tokens);
+      differ(x.batch == ref.batch, "the number of sequences", x.batch, ref.batch);
+      differ(x.cu_seqlens_hash == ref.cu_seqlens_hash, "cu_seqlens", "other lengths", "rank 0's");
+    }
+    v.throw_if_invalid();
+  }
+
+  template <element T>
+  void run_host(thd_view<const T> q, thd_view<const T> k, thd_view<const T> v, thd_view<T> out,
+                float* lse, std::span<std::byte> workspace) {
+    const int p = comm_.size(), r = comm_.rank();
+    const std::int64_t n = local_tokens();
+    const int kvh = args_.kv_heads, d = args_.head_dim;
+    const std::size_t slot =
+        align(2 * static_cast<std::size_t>(plan_.max_local_tokens()) * kvh * d * sizeof(T));
+    T* buf[2] = {reinterpret_cast<T*>(workspace.data()),
+                 reinterpret_cast<T*>(workspace.data() + slot)};
+    const attention_state state{reinterpret_cast<float*>(workspace.data() + 2 * slot), lse, n,
+                                args_.q_heads, d};
+    reset(state);
+    // The K/V block in a ring buffer: k of `tokens` rows, then v, both dense.
+    auto block_views = [&](T* b, std::int64_t tokens) {
+      const std::int64_t e = tokens * kvh * d;
+      return std::pair{thd_view<T>(b, tokens, kvh, d), thd_view<T>(b + e, tokens, kvh, d)};
+    };
+    {
+      auto [k0, v0] = block_views(buf[0], n); // own block, dense, ready to travel
+      for (std::int64_t t = 0; t < n; ++t)
+        for (int h = 0; h < kvh; ++h) {
+          std::memcpy(k0.row(t, h), k.row(t, h), sizeof(T) * d);
+          std::memcpy(v0.row(t, h), v.row(t, h), sizeof(T) * d);
+        }
+    }
+    for (int t = 0; t < p; ++t) {
+      const int src = (r - t + p) % p;
+      const std::int64_t nk = plan_.local_tokens(src);
+      auto [kb, vb] = block_views(buf[t % 2], nk);
+      const auto& groups = steps_[static_cast<std::size_t>(t)];
+      if (!groups.empty()) host_block_forward<T>({q, kb, vb, args_, state}, groups);
+      if (t + 1 < p) {
+        const int next = (r - t - 1 + p) % p; // the block that arrives for step t + 1
+        comm_.exchange(buf[t % 2], block_bytes<T>(src), (r + 1) % p, buf[(t + 1) % 2],
+                       block_bytes<T>(next), (r - 1 + p) % p, t);
+      }
+    }
+    finalize(state, out);
+  }
+
+  Communicator& comm_;
+  attention_arguments args_;
+  partition_plan<Partitioner> plan_;
+  std::vector<std::vector<block_group>> steps_;
+};
+
+} // namespace ringattn

@@ -1,0 +1,218 @@
+// The host ring: in-process communicator (ranks are threads), every partitioner x mask x P x GQA
+// x packed odd lengths against the float64 oracle; bytes per step; plan-time agreement; bounded
+// waits and abort.
+#include "../sharded_case.hpp"
+
+#include <ringattn/comm/in_process.cuh>
+#include <ringattn/partition/contiguous.cuh>
+#include <ringattn/partition/round_robin.cuh>
+#include <ringattn/partition/zigzag.cuh>
+#include <ringattn/ring_attention.cuh>
+
+#include <doctest/doctest.h>
+
+#include <exception>
+#include <thread>
+
+using namespace ringattn;
+
+namespace {
+// Runs `body(rank, comm)` on one thread per rank; returns each rank's exception (or null).
+template <class Body>
+std::vector<std::exception_ptr> on_ranks(in_process_group& group, Body body) {
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(group.size()));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < group.size(); ++r)
+    threads.emplace_back([&, r] {
+      try {
+        auto comm = group.communicator(r);
+        body(r, comm);
+      } catch (...) {
+        errors[static_cast<std::size_t>(r)] = std::current_exception();
+      }
+    });
+  for (auto& t : threads)
+    t.join();
+  return errors;
+}
+std::string message(const std::exception_ptr& e) {
+  try {
+    if (e) std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
+  }
+  return "";
+}
+
+template <class Mask>
+constexpr mask_kind kind_of = Mask::mask;
+
+struct ring_result {
+  double out_error = 0.0; // relative L2 of the bf16 output against the oracle
+  double lse_error = 0.0; // max |lse - oracle|
+  std::uint64_t bytes = 0, expected_bytes = 0;
+};
+
+template <class P, class Mask>
+ring_result run_ring(const test::sharded_case<P, __nv_bfloat16>& c) {
+  const int ranks = c.plan.ranks();
+  const auto ref = c.oracle();
+  const attention_arguments a = c.args;
+  std::vector<double> got(ref.out.data.size(), 0.0);
+  std::vector<std::vector<float>> lses(static_cast<std::size_t>(ranks));
+  std::vector<std::vector<__nv_bfloat16>> outs(static_cast<std::size_t>(ranks));
+  std::vector<std::uint64_t> sent(static_cast<std::size_t>(ranks), 0), want(sent);
+  in_process_group group(ranks);
+  const auto errors = on_ranks(group, [&](int r, in_process_communicator& comm) {
+    ring_attention<P, in_process_communicator, Mask> attn(comm, a, c.plan.cu_seqlens());
+    const std::int64_t n = attn.local_tokens();
+    auto& out = outs[static_cast<std::size_t>(r)];
+    auto& lse = lses[static_cast<std::size_t>(r)];
+    out.assign(static_cast<std::size_t>(n * a.q_heads * a.head_dim), test::poison<__nv_bfloat16>());
+    lse.assign(static_cast<std::size_t>(n * a.q_heads), -7.0f);
+    std::vector<std::byte> ws(attn.template host_workspace_bytes<__nv_bfloat16>() + 16);
+    auto aligned = std::span<std::byte>(ws).subspan(
+        (16 - reinterpret_cast<std::uintptr_t>(ws.data()) % 16) % 16,
+        attn.template host_workspace_bytes<__nv_bfloat16>());
+    const auto& q = c.qs[static_cast<std::size_t>(r)];
+    const auto& k = c.ks[static_cast<std::size_t>(r)];
+    const auto& v = c.vs[static_cast<std::size_t>(r)];
+    attn.forward_host(thd_view<const __nv_bfloat16>(q.data(), n, a.q_heads, a.head_dim),
+                      thd_view<const __nv_bfloat16>(k.data(), n, a.kv_heads, a.head_dim),
+                      thd_view<const __nv_bfloat16>(v.data(), n, a.kv_heads, a.head_dim),
+                      thd_view<__nv_bfloat16>(out.data(), n, a.q_heads, a.head_dim), lse.data(),
+                      aligned);
+    sent[static_cast<std::size_t>(r)] = comm.bytes_sent();
+    // Every step but the last sends the block that was just used: its source's token count.
+    for (int t = 0; t + 1 < ranks; ++t)
+      want[static_cast<std::size_t>(r)] +=
+          2ull * static_cast<std::uint64_t>(c.plan.local_tokens((r - t + ranks) % ranks)) *
+          a.kv_heads * a.head_dim * sizeof(__nv_bfloat16);
+  });
+  for (const auto& e : errors)
+    REQUIRE(message(e) == "");
+  ring_result res;
+  for (int r = 0; r < ranks; ++r) {
+    const std::int64_t n = c.plan.local_tokens(r);
+    for (std::int64_t l = 0; l < n; ++l) {
+      const std::int64_t g = c.plan.global_token(r, l);
+      for (int h = 0; h < a.q_heads; ++h) {
+        res.lse_error =
+            std::max(res.lse_error, std::abs(double(lses[r][static_cast<std::size_t>(h * n + l)]) -
+                                             ref.lse_at(h, g)));
+        for (int e = 0; e < a.head_dim; ++e)
+          got[static_cast<std::size_t>((g * a.q_heads + h) * a.head_dim + e)] =
+              to_float(outs[r][static_cast<std::size_t>((l * a.q_heads + h) * a.head_dim + e)]);
+      }
+    }
+    res.bytes += sent[static_cast<std::size_t>(r)];
+    res.expected_bytes += want[static_cast<std::size_t>(r)];
+  }
+  res.out_error = reference::relative_error(got, ref.out.data);
+  return res;
+}
+
+template <class P, class Mask>
+void check_matrix() {
+  const auto seed = test::fresh_seed();
+  CAPTURE(seed);
+  for (int group : {1, 4}) {
+    // The same batch at every P, so the errors compare.
+    std::mt19937_64 draw(seed + static_cast<std::uint64_t>(group));
+    const auto cu = test::random_cu_seqlens(3, 1, 61, draw);
+    double error_p1 = 0.0;
+    for (int ranks : {1, 2, 3, 4, 8}) {
+      CAPTURE(group);
+      CAPTURE(ranks);
+      std::mt19937_64 rng(seed + 7);
+      test::sharded_case<P, __nv_bfloat16> c(cu, ranks, {4, 4 / group, 64, 0.0f}, Mask::mask, rng);
+      const ring_result res = run_ring<P, Mask>(c);
+      // Tolerances: fp64 blocks, fp32 state, bf16 output (relative 2^-9 per element at worst).
+      CHECK(res.out_error < 4e-3);
+      CHECK(res.lse_error < 1e-5);
+      CHECK(res.bytes == res.expected_bytes);
+      if (ranks == 1) error_p1 = res.out_error;
+      if (ranks == 8) CHECK(res.out_error <= 1.2 * error_p1);
+    }
+  }
+}
+} // namespace
+
+TEST_CASE_TEMPLATE("host ring equals the oracle: full and causal, P = 1, 2, 3, 4, 8", P, contiguous,
+                   round_robin, zigzag) {
+  check_matrix<P, full>();
+  check_matrix<P, causal>();
+}
+
+TEST_CASE("ranks that disagree are rejected at plan time, on every rank, without a hang") {
+  in_process_group group(3, std::chrono::seconds(5));
+  const std::vector<std::int32_t> cu = {0, 100};
+  const auto errors = on_ranks(group, [&](int r, in_process_communicator& comm) {
+    const attention_arguments a{r == 2 ? 16 : 32, 8, 128, 0.0f};
+    ring_attention<zigzag, in_process_communicator, causal> attn(comm, a, cu);
+  });
+  for (const auto& e : errors)
+    CHECK(message(e) == "ringattn: rank 2 disagrees with rank 0 on q_heads (16 vs 32)");
+  in_process_group group2(2, std::chrono::seconds(5));
+  const auto errors2 = on_ranks(group2, [&](int r, in_process_communicator& comm) {
+    const std::vector<std::int32_t> mine = {0, r == 0 ? 100 : 101};
+    ring_attention<round_robin, in_process_communicator, full> attn(comm, {8, 8, 64, 0.0f}, mine);
+  });
+  for (const auto& e : errors2)
+    CHECK(message(e) ==
+          "ringattn: rank 1 disagrees with rank 0 on the total token count (101 vs 100)");
+}
+
+TEST_CASE("a rank that never arrives: the others fail within the timeout, naming it and the step") {
+  in_process_group group(3, std::chrono::milliseconds(200));
+  std::vector<std::int32_t> cu = {0, 30};
+  const attention_arguments a{2, 1, 64, 0.0f};
+  std::mt19937_64 rng(test::fresh_seed());
+  test::sharded_case<zigzag, __nv_bfloat16> c(cu, 3, a, mask_kind::causal, rng);
+  const auto start = std::chrono::steady_clock::now();
+  const auto errors = on_ranks(group, [&](int r, in_process_communicator& comm) {
+    ring_attention<zigzag, in_process_communicator, causal> attn(comm, a, cu);
+    if (r == 2) return; // planned, then never runs the ring
+    const std::int64_t n = attn.local_tokens();
+    std::vector<__nv_bfloat16> out(static_cast<std::size_t>(n * 2 * 64));
+    std::vector<float> lse(static_cast<std::size_t>(n * 2));
+    alignas(16) static thread_local std::byte ws[1 << 16];
+    attn.forward_host(thd_view<const __nv_bfloat16>(c.qs[r].data(), n, 2, 64),
+                      thd_view<const __nv_bfloat16>(c.ks[r].data(), n, 1, 64),
+                      thd_view<const __nv_bfloat16>(c.vs[r].data(), n, 1, 64),
+                      thd_view<__nv_bfloat16>(out.data(), n, 2, 64), lse.data(), ws);
+  });
+  const auto elapsed = std::chrono::steady_clock::now() - start;
+  CHECK(elapsed < std::chrono::seconds(3));
+  CHECK(message(errors[0]) ==
+        "ringattn: rank 0, step 0: timed out after 200 ms waiting for rank 2 to send");
+  // Rank 1 got rank 0's block, then waits for rank 2 to take its own.
+  CHECK(message(errors[1]) ==
+        "ringattn: rank 1, step 0: timed out after 200 ms waiting for rank 2 to receive");
+  CHECK(!errors[2]);
+}
+
+TEST_CASE("a rank that fails validation aborts the ring: its peers stop at once with its reason") {
+  in_process_group group(2, std::chrono::seconds(30));
+  std::vector<std::int32_t> cu = {0, 20};
+  const attention_arguments a{2, 2, 64, 0.0f};
+  std::mt19937_64 rng(test::fresh_seed());
+  test::sharded_case<round_robin, __nv_bfloat16> c(cu, 2, a, mask_kind::full, rng);
+  const auto start = std::chrono::steady_clock::now();
+  const auto errors = on_ranks(group, [&](int r, in_process_communicator& comm) {
+    ring_attention<round_robin, in_process_communicator, full> attn(comm, a, cu);
+    const std::int64_t n = attn.local_tokens();
+    std::vector<__nv_bfloat16> out(static_cast<std::size_t>(n * 2 * 64));
+    std::vector<float> lse(static_cast<std::size_t>(n * 2));
+    alignas(16) static thread_local std::byte ws[1 << 16];
+    attn.forward_host(thd_view<const __nv_bfloat16>(c.qs[r].data(), n, 2, 64),
+                      thd_view<const __nv_bfloat16>(c.ks[r].data(), n, 2, 64),
+                      thd_view<const __nv_bfloat16>(c.vs[r].data(), n, 2, 64),
+                      thd_view<__nv_bfloat16>(out.data(), n, 2, 64), r == 1 ? nullptr : lse.data(),
+                      ws);
+  });
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
+  CHECK(message(errors[1]) == "ringattn: lse is a null pointer");
+  CHECK(message(errors[0]) ==
+        "ringattn: rank 0, step 0: rank 1 aborted the ring: lse is a null pointer");
+}
