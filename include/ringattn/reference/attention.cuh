@@ -161,6 +161,48 @@ inline forward_result attention_forward(const tensor& q, const tensor& k, const 
   return r;
 }
 
+//! The oracle for selected rows only: `rows[i]` is a token index of the packed batch; returns
+//! out `[rows.size(), q_heads, head_dim]` and lse `[q_heads, rows.size()]`. For checking samples
+//! of long sequences, where the whole oracle would take too long.
+inline forward_result attention_forward_rows(const tensor& q, const tensor& k, const tensor& v,
+                                             std::span<const std::int32_t> cu_seqlens,
+                                             const attention_arguments& args,
+                                             const position_window& mask,
+                                             std::span<const std::int64_t> rows) {
+  detail::validate_problem(q, k, v, cu_seqlens, args).throw_if_invalid();
+  const double inf = std::numeric_limits<double>::infinity();
+  const double scale = args.scale();
+  const std::int32_t group = args.q_heads / args.kv_heads;
+  const auto n = static_cast<std::int64_t>(rows.size());
+  forward_result r{tensor(n, q.heads, q.dim),
+                   std::vector<double>(static_cast<std::size_t>(q.heads * n), -inf)};
+  std::vector<double> s;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::int64_t t = rows[static_cast<std::size_t>(i)];
+    if (t < 0 || t >= q.tokens) throw invalid_argument("ringattn: sample row out of range");
+    const auto b = static_cast<std::size_t>(
+        std::upper_bound(cu_seqlens.begin(), cu_seqlens.end(), static_cast<std::int32_t>(t)) -
+        cu_seqlens.begin() - 1);
+    const std::int64_t begin = cu_seqlens[b], end = cu_seqlens[b + 1];
+    for (std::int32_t h = 0; h < q.heads; ++h) {
+      const double m = detail::scores(q, k, t, h, h / group, begin, end, mask, scale, s);
+      if (m == -inf) continue;
+      double sum = 0.0;
+      double* o = r.out.row(i, h);
+      for (std::int64_t j = begin; j < end; ++j) {
+        const double p = std::exp(s[static_cast<std::size_t>(j - begin)] - m);
+        if (p == 0.0) continue;
+        sum += p;
+        const double* vr = v.row(j, h / group);
+        for (std::int32_t d = 0; d < q.dim; ++d) o[d] += p * vr[d];
+      }
+      for (std::int32_t d = 0; d < q.dim; ++d) o[d] /= sum;
+      r.lse[static_cast<std::size_t>(h * n + i)] = m + std::log(sum);
+    }
+  }
+  return r;
+}
+
 //! Backward attention of a packed batch in float64 under a position window, recomputing P.
 inline backward_result attention_backward(const tensor& q, const tensor& k, const tensor& v,
                                           const tensor& dout,
