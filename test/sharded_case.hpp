@@ -8,6 +8,9 @@
 #include <ringattn/partition/scatter.cuh>
 #include <ringattn/reference/attention.cuh>
 
+#include <cmath>
+#include <cstddef>
+#include <span>
 #include <vector>
 
 namespace ringattn::test {
@@ -44,6 +47,59 @@ struct sharded_case {
   std::vector<block_group> groups(int r, int src) const {
     return group_blocks(plan.blocks(r, src, position_window::of(mask)));
   }
+  //! One rank's ring output: out `[local, q_heads, head_dim]`, lse `[q_heads, local]`.
+  struct rank_output {
+    std::vector<T> out;
+    std::vector<float> lse;
+  };
+
+  //! Runs `attn.forward_host` on rank r's shards into poisoned outputs with an aligned workspace
+  //! (`null_lse` passes a null LSE pointer, for validation tests).
+  template <class Ring>
+  rank_output forward_rank(Ring& attn, int r, bool null_lse = false) const {
+    const std::int64_t n = plan.local_tokens(r);
+    const int qh = args.q_heads, kvh = args.kv_heads, d = args.head_dim;
+    rank_output o{std::vector<T>(static_cast<std::size_t>(n * qh * d), poison<T>()),
+                  std::vector<float>(static_cast<std::size_t>(n * qh), -7.0f)};
+    const std::size_t bytes = attn.template host_workspace_bytes<T>();
+    std::vector<std::byte> ws(bytes + 16);
+    const std::size_t pad = (16 - reinterpret_cast<std::uintptr_t>(ws.data()) % 16) % 16;
+    const auto& q = qs[static_cast<std::size_t>(r)];
+    const auto& k = ks[static_cast<std::size_t>(r)];
+    const auto& v = vs[static_cast<std::size_t>(r)];
+    attn.forward_host(thd_view<const T>(q.data(), n, qh, d), thd_view<const T>(k.data(), n, kvh, d),
+                      thd_view<const T>(v.data(), n, kvh, d), thd_view<T>(o.out.data(), n, qh, d),
+                      null_lse ? nullptr : o.lse.data(),
+                      std::span<std::byte>(ws).subspan(pad, bytes));
+    return o;
+  }
+
+  //! Rank r's part of the error against the oracle: sum of squared output differences, sum of
+  //! squared oracle outputs (their ratio over all ranks, square-rooted, is the relative L2 error
+  //! of the whole output) and the largest |lse - oracle|.
+  struct error_parts {
+    double num = 0.0, den = 0.0, lse = 0.0;
+  };
+  error_parts rank_error(int r, const rank_output& o, const reference::forward_result& ref) const {
+    error_parts e;
+    const std::int64_t n = plan.local_tokens(r);
+    const int qh = args.q_heads, d = args.head_dim;
+    for (std::int64_t l = 0; l < n; ++l) {
+      const std::int64_t g = plan.global_token(r, l);
+      for (int h = 0; h < qh; ++h) {
+        e.lse = std::max(
+            e.lse, std::abs(double(o.lse[static_cast<std::size_t>(h * n + l)]) - ref.lse_at(h, g)));
+        for (int x = 0; x < d; ++x) {
+          const double got = to_float(o.out[static_cast<std::size_t>((l * qh + h) * d + x)]);
+          const double want = ref.out(g, h, x);
+          e.num += (got - want) * (got - want);
+          e.den += want * want;
+        }
+      }
+    }
+    return e;
+  }
+
   reference::forward_result oracle() const {
     const thd_view<const T> qv(q.data(), plan.tokens(), args.q_heads, args.head_dim);
     const thd_view<const T> kv(k.data(), plan.tokens(), args.kv_heads, args.head_dim);

@@ -6,10 +6,11 @@
 // arrives with the device path of the ring driver, and this example will use it when it does.
 //
 //   quickstart [--ranks P] [--tokens N] [--sequences B] [--heads H] [--kv-heads K]
-//              [--head-dim 64|128] [--mask causal|full] [--partitioner zigzag|round_robin|contiguous]
+//              [--head-dim 64|128] [--mask causal|full] [--partitioner
+//              zigzag|round_robin|contiguous]
 #include <ringattn/comm/in_process.cuh>
-#include <ringattn/ringattn.cuh>
 #include <ringattn/ring_attention.cuh>
+#include <ringattn/ringattn.cuh>
 
 #include <atomic>
 #include <chrono>
@@ -46,15 +47,24 @@ options parse(int argc, char** argv) {
     const std::string a = argv[i];
     if (i + 1 >= argc) usage(argv[0]);
     const char* v = argv[++i];
-    if (a == "--ranks") o.ranks = std::atoi(v);
-    else if (a == "--tokens") o.tokens = std::atoi(v);
-    else if (a == "--sequences") o.sequences = std::atoi(v);
-    else if (a == "--heads") o.heads = std::atoi(v);
-    else if (a == "--kv-heads") o.kv_heads = std::atoi(v);
-    else if (a == "--head-dim") o.head_dim = std::atoi(v);
-    else if (a == "--mask") o.mask = v;
-    else if (a == "--partitioner") o.partitioner = v;
-    else usage(argv[0]);
+    if (a == "--ranks")
+      o.ranks = std::atoi(v);
+    else if (a == "--tokens")
+      o.tokens = std::atoi(v);
+    else if (a == "--sequences")
+      o.sequences = std::atoi(v);
+    else if (a == "--heads")
+      o.heads = std::atoi(v);
+    else if (a == "--kv-heads")
+      o.kv_heads = std::atoi(v);
+    else if (a == "--head-dim")
+      o.head_dim = std::atoi(v);
+    else if (a == "--mask")
+      o.mask = v;
+    else if (a == "--partitioner")
+      o.partitioner = v;
+    else
+      usage(argv[0]);
   }
   if ((o.mask != "causal" && o.mask != "full") ||
       (o.partitioner != "zigzag" && o.partitioner != "round_robin" &&
@@ -80,7 +90,8 @@ int run(const options& o) {
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   auto random = [&](std::size_t n) {
     std::vector<T> x(n);
-    for (auto& e : x) e = ringattn::from_float<T>(u(rng));
+    for (auto& e : x)
+      e = ringattn::from_float<T>(u(rng));
     return x;
   };
   const std::size_t n = static_cast<std::size_t>(o.tokens);
@@ -103,7 +114,8 @@ int run(const options& o) {
         const std::int64_t m = attn.local_tokens();
         auto shard = [&](const std::vector<T>& full, int heads) {
           std::vector<T> s(static_cast<std::size_t>(m) * heads * o.head_dim);
-          ringattn::scatter(plan, r, ringattn::thd_view<const T>(full.data(), o.tokens, heads, o.head_dim),
+          ringattn::scatter(plan, r,
+                            ringattn::thd_view<const T>(full.data(), o.tokens, heads, o.head_dim),
                             ringattn::thd_view<T>(s.data(), m, heads, o.head_dim));
           return s;
         };
@@ -112,11 +124,12 @@ int run(const options& o) {
         std::vector<float> ls(static_cast<std::size_t>(m) * o.heads);
         std::vector<std::byte> ws(attn.template host_workspace_bytes<T>() + 16);
         const std::size_t pad = (16 - reinterpret_cast<std::uintptr_t>(ws.data()) % 16) % 16;
-        attn.forward_host(ringattn::thd_view<const T>(qs.data(), m, o.heads, o.head_dim),
-                          ringattn::thd_view<const T>(ks.data(), m, o.kv_heads, o.head_dim),
-                          ringattn::thd_view<const T>(vs.data(), m, o.kv_heads, o.head_dim),
-                          ringattn::thd_view<T>(os.data(), m, o.heads, o.head_dim), ls.data(),
-                          std::span<std::byte>(ws).subspan(pad, attn.template host_workspace_bytes<T>()));
+        attn.forward_host(
+            ringattn::thd_view<const T>(qs.data(), m, o.heads, o.head_dim),
+            ringattn::thd_view<const T>(ks.data(), m, o.kv_heads, o.head_dim),
+            ringattn::thd_view<const T>(vs.data(), m, o.kv_heads, o.head_dim),
+            ringattn::thd_view<T>(os.data(), m, o.heads, o.head_dim), ls.data(),
+            std::span<std::byte>(ws).subspan(pad, attn.template host_workspace_bytes<T>()));
         // This rank's rows back to their places in the full batch (each row is owned once).
         for (std::int64_t l = 0; l < m; ++l) {
           const std::int64_t g = plan.global_token(r, l);
@@ -132,8 +145,10 @@ int run(const options& o) {
         errors[static_cast<std::size_t>(r)] = std::current_exception();
       }
     });
-  for (auto& t : threads) t.join();
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (auto& t : threads)
+    t.join();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   for (const auto& e : errors)
     if (e) std::rethrow_exception(e);
 
@@ -142,23 +157,30 @@ int run(const options& o) {
   for (int b = 0; b < o.sequences; ++b)
     if (cu[b + 1] > cu[b]) rows.push_back(cu[b]), rows.push_back(cu[b + 1] - 1);
   std::uniform_int_distribution<std::int64_t> any(0, o.tokens - 1);
-  for (int i = 0; i < 24; ++i) rows.push_back(any(rng));
+  for (int i = 0; i < 24; ++i)
+    rows.push_back(any(rng));
   const auto w = ringattn::position_window::of(Mask::mask);
   auto ref = ringattn::reference::attention_forward_rows(
-      ringattn::reference::to_tensor(ringattn::thd_view<const T>(q.data(), o.tokens, o.heads, o.head_dim)),
-      ringattn::reference::to_tensor(ringattn::thd_view<const T>(k.data(), o.tokens, o.kv_heads, o.head_dim)),
-      ringattn::reference::to_tensor(ringattn::thd_view<const T>(v.data(), o.tokens, o.kv_heads, o.head_dim)),
+      ringattn::reference::to_tensor(
+          ringattn::thd_view<const T>(q.data(), o.tokens, o.heads, o.head_dim)),
+      ringattn::reference::to_tensor(
+          ringattn::thd_view<const T>(k.data(), o.tokens, o.kv_heads, o.head_dim)),
+      ringattn::reference::to_tensor(
+          ringattn::thd_view<const T>(v.data(), o.tokens, o.kv_heads, o.head_dim)),
       cu, args, w, rows);
   double max_err = 0.0, max_lse_err = 0.0;
   for (std::size_t i = 0; i < rows.size(); ++i)
     for (int h = 0; h < o.heads; ++h) {
       const std::int64_t g = rows[i];
-      max_lse_err = std::max(max_lse_err, std::abs(double(lse[static_cast<std::size_t>(h) * n + g]) -
-                                                   ref.lse_at(h, static_cast<std::int64_t>(i))));
+      max_lse_err =
+          std::max(max_lse_err, std::abs(double(lse[static_cast<std::size_t>(h) * n + g]) -
+                                         ref.lse_at(h, static_cast<std::int64_t>(i))));
       for (int d = 0; d < o.head_dim; ++d)
-        max_err = std::max(max_err, std::abs(double(ringattn::to_float(
-                                                 out[static_cast<std::size_t>((g * o.heads + h) * o.head_dim + d)])) -
-                                             ref.out(static_cast<std::int64_t>(i), h, d)));
+        max_err = std::max(
+            max_err,
+            std::abs(double(ringattn::to_float(
+                         out[static_cast<std::size_t>((g * o.heads + h) * o.head_dim + d)])) -
+                     ref.out(static_cast<std::int64_t>(i), h, d)));
     }
   std::int64_t lo = INT64_MAX, hi = 0, total = 0;
   for (int r = 0; r < o.ranks; ++r) {

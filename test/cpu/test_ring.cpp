@@ -57,58 +57,32 @@ template <class P, class Mask>
 ring_result run_ring(const test::sharded_case<P, __nv_bfloat16>& c) {
   const int ranks = c.plan.ranks();
   const auto ref = c.oracle();
-  const attention_arguments a = c.args;
-  std::vector<double> got(ref.out.data.size(), 0.0);
-  std::vector<std::vector<float>> lses(static_cast<std::size_t>(ranks));
-  std::vector<std::vector<__nv_bfloat16>> outs(static_cast<std::size_t>(ranks));
+  std::vector<typename test::sharded_case<P, __nv_bfloat16>::error_parts> parts(
+      static_cast<std::size_t>(ranks));
   std::vector<std::uint64_t> sent(static_cast<std::size_t>(ranks), 0), want(sent);
   in_process_group group(ranks);
   const auto errors = on_ranks(group, [&](int r, in_process_communicator& comm) {
-    ring_attention<P, in_process_communicator, Mask> attn(comm, a, c.plan.cu_seqlens());
-    const std::int64_t n = attn.local_tokens();
-    auto& out = outs[static_cast<std::size_t>(r)];
-    auto& lse = lses[static_cast<std::size_t>(r)];
-    out.assign(static_cast<std::size_t>(n * a.q_heads * a.head_dim), test::poison<__nv_bfloat16>());
-    lse.assign(static_cast<std::size_t>(n * a.q_heads), -7.0f);
-    std::vector<std::byte> ws(attn.template host_workspace_bytes<__nv_bfloat16>() + 16);
-    auto aligned = std::span<std::byte>(ws).subspan(
-        (16 - reinterpret_cast<std::uintptr_t>(ws.data()) % 16) % 16,
-        attn.template host_workspace_bytes<__nv_bfloat16>());
-    const auto& q = c.qs[static_cast<std::size_t>(r)];
-    const auto& k = c.ks[static_cast<std::size_t>(r)];
-    const auto& v = c.vs[static_cast<std::size_t>(r)];
-    attn.forward_host(thd_view<const __nv_bfloat16>(q.data(), n, a.q_heads, a.head_dim),
-                      thd_view<const __nv_bfloat16>(k.data(), n, a.kv_heads, a.head_dim),
-                      thd_view<const __nv_bfloat16>(v.data(), n, a.kv_heads, a.head_dim),
-                      thd_view<__nv_bfloat16>(out.data(), n, a.q_heads, a.head_dim), lse.data(),
-                      aligned);
+    ring_attention<P, in_process_communicator, Mask> attn(comm, c.args, c.plan.cu_seqlens());
+    const auto out = c.forward_rank(attn, r);
+    parts[static_cast<std::size_t>(r)] = c.rank_error(r, out, ref);
     sent[static_cast<std::size_t>(r)] = comm.bytes_sent();
-    // Every step but the last sends the block that was just used: its source's token count.
+    // Every step but the last sends the block it just used: its source's tokens.
     for (int t = 0; t + 1 < ranks; ++t)
       want[static_cast<std::size_t>(r)] +=
-          2ull * static_cast<std::uint64_t>(c.plan.local_tokens((r - t + ranks) % ranks)) *
-          a.kv_heads * a.head_dim * sizeof(__nv_bfloat16);
+          attn.template block_bytes<__nv_bfloat16>((r - t + ranks) % ranks);
   });
   for (const auto& e : errors)
     REQUIRE(message(e) == "");
   ring_result res;
+  double num = 0.0, den = 0.0;
   for (int r = 0; r < ranks; ++r) {
-    const std::int64_t n = c.plan.local_tokens(r);
-    for (std::int64_t l = 0; l < n; ++l) {
-      const std::int64_t g = c.plan.global_token(r, l);
-      for (int h = 0; h < a.q_heads; ++h) {
-        res.lse_error =
-            std::max(res.lse_error, std::abs(double(lses[r][static_cast<std::size_t>(h * n + l)]) -
-                                             ref.lse_at(h, g)));
-        for (int e = 0; e < a.head_dim; ++e)
-          got[static_cast<std::size_t>((g * a.q_heads + h) * a.head_dim + e)] =
-              to_float(outs[r][static_cast<std::size_t>((l * a.q_heads + h) * a.head_dim + e)]);
-      }
-    }
+    num += parts[static_cast<std::size_t>(r)].num;
+    den += parts[static_cast<std::size_t>(r)].den;
+    res.lse_error = std::max(res.lse_error, parts[static_cast<std::size_t>(r)].lse);
     res.bytes += sent[static_cast<std::size_t>(r)];
     res.expected_bytes += want[static_cast<std::size_t>(r)];
   }
-  res.out_error = reference::relative_error(got, ref.out.data);
+  res.out_error = std::sqrt(num / den);
   return res;
 }
 
@@ -173,14 +147,7 @@ TEST_CASE("a rank that never arrives: the others fail within the timeout, naming
   const auto errors = on_ranks(group, [&](int r, in_process_communicator& comm) {
     ring_attention<zigzag, in_process_communicator, causal> attn(comm, a, cu);
     if (r == 2) return; // planned, then never runs the ring
-    const std::int64_t n = attn.local_tokens();
-    std::vector<__nv_bfloat16> out(static_cast<std::size_t>(n * 2 * 64));
-    std::vector<float> lse(static_cast<std::size_t>(n * 2));
-    alignas(16) static thread_local std::byte ws[1 << 16];
-    attn.forward_host(thd_view<const __nv_bfloat16>(c.qs[r].data(), n, 2, 64),
-                      thd_view<const __nv_bfloat16>(c.ks[r].data(), n, 1, 64),
-                      thd_view<const __nv_bfloat16>(c.vs[r].data(), n, 1, 64),
-                      thd_view<__nv_bfloat16>(out.data(), n, 2, 64), lse.data(), ws);
+    c.forward_rank(attn, r);
   });
   const auto elapsed = std::chrono::steady_clock::now() - start;
   CHECK(elapsed < std::chrono::seconds(3));
@@ -201,15 +168,7 @@ TEST_CASE("a rank that fails validation aborts the ring: its peers stop at once 
   const auto start = std::chrono::steady_clock::now();
   const auto errors = on_ranks(group, [&](int r, in_process_communicator& comm) {
     ring_attention<round_robin, in_process_communicator, full> attn(comm, a, cu);
-    const std::int64_t n = attn.local_tokens();
-    std::vector<__nv_bfloat16> out(static_cast<std::size_t>(n * 2 * 64));
-    std::vector<float> lse(static_cast<std::size_t>(n * 2));
-    alignas(16) static thread_local std::byte ws[1 << 16];
-    attn.forward_host(thd_view<const __nv_bfloat16>(c.qs[r].data(), n, 2, 64),
-                      thd_view<const __nv_bfloat16>(c.ks[r].data(), n, 2, 64),
-                      thd_view<const __nv_bfloat16>(c.vs[r].data(), n, 2, 64),
-                      thd_view<__nv_bfloat16>(out.data(), n, 2, 64), r == 1 ? nullptr : lse.data(),
-                      ws);
+    c.forward_rank(attn, r, /*null_lse=*/r == 1);
   });
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
   CHECK(message(errors[1]) == "ringattn: lse is a null pointer");

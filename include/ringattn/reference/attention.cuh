@@ -120,6 +120,28 @@ inline double scores(const tensor& q, const tensor& k, std::int64_t t, std::int3
   }
   return m;
 }
+
+// One query row (t, h) of sequence [begin, end): writes o[0, dim) and returns the natural-log
+// LSE (-inf, with o left at 0, when the window admits no key).
+inline double forward_row(const tensor& q, const tensor& k, const tensor& v, std::int64_t t,
+                          std::int32_t h, std::int32_t kvh, std::int64_t begin, std::int64_t end,
+                          const position_window& w, double scale, std::vector<double>& s,
+                          double* o) {
+  const double m = scores(q, k, t, h, kvh, begin, end, w, scale, s);
+  if (m == -std::numeric_limits<double>::infinity()) return m;
+  double sum = 0.0;
+  for (std::int64_t j = begin; j < end; ++j) {
+    const double p = std::exp(s[static_cast<std::size_t>(j - begin)] - m);
+    if (p == 0.0) continue;
+    sum += p;
+    const double* vr = v.row(j, kvh);
+    for (std::int32_t d = 0; d < q.dim; ++d)
+      o[d] += p * vr[d];
+  }
+  for (std::int32_t d = 0; d < q.dim; ++d)
+    o[d] /= sum;
+  return m + std::log(sum);
+}
 } // namespace detail
 
 //! Forward attention of a packed batch in float64 under a position window (full, causal, sliding,
@@ -139,24 +161,9 @@ inline forward_result attention_forward(const tensor& q, const tensor& k, const 
   for (std::size_t b = 0; b + 1 < cu_seqlens.size(); ++b) {
     const std::int64_t begin = cu_seqlens[b], end = cu_seqlens[b + 1];
     for (std::int64_t t = begin; t < end; ++t)
-      for (std::int32_t h = 0; h < q.heads; ++h) {
-        const std::int32_t kvh = h / group;
-        const double m = detail::scores(q, k, t, h, kvh, begin, end, mask, scale, s);
-        if (m == -inf) continue; // no key: O = 0, LSE = -inf
-        double sum = 0.0;
-        double* o = r.out.row(t, h);
-        for (std::int64_t j = begin; j < end; ++j) {
-          const double p = std::exp(s[static_cast<std::size_t>(j - begin)] - m);
-          if (p == 0.0) continue;
-          sum += p;
-          const double* vr = v.row(j, kvh);
-          for (std::int32_t d = 0; d < q.dim; ++d)
-            o[d] += p * vr[d];
-        }
-        for (std::int32_t d = 0; d < q.dim; ++d)
-          o[d] /= sum;
-        r.lse[static_cast<std::size_t>(h * q.tokens + t)] = m + std::log(sum);
-      }
+      for (std::int32_t h = 0; h < q.heads; ++h)
+        r.lse[static_cast<std::size_t>(h * q.tokens + t)] = detail::forward_row(
+            q, k, v, t, h, h / group, begin, end, mask, scale, s, r.out.row(t, h));
   }
   return r;
 }
@@ -184,21 +191,9 @@ inline forward_result attention_forward_rows(const tensor& q, const tensor& k, c
         std::upper_bound(cu_seqlens.begin(), cu_seqlens.end(), static_cast<std::int32_t>(t)) -
         cu_seqlens.begin() - 1);
     const std::int64_t begin = cu_seqlens[b], end = cu_seqlens[b + 1];
-    for (std::int32_t h = 0; h < q.heads; ++h) {
-      const double m = detail::scores(q, k, t, h, h / group, begin, end, mask, scale, s);
-      if (m == -inf) continue;
-      double sum = 0.0;
-      double* o = r.out.row(i, h);
-      for (std::int64_t j = begin; j < end; ++j) {
-        const double p = std::exp(s[static_cast<std::size_t>(j - begin)] - m);
-        if (p == 0.0) continue;
-        sum += p;
-        const double* vr = v.row(j, h / group);
-        for (std::int32_t d = 0; d < q.dim; ++d) o[d] += p * vr[d];
-      }
-      for (std::int32_t d = 0; d < q.dim; ++d) o[d] /= sum;
-      r.lse[static_cast<std::size_t>(h * n + i)] = m + std::log(sum);
-    }
+    for (std::int32_t h = 0; h < q.heads; ++h)
+      r.lse[static_cast<std::size_t>(h * n + i)] = detail::forward_row(
+          q, k, v, t, h, h / group, begin, end, mask, scale, s, r.out.row(i, h));
   }
   return r;
 }
