@@ -41,6 +41,17 @@ concept host_communicator = requires(C& c, const void* s, void* r, std::size_t n
   { c.bytes_sent() } -> std::convertible_to<std::uint64_t>;
 };
 
+//! A device Communicator also moves device buffers, enqueued on a CUDA stream with no host wait
+//! on the device (NCCL, or the in-process one for ranks sharing a process), after a plan-time
+//! `prepare_device()`. The stream type is a template parameter so this header needs no CUDA.
+template <class C, class Stream>
+concept device_communicator_for = host_communicator<C> &&
+    requires(C& c, const void* s, void* r, std::size_t n, int peer, std::int64_t step,
+             Stream stream) {
+  c.prepare_device();
+  c.exchange_async(s, n, peer, r, n, peer, step, stream);
+};
+
 //! A mask policy names its mask kind (`full`, `causal`).
 template <class M>
 concept mask_policy = requires {

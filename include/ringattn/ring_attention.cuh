@@ -11,9 +11,10 @@
 //! a step moves `2 * local tokens of the source * kv_heads * head_dim * element size` bytes.
 //! State is merged in fp32 across all steps (kernel/state.cuh) and finalised once.
 //!
-//! This header holds the host path (host block kernel, host communicators: in-process threads or
-//! MPI processes), which runs everywhere, CI included. The device path (CUDA block kernel, double
-//! buffers on a communication stream, NCCL) builds on the same plan.
+//! Two paths share the plan. The host path (`forward_host`: host block kernel, in-process threads
+//! or MPI processes) runs everywhere, CI included. The device path (`prepare_device` once, then
+//! `forward` on a stream: CUDA block kernel, two K/V buffers, a communication stream and events)
+//! overlaps the exchange of step t + 1 with the compute of step t and never waits on the host.
 //!
 //! \code
 //! ringattn::in_process_group group(P);                          // or an MPI communicator
@@ -26,16 +27,21 @@
 
 #include <ringattn/arguments.cuh>
 #include <ringattn/concepts.cuh>
+#include <ringattn/cuda_check.cuh>
 #include <ringattn/error.cuh>
 #include <ringattn/kernel/block.cuh>
+#include <ringattn/kernel/forward.cuh>
 #include <ringattn/kernel/host_forward.cuh>
 #include <ringattn/partition/plan.cuh>
 #include <ringattn/tensor.cuh>
+
+#include <cuda_runtime_api.h>
 
 #include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <span>
 #include <string>
 #include <utility>
@@ -161,6 +167,56 @@ public:
     }
   }
 
+  //! Device path, plan time: creates the communication stream, the events and the per-step
+  //! kernel schedules on the current device, and the communicator's device resources. Call once
+  //! per rank before `forward`; `forward` allocates nothing.
+  void prepare_device() requires device_communicator_for<Communicator, cudaStream_t> {
+    if (device_) return;
+    comm_.prepare_device();
+    auto d = std::make_unique<device_resources>();
+    RINGATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&d->comm, cudaStreamNonBlocking));
+    for (cudaEvent_t* e : {&d->own_ready, &d->comm_end, &d->compute_done[0], &d->compute_done[1],
+                           &d->recv_done[0], &d->recv_done[1]})
+      RINGATTN_CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+    const int p = comm_.size(), r = comm_.rank();
+    for (int t = 0; t < p; ++t)
+      d->schedules.emplace_back(steps_[static_cast<std::size_t>(t)], local_tokens(),
+                                plan_.local_tokens((r - t + p) % p), args_.head_dim);
+    device_ = std::move(d);
+  }
+  //! Device workspace of `forward` (the same layout as the host path's).
+  template <element T>
+  std::size_t device_workspace_bytes() const {
+    return host_workspace_bytes<T>();
+  }
+
+#if defined(__CUDACC__)
+  //! The ring forward on device memory, asynchronous on `stream`: `q`, `k`, `v` this rank's
+  //! shards, `out` like `q`, `lse` `[q_heads, local tokens]` fp32 natural log, `workspace`
+  //! device memory of `device_workspace_bytes<T>()`. Collective over the ranks. All work is
+  //! ordered on `stream` (the exchange runs on an internal stream joined back by events); the
+  //! host never waits for the device. Validation throws `invalid_argument` before anything is
+  //! enqueued (and aborts the group so peers stop waiting).
+  template <class T>
+  requires(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) void forward(
+      thd_view<const T> q, thd_view<const T> k, thd_view<const T> v, thd_view<T> out, float* lse,
+      void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
+    error_rank_scope scope(comm_.rank());
+    validation ok = validate_forward(
+        q, k, v, out, lse,
+        std::span<const std::byte>(static_cast<const std::byte*>(workspace), workspace_bytes));
+    ok.require(device_ != nullptr, "prepare_device() must run before the device forward");
+    if (!ok) comm_.abort(ok.reason());
+    ok.throw_if_invalid();
+    try {
+      run_device(q, k, v, out, lse, static_cast<std::byte*>(workspace), stream);
+    } catch (const std::exception& e) {
+      comm_.abort(e.what());
+      throw;
+    }
+  }
+#endif
+
 private:
   static std::size_t align(std::size_t n) { return (n + 255) / 256 * 256; }
 
@@ -251,10 +307,83 @@ private:
     finalize(state, out);
   }
 
+  struct device_resources {
+    cudaStream_t comm = nullptr;
+    cudaEvent_t own_ready = nullptr, comm_end = nullptr;
+    cudaEvent_t compute_done[2] = {}, recv_done[2] = {};
+    std::vector<device_block_schedule> schedules;
+    device_resources() = default;
+    device_resources(const device_resources&) = delete;
+    device_resources& operator=(const device_resources&) = delete;
+    ~device_resources() {
+      for (cudaEvent_t e :
+           {own_ready, comm_end, compute_done[0], compute_done[1], recv_done[0], recv_done[1]})
+        if (e) cudaEventDestroy(e);
+      if (comm) cudaStreamDestroy(comm);
+    }
+  };
+
+#if defined(__CUDACC__)
+  // Step t: `stream` computes Q against buffer t % 2 while `comm` sends that buffer on and
+  // receives block t + 1 into the other one. Events order the two streams:
+  //   compute(t)  waits recv_done[t % 2]        (block t has arrived)
+  //   receive(t+1) waits compute_done[(t+1) % 2] (the compute of step t - 1 has read that buffer)
+  template <class T>
+  void run_device(thd_view<const T> q, thd_view<const T> k, thd_view<const T> v, thd_view<T> out,
+                  float* lse, std::byte* workspace, cudaStream_t stream) {
+    device_resources& d = *device_;
+    const int p = comm_.size(), r = comm_.rank();
+    const std::int64_t n = local_tokens();
+    const int kvh = args_.kv_heads, dim = args_.head_dim;
+    const std::size_t slot =
+        align(2 * static_cast<std::size_t>(plan_.max_local_tokens()) * kvh * dim * sizeof(T));
+    T* buf[2] = {reinterpret_cast<T*>(workspace), reinterpret_cast<T*>(workspace + slot)};
+    const attention_state state{reinterpret_cast<float*>(workspace + 2 * slot), lse, n,
+                                args_.q_heads, dim};
+    reset(state, stream);
+    // Own K/V into buffer 0, dense (the layout that travels): one 2D copy per head.
+    for (int which = 0; which < 2; ++which) {
+      const thd_view<const T>& x = which == 0 ? k : v;
+      T* dst = buf[0] + which * n * kvh * dim;
+      for (int h = 0; h < kvh && n > 0; ++h)
+        RINGATTN_CUDA_CHECK(cudaMemcpy2DAsync(
+            dst + h * dim, sizeof(T) * kvh * dim, x.row(0, h), sizeof(T) * x.token_stride,
+            sizeof(T) * dim, static_cast<std::size_t>(n), cudaMemcpyDeviceToDevice, stream));
+    }
+    RINGATTN_CUDA_CHECK(cudaEventRecord(d.own_ready, stream));
+    RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(d.comm, d.own_ready, 0));
+    for (int t = 0; t < p; ++t) {
+      const int src = (r - t + p) % p;
+      const std::int64_t nk = plan_.local_tokens(src);
+      T* cur = buf[t % 2];
+      if (t > 0) RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream, d.recv_done[t % 2], 0));
+      if (!steps_[static_cast<std::size_t>(t)].empty())
+        block_forward<T>({q, thd_view<const T>(cur, nk, kvh, dim),
+                          thd_view<const T>(cur + nk * kvh * dim, nk, kvh, dim), args_, state},
+                         d.schedules[static_cast<std::size_t>(t)], stream);
+      RINGATTN_CUDA_CHECK(cudaEventRecord(d.compute_done[t % 2], stream));
+      if (t + 1 < p) {
+        const int next = (r - t - 1 + p) % p;
+        // Never recorded yet at t = 0: waiting on it is then a no-op.
+        RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(d.comm, d.compute_done[(t + 1) % 2], 0));
+        comm_.exchange_async(cur, block_bytes<T>(src), (r + 1) % p, buf[(t + 1) % 2],
+                             block_bytes<T>(next), (r - 1 + p) % p, t, d.comm);
+        RINGATTN_CUDA_CHECK(cudaEventRecord(d.recv_done[(t + 1) % 2], d.comm));
+      }
+    }
+    finalize(state, out, stream);
+    // Everything on the communication stream is done before later work on `stream` (a next
+    // forward reuses the buffers).
+    RINGATTN_CUDA_CHECK(cudaEventRecord(d.comm_end, d.comm));
+    RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream, d.comm_end, 0));
+  }
+#endif
+
   Communicator& comm_;
   attention_arguments args_;
   partition_plan<Partitioner> plan_;
   std::vector<std::vector<block_group>> steps_;
+  std::unique_ptr<device_resources> device_;
 };
 
 } // namespace ringattn

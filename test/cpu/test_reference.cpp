@@ -182,7 +182,8 @@ TEST_CASE("relative_error: NaN never passes, sizes must agree") {
 TEST_CASE("oracle on sample rows equals the same rows of the whole oracle") {
   std::mt19937_64 rng(test::fresh_seed());
   const std::vector<std::int32_t> cu = {0, 7, 7, 20};
-  auto q = random_tensor(20, 4, 8, rng), k = random_tensor(20, 2, 8, rng), v = random_tensor(20, 2, 8, rng);
+  auto q = random_tensor(20, 4, 8, rng), k = random_tensor(20, 2, 8, rng),
+       v = random_tensor(20, 2, 8, rng);
   const attention_arguments args{4, 2, 8, 0.0f};
   const auto w = position_window::of(mask_kind::causal);
   const auto whole = reference::attention_forward(q, k, v, cu, args, w);
@@ -191,7 +192,8 @@ TEST_CASE("oracle on sample rows equals the same rows of the whole oracle") {
   for (std::size_t i = 0; i < rows.size(); ++i)
     for (int h = 0; h < 4; ++h) {
       CHECK(some.lse_at(h, static_cast<std::int64_t>(i)) == whole.lse_at(h, rows[i]));
-      for (int d = 0; d < 8; ++d) CHECK(some.out(static_cast<std::int64_t>(i), h, d) == whole.out(rows[i], h, d));
+      for (int d = 0; d < 8; ++d)
+        CHECK(some.out(static_cast<std::int64_t>(i), h, d) == whole.out(rows[i], h, d));
     }
   const std::vector<std::int64_t> bad = {20};
   CHECK_THROWS_AS(reference::attention_forward_rows(q, k, v, cu, args, w, bad), invalid_argument);

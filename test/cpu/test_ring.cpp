@@ -1,6 +1,7 @@
 // The host ring: in-process communicator (ranks are threads), every partitioner x mask x P x GQA
 // x packed odd lengths against the float64 oracle; bytes per step; plan-time agreement; bounded
 // waits and abort.
+#include "../ranks.hpp"
 #include "../sharded_case.hpp"
 
 #include <ringattn/comm/in_process.cuh>
@@ -17,35 +18,8 @@
 using namespace ringattn;
 
 namespace {
-// Runs `body(rank, comm)` on one thread per rank; returns each rank's exception (or null).
-template <class Body>
-std::vector<std::exception_ptr> on_ranks(in_process_group& group, Body body) {
-  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(group.size()));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < group.size(); ++r)
-    threads.emplace_back([&, r] {
-      try {
-        auto comm = group.communicator(r);
-        body(r, comm);
-      } catch (...) {
-        errors[static_cast<std::size_t>(r)] = std::current_exception();
-      }
-    });
-  for (auto& t : threads)
-    t.join();
-  return errors;
-}
-std::string message(const std::exception_ptr& e) {
-  try {
-    if (e) std::rethrow_exception(e);
-  } catch (const std::exception& x) {
-    return x.what();
-  }
-  return "";
-}
-
-template <class Mask>
-constexpr mask_kind kind_of = Mask::mask;
+using test::message;
+using test::on_ranks;
 
 struct ring_result {
   double out_error = 0.0; // relative L2 of the bf16 output against the oracle

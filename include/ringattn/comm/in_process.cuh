@@ -18,7 +18,10 @@
 //!   threads.emplace_back([&, r] { auto comm = group.communicator(r); /* ring_attention(...) */ });
 //! \endcode
 
+#include <ringattn/cuda_check.cuh>
 #include <ringattn/error.cuh>
+
+#include <cuda_runtime_api.h>
 
 #include <chrono>
 #include <condition_variable>
@@ -51,6 +54,26 @@ public:
   //! The communicator of rank `rank` (one per thread).
   in_process_communicator communicator(int rank);
 
+  //! Creates the CUDA events device exchanges use (two per rank, on the current device).
+  //! Idempotent and thread-safe; called at plan time by `ring_attention::prepare_device`.
+  void prepare_device() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!ready_.empty()) return;
+    std::vector<cudaEvent_t> ready(static_cast<std::size_t>(size_)), copied(ready.size());
+    for (std::size_t r = 0; r < ready.size(); ++r) {
+      RINGATTN_CUDA_CHECK(cudaEventCreateWithFlags(&ready[r], cudaEventDisableTiming));
+      RINGATTN_CUDA_CHECK(cudaEventCreateWithFlags(&copied[r], cudaEventDisableTiming));
+    }
+    ready_ = std::move(ready);
+    copied_ = std::move(copied);
+  }
+  ~in_process_group() {
+    for (cudaEvent_t e : ready_)
+      cudaEventDestroy(e);
+    for (cudaEvent_t e : copied_)
+      cudaEventDestroy(e);
+  }
+
   //! Marks the group failed: every current and future wait throws with `reason`.
   void abort(int rank, const std::string& reason) {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -69,6 +92,8 @@ private:
     std::size_t bytes = 0;
     std::int64_t step = -1;
     bool consumed = true;
+    cudaEvent_t ready = nullptr;  // device exchange: the sender's data is complete
+    cudaEvent_t copied = nullptr; // device exchange: the receiver's copy of it is complete
   };
 
   //! "rank r, step s" (or "rank r, at plan time" for step < 0): where an error happened.
@@ -99,7 +124,8 @@ private:
   std::mutex mutex_;
   std::condition_variable changed_;
   std::string aborted_;
-  std::vector<post> posts_; // posts_[r]: what rank r offers its successor
+  std::vector<post> posts_;                 // posts_[r]: what rank r offers its successor
+  std::vector<cudaEvent_t> ready_, copied_; // per rank, for device exchanges
   // all_gather / barrier state: a generation counter and per-rank pointers.
   std::vector<const void*> gathered_;
   int arrived_ = 0;
@@ -152,6 +178,56 @@ public:
     bytes_sent_ += send_bytes;
   }
 
+  //! Device exchange for ranks that share a process (one GPU, or several with peer access):
+  //! enqueues on `stream` the receive of `recv_bytes` from rank `from` into `recv` (a device
+  //! copy from the sender's buffer, ordered after the sender's `stream` work by an event) and
+  //! makes `stream` wait until rank `to` has copied `send` before anything later on `stream` may
+  //! overwrite it. The host threads meet only to swap pointers and events (bounded waits); no
+  //! thread waits for the device. Needs `in_process_group::prepare_device()` first.
+  void exchange_async(const void* send, std::size_t send_bytes, int to, void* recv,
+                      std::size_t recv_bytes, int from, std::int64_t step, cudaStream_t stream) {
+    in_process_group& g = *group_;
+    std::unique_lock<std::mutex> lock(g.mutex_);
+    check_peer(to, step);
+    check_peer(from, step);
+    if (g.ready_.empty())
+      throw invalid_argument("ringattn: " + in_process_group::where(rank_, step) +
+                             ": device exchange before in_process_group::prepare_device()");
+    g.wait(
+        lock, [&] { return g.posts_[rank_].consumed; }, rank_, to, step,
+        "to take the previous step's data");
+    cudaEvent_t ready = g.ready_[static_cast<std::size_t>(rank_)];
+    RINGATTN_CUDA_CHECK(cudaEventRecord(ready, stream)); // our data is complete after this point
+    g.posts_[rank_] = {send, send_bytes, step, false, ready, nullptr};
+    g.changed_.notify_all();
+    g.wait(
+        lock, [&] { return !g.posts_[from].consumed && g.posts_[from].step == step; }, rank_, from,
+        step, "to send");
+    in_process_group::post& in = g.posts_[from];
+    if (in.bytes != recv_bytes) {
+      const std::string why = in_process_group::where(rank_, step) + ": rank " +
+                              std::to_string(from) + " sent " + std::to_string(in.bytes) +
+                              " bytes, " + std::to_string(recv_bytes) + " expected";
+      if (g.aborted_.empty()) g.aborted_ = why;
+      g.changed_.notify_all();
+      throw communication_error("ringattn: " + why);
+    }
+    cudaEvent_t copied = g.copied_[static_cast<std::size_t>(rank_)];
+    RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream, in.ready, 0));
+    if (recv_bytes)
+      RINGATTN_CUDA_CHECK(
+          cudaMemcpyAsync(recv, in.data, recv_bytes, cudaMemcpyDeviceToDevice, stream));
+    RINGATTN_CUDA_CHECK(cudaEventRecord(copied, stream));
+    in.copied = copied;
+    in.consumed = true;
+    g.changed_.notify_all();
+    g.wait(
+        lock, [&] { return g.posts_[rank_].consumed; }, rank_, to, step, "to receive");
+    // Later work on `stream` (the next receive into this buffer) waits for the peer's copy.
+    RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream, g.posts_[rank_].copied, 0));
+    bytes_sent_ += send_bytes;
+  }
+
   //! Every rank contributes `bytes` at `send`; `recv` receives all contributions, rank-major
   //! (`size() * bytes`). Used at plan time to check that ranks agree.
   void all_gather(const void* send, std::size_t bytes, void* recv) {
@@ -188,6 +264,9 @@ public:
     std::vector<char> all(static_cast<std::size_t>(size()));
     all_gather(&none, 1, all.data());
   }
+
+  //! Creates the group's device events (see in_process_group::prepare_device).
+  void prepare_device() { group_->prepare_device(); }
 
   //! Fails the whole group (see in_process_group::abort).
   void abort(const std::string& reason) { group_->abort(rank_, reason); }

@@ -1,0 +1,155 @@
+// Ring forward with P virtual ranks on one GPU (threads of an in-process group, a stream each)
+// over 64K tokens against one block-kernel call over the whole sequence, in the same run: bf16,
+// 32 query heads, 8 kv heads, head_dim 128; causal (zigzag) and full (contiguous).
+// Time: host wall clock from launching every rank until every rank's stream has drained
+// (manual time), so it covers the ring's exchanges, the merges and the load balance.
+#include "harness.cuh"
+
+#include <ringattn/comm/in_process.cuh>
+#include <ringattn/partition/contiguous.cuh>
+#include <ringattn/partition/scatter.cuh>
+#include <ringattn/partition/zigzag.cuh>
+#include <ringattn/ring_attention.cuh>
+
+#include <chrono>
+#include <memory>
+#include <thread>
+#include <vector>
+
+namespace {
+using T = __nv_bfloat16;
+constexpr std::int64_t tokens = 65536;
+constexpr int q_heads = 32, kv_heads = 8, head_dim = 128;
+
+__global__ void fill(T* p, std::int64_t n, std::uint32_t salt) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    std::uint32_t h = static_cast<std::uint32_t>(i) * 2654435761u ^ salt;
+    h ^= h >> 16;
+    p[i] = __float2bfloat16_rn(static_cast<float>(h % 2001) / 1000.0f - 1.0f);
+  }
+}
+T* device_random(std::int64_t n, std::uint32_t salt) {
+  T* p = nullptr;
+  RINGATTN_CUDA_CHECK(cudaMalloc(&p, sizeof(T) * n));
+  fill<<<1024, 256>>>(p, n, salt);
+  RINGATTN_CUDA_CHECK_LAUNCH();
+  return p;
+}
+
+// range(0): ranks (1 = the single block call); range(1): causal
+template <class P>
+void ring_forward(benchmark::State& state) {
+  if (!ringattn::bench::require_gpu(state)) return;
+  const int ranks = static_cast<int>(state.range(0));
+  const bool causal = state.range(1) != 0;
+  const std::vector<std::int32_t> cu = {0, static_cast<std::int32_t>(tokens)};
+  const ringattn::attention_arguments args{q_heads, kv_heads, head_dim, 0.0f};
+  T* q = device_random(tokens * q_heads * head_dim, 1);
+  T* k = device_random(tokens * kv_heads * head_dim, 2);
+  T* v = device_random(tokens * kv_heads * head_dim, 3);
+  ringattn::partition_plan<P> plan(cu, ranks);
+  ringattn::device_partition_plan<P> dplan(plan);
+  ringattn::in_process_group group(ranks);
+  struct rank_state {
+    T *q, *k, *v, *out;
+    float* lse;
+    void* ws;
+    std::size_t ws_bytes;
+    cudaStream_t stream;
+  };
+  std::vector<rank_state> rs(static_cast<std::size_t>(ranks));
+  std::vector<ringattn::in_process_communicator> comms;
+  using causal_ring =
+      ringattn::ring_attention<P, ringattn::in_process_communicator, ringattn::causal>;
+  using full_ring = ringattn::ring_attention<P, ringattn::in_process_communicator, ringattn::full>;
+  std::vector<std::unique_ptr<causal_ring>> cr;
+  std::vector<std::unique_ptr<full_ring>> fr;
+  for (int r = 0; r < ranks; ++r)
+    comms.push_back(group.communicator(r));
+  // Construction is collective (an all-gather): one thread per rank.
+  cr.resize(static_cast<std::size_t>(ranks));
+  fr.resize(static_cast<std::size_t>(ranks));
+  {
+    std::vector<std::thread> th;
+    for (int r = 0; r < ranks; ++r)
+      th.emplace_back([&, r] {
+        if (causal)
+          cr[r] = std::make_unique<causal_ring>(comms[r], args, cu), cr[r]->prepare_device();
+        else
+          fr[r] = std::make_unique<full_ring>(comms[r], args, cu), fr[r]->prepare_device();
+      });
+    for (auto& t : th)
+      t.join();
+  }
+  for (int r = 0; r < ranks; ++r) {
+    rank_state& s = rs[static_cast<std::size_t>(r)];
+    const std::int64_t n = plan.local_tokens(r);
+    RINGATTN_CUDA_CHECK(cudaMalloc(&s.q, sizeof(T) * n * q_heads * head_dim));
+    RINGATTN_CUDA_CHECK(cudaMalloc(&s.k, sizeof(T) * n * kv_heads * head_dim));
+    RINGATTN_CUDA_CHECK(cudaMalloc(&s.v, sizeof(T) * n * kv_heads * head_dim));
+    RINGATTN_CUDA_CHECK(cudaMalloc(&s.out, sizeof(T) * n * q_heads * head_dim));
+    RINGATTN_CUDA_CHECK(cudaMalloc(&s.lse, sizeof(float) * n * q_heads));
+    s.ws_bytes = causal ? cr[r]->template device_workspace_bytes<T>()
+                        : fr[r]->template device_workspace_bytes<T>();
+    RINGATTN_CUDA_CHECK(cudaMalloc(&s.ws, s.ws_bytes));
+    RINGATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
+    ringattn::scatter(dplan, r, ringattn::thd_view<const T>(q, tokens, q_heads, head_dim),
+                      ringattn::thd_view<T>(s.q, n, q_heads, head_dim), nullptr);
+    ringattn::scatter(dplan, r, ringattn::thd_view<const T>(k, tokens, kv_heads, head_dim),
+                      ringattn::thd_view<T>(s.k, n, kv_heads, head_dim), nullptr);
+    ringattn::scatter(dplan, r, ringattn::thd_view<const T>(v, tokens, kv_heads, head_dim),
+                      ringattn::thd_view<T>(s.v, n, kv_heads, head_dim), nullptr);
+  }
+  RINGATTN_CUDA_CHECK(cudaDeviceSynchronize());
+  auto one_rank = [&](int r) {
+    rank_state& s = rs[static_cast<std::size_t>(r)];
+    const std::int64_t n = plan.local_tokens(r);
+    const ringattn::thd_view<const T> qv(s.q, n, q_heads, head_dim), kv(s.k, n, kv_heads, head_dim),
+        vv(s.v, n, kv_heads, head_dim);
+    const ringattn::thd_view<T> ov(s.out, n, q_heads, head_dim);
+    if (causal)
+      cr[r]->forward(qv, kv, vv, ov, s.lse, s.ws, s.ws_bytes, s.stream);
+    else
+      fr[r]->forward(qv, kv, vv, ov, s.lse, s.ws, s.ws_bytes, s.stream);
+    RINGATTN_CUDA_CHECK(cudaStreamSynchronize(s.stream));
+  };
+  auto all_ranks = [&] {
+    std::vector<std::thread> th;
+    for (int r = 0; r < ranks; ++r)
+      th.emplace_back(one_rank, r);
+    for (auto& t : th)
+      t.join();
+  };
+  all_ranks(); // warm-up
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    all_ranks();
+    state.SetIterationTime(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  ringattn::bench::report_flops(state, ringattn::bench::attention_forward_flops(
+                                           1, q_heads, tokens, tokens, head_dim, causal));
+  state.SetLabel(std::string(P::name) + (causal ? " causal" : " full") +
+                 ", P = " + std::to_string(ranks));
+  for (auto& s : rs) {
+    cudaFree(s.q), cudaFree(s.k), cudaFree(s.v), cudaFree(s.out), cudaFree(s.lse), cudaFree(s.ws);
+    cudaStreamDestroy(s.stream);
+  }
+  cudaFree(q), cudaFree(k), cudaFree(v);
+}
+BENCHMARK(ring_forward<ringattn::zigzag>)
+    ->ArgNames({"ranks", "causal"})
+    ->ArgsProduct({{1, 4, 8}, {1}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(3);
+BENCHMARK(ring_forward<ringattn::contiguous>)
+    ->ArgNames({"ranks", "causal"})
+    ->ArgsProduct({{1, 4, 8}, {0}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(3);
+} // namespace
+
+int main(int argc, char** argv) { return ringattn::bench::run_benchmarks(argc, argv); }
