@@ -28,6 +28,7 @@
 #include <ringattn/arguments.cuh>
 #include <ringattn/concepts.cuh>
 #include <ringattn/cuda_check.cuh>
+#include <ringattn/detail/nvtx.cuh>
 #include <ringattn/error.cuh>
 #include <ringattn/kernel/block.cuh>
 #include <ringattn/kernel/forward.cuh>
@@ -293,6 +294,7 @@ private:
         }
     }
     for (int t = 0; t < p; ++t) {
+      detail::nvtx_range range("step", t, r);
       const int src = (r - t + p) % p;
       const std::int64_t nk = plan_.local_tokens(src);
       auto [kb, vb] = block_views(buf[t % 2], nk);
@@ -353,6 +355,7 @@ private:
     RINGATTN_CUDA_CHECK(cudaEventRecord(d.own_ready, stream));
     RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(d.comm, d.own_ready, 0));
     for (int t = 0; t < p; ++t) {
+      detail::nvtx_range range("step", t, r);
       const int src = (r - t + p) % p;
       const std::int64_t nk = plan_.local_tokens(src);
       T* cur = buf[t % 2];
