@@ -18,6 +18,11 @@ class nvtx_range {
 public:
   nvtx_range(const char* what, int step, int rank) {
 #if defined(RINGATTN_DETAIL_HAS_NVTX)
+    // NVTX initialises itself lazily on the first call, racing when the ranks' threads make their
+    // first calls together (ThreadSanitizer reports it). A function-local static initialises it
+    // once, and its guard orders that before every later call on every thread.
+    static const bool initialised = (nvtxInitialize(nullptr), true);
+    (void)initialised;
     char name[64];
     std::snprintf(name, sizeof name, "ringattn %s %d (rank %d)", what, step, rank);
     nvtxRangePushA(name);
