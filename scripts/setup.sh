@@ -14,7 +14,8 @@ command -v ninja >/dev/null 2>&1 || need+=(ninja-build)
 command -v git >/dev/null 2>&1 || need+=(git)
 has_header() { for d in /usr/include /usr/local/include; do [ -f "$d/$1" ] && return 0; done; return 1; }
 has_header doctest/doctest.h || need+=(doctest-dev)
-if ! has_header benchmark/benchmark.h || ! ldconfig -p 2>/dev/null | grep -q libbenchmark; then
+libraries() { ldconfig -p 2>/dev/null || /sbin/ldconfig -p 2>/dev/null; } # /sbin: not on a user's PATH
+if ! has_header benchmark/benchmark.h || ! libraries | grep -q libbenchmark; then
   need+=(libbenchmark-dev)
 fi
 { command -v mpirun >/dev/null 2>&1 && command -v mpicxx >/dev/null 2>&1; } || need+=(libopenmpi-dev openmpi-bin)
