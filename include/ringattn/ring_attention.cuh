@@ -53,6 +53,8 @@ namespace ringattn {
 namespace detail {
 //! What every rank of a ring must agree on, compared at plan time.
 struct ring_fingerprint {
+  std::int32_t valid; // 0: this rank rejected its own arguments (the rest is then unset)
+  std::int32_t reserved = 0;
   std::int64_t tokens;
   std::uint64_t cu_seqlens_hash;
   std::uint64_t partitioner_hash;
@@ -87,8 +89,7 @@ public:
   //! functor; throws `invalid_argument` on every rank if the ranks disagree.
   ring_attention(Communicator& comm, const attention_arguments& args,
                  std::span<const std::int32_t> cu_seqlens)
-      : comm_(comm), args_(args), plan_(checked_plan(args, cu_seqlens, comm.size())) {
-    check_agreement(cu_seqlens);
+      : comm_(comm), args_(args), plan_(agreed_plan(comm, args, cu_seqlens)) {
     const int p = comm_.size(), r = comm_.rank();
     const position_window w = position_window::of(Mask::mask);
     for (int t = 0; t < p; ++t)
@@ -221,31 +222,38 @@ public:
 private:
   static std::size_t align(std::size_t n) { return (n + 255) / 256 * 256; }
 
-  static partition_plan<Partitioner> checked_plan(const attention_arguments& args,
-                                                  std::span<const std::int32_t> cu, int ranks) {
-    args.validate().throw_if_invalid();
-    return partition_plan<Partitioner>(cu, ranks);
-  }
-
-  // Every rank sends its fingerprint to every other; all compare against rank 0's, so all fail
-  // together with the same sentence.
-  void check_agreement(std::span<const std::int32_t> cu) {
-    detail::ring_fingerprint mine{
-        plan_.tokens(),
-        detail::fnv1a(cu.data(), cu.size_bytes()),
-        detail::fnv1a(Partitioner::name, std::char_traits<char>::length(Partitioner::name)),
-        comm_.size(),
-        plan_.batch(),
-        args_.q_heads,
-        args_.kv_heads,
-        args_.head_dim,
-        static_cast<std::int32_t>(Mask::mask),
-        std::bit_cast<std::uint32_t>(static_cast<float>(args_.scale()))};
-    std::vector<detail::ring_fingerprint> all(static_cast<std::size_t>(comm_.size()));
-    comm_.all_gather(&mine, sizeof mine, all.data());
-    const detail::ring_fingerprint& ref = all[0];
+  // Every rank validates its own arguments, then all exchange a fingerprint in one all-gather —
+  // also the ranks whose arguments are invalid, so that every rank fails together, at once,
+  // whether one rank rejected its arguments or the ranks disagree; nobody is left waiting.
+  static partition_plan<Partitioner> agreed_plan(Communicator& comm,
+                                                 const attention_arguments& args,
+                                                 std::span<const std::int32_t> cu) {
+    validation own = args.validate();
+    own.require(partition_plan<Partitioner>::validate(cu, comm.size()));
+    detail::ring_fingerprint mine{};
+    mine.valid = own.is_ok() ? 1 : 0;
+    if (own) {
+      mine.tokens = cu.back();
+      mine.cu_seqlens_hash = detail::fnv1a(cu.data(), cu.size_bytes());
+      mine.partitioner_hash =
+          detail::fnv1a(Partitioner::name, std::char_traits<char>::length(Partitioner::name));
+      mine.ranks = comm.size();
+      mine.batch = static_cast<std::int32_t>(cu.size()) - 1;
+      mine.q_heads = args.q_heads;
+      mine.kv_heads = args.kv_heads;
+      mine.head_dim = args.head_dim;
+      mine.mask = static_cast<std::int32_t>(Mask::mask);
+      mine.scale_bits = std::bit_cast<std::uint32_t>(static_cast<float>(args.scale()));
+    }
+    std::vector<detail::ring_fingerprint> all(static_cast<std::size_t>(comm.size()));
+    comm.all_gather(&mine, sizeof mine, all.data());
+    own.throw_if_invalid();
     validation v = validation::ok();
-    for (int r = 1; r < comm_.size() && v; ++r) {
+    for (int r = 0; r < comm.size() && v; ++r)
+      v.require(all[static_cast<std::size_t>(r)].valid == 1, "rank ", r,
+                " rejected its arguments (its own error says why)");
+    const detail::ring_fingerprint& ref = all[0];
+    for (int r = 1; r < comm.size() && v; ++r) {
       const detail::ring_fingerprint& x = all[static_cast<std::size_t>(r)];
       auto differ = [&](bool same, const char* what, auto a, auto b) {
         v.require(same, "rank ", r, " disagrees with rank 0 on ", what, " (", a, " vs ", b, ")");
@@ -265,6 +273,7 @@ private:
       differ(x.cu_seqlens_hash == ref.cu_seqlens_hash, "cu_seqlens", "other lengths", "rank 0's");
     }
     v.throw_if_invalid();
+    return partition_plan<Partitioner>(cu, comm.size());
   }
 
   template <element T>

@@ -149,3 +149,17 @@ TEST_CASE("a rank that fails validation aborts the ring: its peers stop at once 
   CHECK(message(errors[0]) ==
         "ringattn: rank 0, step 0: rank 1 aborted the ring: lse is a null pointer");
 }
+
+TEST_CASE("a rank whose own arguments are invalid makes every rank fail at once, at plan time") {
+  in_process_group group(3, std::chrono::seconds(30));
+  const std::vector<std::int32_t> cu = {0, 100};
+  const auto start = std::chrono::steady_clock::now();
+  const auto errors = on_ranks(group, [&](int r, in_process_communicator& comm) {
+    const attention_arguments a{8, 8, r == 1 ? 96 : 64, 0.0f};
+    ring_attention<zigzag, in_process_communicator, causal> attn(comm, a, cu);
+  });
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
+  CHECK(message(errors[1]) == "ringattn: head_dim 96 is not supported (supported: 64, 128, 256)");
+  CHECK(message(errors[0]) == "ringattn: rank 1 rejected its arguments (its own error says why)");
+  CHECK(message(errors[2]) == "ringattn: rank 1 rejected its arguments (its own error says why)");
+}
