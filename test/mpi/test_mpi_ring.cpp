@@ -72,3 +72,17 @@ TEST_CASE("MPI: ranks that disagree are rejected at plan time on every rank") {
           .c_str(),
       invalid_argument);
 }
+
+TEST_CASE("MPI: a rank with invalid arguments makes every rank fail at plan time") {
+  mpi_communicator comm(MPI_COMM_WORLD, std::chrono::seconds(20));
+  const int last = comm.size() - 1;
+  if (last == 0) return;
+  const std::vector<std::int32_t> cu = {0, 64};
+  const attention_arguments a{8, 8, comm.rank() == last ? 96 : 64, 0.0f};
+  const std::string expected =
+      comm.rank() == last ? "ringattn: head_dim 96 is not supported (supported: 64, 128, 256)"
+                          : "ringattn: rank " + std::to_string(last) +
+                                " rejected its arguments (its own error says why)";
+  CHECK_THROWS_WITH_AS((ring_attention<round_robin, mpi_communicator, full>(comm, a, cu)),
+                       expected.c_str(), invalid_argument);
+}
