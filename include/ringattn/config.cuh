@@ -14,12 +14,9 @@
 
 #if defined(__CUDACC__)
 #define RINGATTN_HOST_DEVICE __host__ __device__
-#define RINGATTN_DEVICE __device__
-#define RINGATTN_FORCEINLINE __forceinline__
 #else
 #define RINGATTN_HOST_DEVICE
 #define RINGATTN_DEVICE
-#define RINGATTN_FORCEINLINE inline
 #endif
 
 #if __cplusplus < 202002L && !defined(_MSVC_LANG)
