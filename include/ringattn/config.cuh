@@ -16,7 +16,6 @@
 #define RINGATTN_HOST_DEVICE __host__ __device__
 #else
 #define RINGATTN_HOST_DEVICE
-#define RINGATTN_DEVICE
 #endif
 
 #if __cplusplus < 202002L && !defined(_MSVC_LANG)
