@@ -1,38 +1,54 @@
 // The CUDA block kernel over one whole sequence (one block = the single-GPU attention), bf16,
 // batch 1, 32 query heads with 32 or 8 kv heads, head_dim 128 and 64, 2K/8K/32K tokens, full and
 // causal. "merge" merges into the fp32 state (the ring's mode); "plain" writes O and LSE directly.
+// "path": 0 the mma.sync kernel, 1 the Hopper wgmma kernel (skipped where it cannot run).
 // PyTorch SDPA's cuDNN and flash backends run at the same shapes in the same device run
 // (bench/sdpa_baseline.py).
 #include "harness.cuh"
 
 #include <ringattn/kernel/forward.cuh>
 
-#include <random>
 #include <vector>
 
 namespace {
 using T = __nv_bfloat16;
 
+// Uniform values in [-1, 1) from a counter hash, generated on the device (host generation of
+// the 32K-token tensors would dominate the benchmark's run time).
+template <class U>
+__global__ void fill_random(U* p, std::size_t n, std::uint64_t seed) {
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::size_t{gridDim.x} * blockDim.x) {
+    std::uint64_t z = (i + 1) * 0x9E3779B97F4A7C15ull ^ seed * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    p[i] = static_cast<U>(static_cast<float>(z >> 40) * (2.0f / 16777216.0f) - 1.0f);
+  }
+}
+
 template <class U>
 U* device_random(std::size_t n, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::vector<U> h(n);
-  for (auto& x : h)
-    x = ringattn::from_float<U>(u(rng));
   U* d = nullptr;
   RINGATTN_CUDA_CHECK(cudaMalloc(&d, n * sizeof(U)));
-  RINGATTN_CUDA_CHECK(cudaMemcpy(d, h.data(), n * sizeof(U), cudaMemcpyHostToDevice));
+  fill_random<<<1024, 256>>>(d, n, seed);
+  RINGATTN_CUDA_CHECK(cudaGetLastError());
   return d;
 }
 
-// range: tokens, kv_heads, head_dim, causal, merge
+// range: tokens, kv_heads, head_dim, causal, merge, path
 void block_forward(benchmark::State& state) {
   if (!ringattn::bench::require_gpu(state)) return;
   const std::int64_t s = state.range(0);
   const int q_heads = 32, kv_heads = static_cast<int>(state.range(1)),
             d = static_cast<int>(state.range(2));
   const bool causal = state.range(3) != 0, merge = state.range(4) != 0;
+  const auto path =
+      state.range(5) ? ringattn::forward_path::wgmma : ringattn::forward_path::mma_sync;
+  if (!ringattn::forward_path_available(path, d)) {
+    state.SkipWithError("the wgmma kernel cannot run here");
+    return;
+  }
   T* q = device_random<T>(static_cast<std::size_t>(s * q_heads * d), 1);
   T* k = device_random<T>(static_cast<std::size_t>(s * kv_heads * d), 2);
   T* v = device_random<T>(static_cast<std::size_t>(s * kv_heads * d), 3);
@@ -45,7 +61,7 @@ void block_forward(benchmark::State& state) {
   ringattn::block_group g{0, s, 1, {}};
   g.kv[0] = {0, s, causal ? ringattn::band{-ringattn::unbounded, 0} : ringattn::band{}};
   const std::vector<ringattn::block_group> groups{g};
-  ringattn::device_block_schedule sched(groups, s, s, d);
+  ringattn::device_block_schedule sched(groups, s, s, d, {path});
   const ringattn::attention_state st{o, lse, s, q_heads, d};
   const ringattn::block_forward_args<T> a{
       {q, s, q_heads, d}, {k, s, kv_heads, d}, {v, s, kv_heads, d}, args, st};
@@ -60,13 +76,14 @@ void block_forward(benchmark::State& state) {
   });
   ringattn::bench::report_flops(
       state, ringattn::bench::attention_forward_flops(1, q_heads, s, s, d, causal));
-  state.SetLabel(std::string(causal ? "causal" : "full") + (merge ? " merge" : " plain"));
+  state.SetLabel(std::string(ringattn::to_string(path)) + (causal ? " causal" : " full") +
+                 (merge ? " merge" : " plain"));
   cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(o), cudaFree(lse), cudaFree(out);
 }
 BENCHMARK(block_forward)
-    ->ArgNames({"tokens", "kv_heads", "head_dim", "causal", "merge"})
-    ->ArgsProduct({{2048, 8192, 32768}, {32, 8}, {128, 64}, {0, 1}, {1}})
-    ->ArgsProduct({{2048, 8192, 32768}, {32, 8}, {128}, {0, 1}, {0}})
+    ->ArgNames({"tokens", "kv_heads", "head_dim", "causal", "merge", "path"})
+    ->ArgsProduct({{2048, 8192, 32768}, {32, 8}, {128, 64}, {0, 1}, {1}, {1, 0}})
+    ->ArgsProduct({{2048, 8192, 32768}, {32, 8}, {128, 64}, {0, 1}, {0}, {1}})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond)
     ->MinTime(0.2);

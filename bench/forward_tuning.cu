@@ -33,7 +33,8 @@ void variant(benchmark::State& state) {
   ringattn::block_group g{0, s, 1, {}};
   g.kv[0] = {0, s, causal ? ringattn::band{-ringattn::unbounded, 0} : ringattn::band{}};
   const std::vector<ringattn::block_group> groups{g};
-  ringattn::device_block_schedule sched(groups, s, s, D, Tune.block_m(), Tune.block_n);
+  ringattn::device_block_schedule sched(
+      groups, s, s, D, {ringattn::forward_path::mma_sync, Tune.block_m(), Tune.block_n});
   const ringattn::attention_state st{o, lse, s, heads, D};
   const ringattn::block_forward_args<T> a{
       {q, s, heads, D}, {k, s, heads, D}, {v, s, heads, D}, {heads, heads, D, 0.0f}, st};

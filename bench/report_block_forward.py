@@ -2,7 +2,9 @@
 """Table and plot of the block-forward benchmark against PyTorch SDPA measured in the same run.
 
 usage: bench/report_block_forward.py OURS.json SDPA.json PLOT.png
-Prints a Markdown table (ours merge/plain, cuDNN, flash, ratios) and writes a TFLOP/s-vs-length plot.
+Prints a Markdown table (the wgmma kernel merged and plain, the mma.sync kernel merged, cuDNN,
+flash, ratios, merge cost) and writes a TFLOP/s-vs-length plot. Results without a "path" field
+(runs before the wgmma kernel existed) count as the mma.sync kernel.
 Needs matplotlib only for the plot.
 """
 import json
@@ -13,11 +15,13 @@ import sys
 def ours(path):
     out = {}
     for b in json.load(open(path))["benchmarks"]:
-        m = re.search(r"tokens:(\d+)/kv_heads:(\d+)/head_dim:(\d+)/causal:(\d)/merge:(\d)", b["name"])
-        if not m:
+        m = re.search(r"tokens:(\d+)/kv_heads:(\d+)/head_dim:(\d+)/causal:(\d)/merge:(\d)(?:/path:(\d))?",
+                      b["name"])
+        if not m or "TFLOP/s" not in b:
             continue
-        s, kvh, d, causal, merge = map(int, m.groups())
-        out[(s, kvh, d, bool(causal), bool(merge))] = b["TFLOP/s"] / 1e0
+        s, kvh, d, causal, merge = map(int, m.groups()[:5])
+        path = "wgmma" if m.group(6) == "1" else "mma_sync"
+        out[(s, kvh, d, bool(causal), bool(merge), path)] = b["TFLOP/s"]
     return out
 
 
@@ -31,21 +35,26 @@ def sdpa(path):
 
 def main(ours_path, sdpa_path, plot_path):
     o, t = ours(ours_path), sdpa(sdpa_path)
-    print("| tokens | kv heads | head_dim | mask | ours (merge) | ours (plain) | cuDNN | flash | ours/cuDNN | ours/flash |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| tokens | kv heads | head_dim | mask | wgmma (merge) | wgmma (plain) | mma.sync (merge) "
+          "| cuDNN | flash | wgmma/cuDNN | wgmma/flash | merge cost |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    fmt = lambda x: f"{x:.0f}" if x else "-"
     for d in (128, 64):
         for causal in (False, True):
             for kvh in (32, 8):
                 for s in (2048, 8192, 32768):
-                    m = o.get((s, kvh, d, causal, True))
-                    p = o.get((s, kvh, d, causal, False))
+                    w = o.get((s, kvh, d, causal, True, "wgmma"))
+                    wp = o.get((s, kvh, d, causal, False, "wgmma"))
+                    m = o.get((s, kvh, d, causal, True, "mma_sync"))
                     c = t.get(("cudnn", s, kvh, d, causal))
                     f = t.get(("flash", s, kvh, d, causal))
-                    if m is None:
+                    best = w or m
+                    if best is None:
                         continue
-                    fmt = lambda x: f"{x:.0f}" if x else "-"
-                    print(f"| {s} | {kvh} | {d} | {'causal' if causal else 'full'} | {m:.0f} | {fmt(p)} | "
-                          f"{fmt(c)} | {fmt(f)} | {m / c:.2f} | {m / f:.2f} |")
+                    ratio = lambda x, y: f"{x / y:.2f}" if x and y else "-"
+                    cost = f"{(1 - w / wp) * 100:.1f}%" if w and wp else "-"
+                    print(f"| {s} | {kvh} | {d} | {'causal' if causal else 'full'} | {fmt(w)} | {fmt(wp)} | "
+                          f"{fmt(m)} | {fmt(c)} | {fmt(f)} | {ratio(best, c)} | {ratio(best, f)} | {cost} |")
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -58,8 +67,10 @@ def main(ours_path, sdpa_path, plot_path):
     for ax, d in zip(axes, (128, 64)):
         for causal, style in ((False, "-"), (True, "--")):
             mask = "causal" if causal else "full"
-            ax.plot(lengths, [o[(s, 8, d, causal, True)] for s in lengths], "o" + style, color="C0",
-                    label=f"ringattn block kernel, {mask}")
+            for path, color in (("wgmma", "C0"), ("mma_sync", "C3")):
+                ys = [o.get((s, 8, d, causal, True, path)) for s in lengths]
+                if all(ys):
+                    ax.plot(lengths, ys, "o" + style, color=color, label=f"ringattn {path}, {mask}")
             ax.plot(lengths, [t[("cudnn", s, 8, d, causal)] for s in lengths], "s" + style, color="C1",
                     label=f"SDPA cuDNN, {mask}")
             ax.plot(lengths, [t[("flash", s, 8, d, causal)] for s in lengths], "^" + style, color="C2",

@@ -2,9 +2,16 @@
 # One lease of the H200 machine: probe, build (preset gpu), run every test, compute-sanitizer on
 # the GPU suite, and the benchmarks. Writes logs and JSON to $OUT (the device tool brings it back).
 # Tools missing there (doctest, Google Benchmark's library) come from a carried .device/ folder.
+#
+# RINGATTN_PREBUILT=build/h200: use a tree configured and built elsewhere for sm_90a (same source
+# path) instead of building here, and run only its gpu-labelled tests (saves device time; the
+# cpu and mpi suites run in CI). RINGATTN_BENCH_SCATTER=0 skips the scatter/gather benchmark;
+# RINGATTN_BENCH_TUNING=1 adds the mma.sync tile-shape experiments. RINGATTN_SKIP_TESTS=1 and
+# RINGATTN_SKIP_BENCH=1 split a session into two calls.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/build/device-out}"
+BUILD="${RINGATTN_PREBUILT:-build/gpu}"
 mkdir -p "$OUT"
 {
   date -u; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
@@ -23,33 +30,48 @@ if ! ldconfig -p | grep -q "libbenchmark.so"; then
           -DRINGATTN_BENCHMARK_LIBRARY="$PWD/.device/lib/libbenchmark.so")
   export LD_LIBRARY_PATH="$PWD/.device/lib:${LD_LIBRARY_PATH:-}"
 fi
-cmake --preset gpu "${extra[@]}" > "$OUT/configure.log" 2>&1 || { tail -40 "$OUT/configure.log"; exit 1; }
-cmake --build --preset gpu -j 16 > "$OUT/build.log" 2>&1 || { grep -E "error|FAILED" "$OUT/build.log" | head -40; exit 1; }
-grep -c "warning" "$OUT/build.log" | sed 's/^/build warnings: /'
+if [ -n "${RINGATTN_PREBUILT:-}" ]; then
+  # Binaries built elsewhere link the libraries carried in .device/lib (Google Benchmark, cudart).
+  export LD_LIBRARY_PATH="$PWD/.device/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+fi
+if [ "${RINGATTN_SKIP_TESTS:-0}" = 1 ]; then
+  :
+elif [ -z "${RINGATTN_PREBUILT:-}" ]; then
+  cmake --preset gpu "${extra[@]}" > "$OUT/configure.log" 2>&1 || { tail -40 "$OUT/configure.log"; exit 1; }
+  cmake --build --preset gpu -j 16 > "$OUT/build.log" 2>&1 || { grep -E "error|FAILED" "$OUT/build.log" | head -40; exit 1; }
+  grep -c "warning" "$OUT/build.log" | sed 's/^/build warnings: /'
+  ctest --test-dir "$BUILD" -j 8 --output-on-failure > "$OUT/ctest.log" 2>&1
+  echo "ctest exit $?"; tail -25 "$OUT/ctest.log"
+else
+  ctest --test-dir "$BUILD" -L gpu --output-on-failure > "$OUT/ctest.log" 2>&1
+  echo "ctest exit $?"; tail -25 "$OUT/ctest.log"
+fi
 
-ctest --test-dir build/gpu -j 8 --output-on-failure > "$OUT/ctest.log" 2>&1
-echo "ctest exit $?"; tail -25 "$OUT/ctest.log"
-
-gpu_exe=build/gpu/test/ringattn_test_gpu
-for tool in memcheck racecheck synccheck; do
+gpu_exe=$BUILD/test/ringattn_test_gpu
+[ "${RINGATTN_SKIP_TESTS:-0}" = 1 ] || for tool in memcheck racecheck synccheck; do
   echo "== compute-sanitizer --tool $tool" >> "$OUT/sanitizer.log"
   RINGATTN_TEST_SMALL=1 timeout 400 compute-sanitizer --tool $tool --error-exitcode 99 $gpu_exe --no-intro=true \
     >> "$OUT/sanitizer.log" 2>&1
   echo "compute-sanitizer $tool exit $?"
 done
-grep -E "^== compute|ERROR SUMMARY|test cases" "$OUT/sanitizer.log"
+[ -f "$OUT/sanitizer.log" ] && grep -E "^== compute|ERROR SUMMARY|test cases" "$OUT/sanitizer.log"
+[ "${RINGATTN_SKIP_BENCH:-0}" = 1 ] && exit 0
 
 # Benchmarks: ours first, then PyTorch SDPA at the same shapes, in this one lease.
-if [ -x build/gpu/bench/bench_scatter_gather ] && [ "${RINGATTN_BENCH_SCATTER:-1}" = 1 ]; then
-  build/gpu/bench/bench_scatter_gather --benchmark_out="$OUT/scatter_gather.json" \
+if [ -x $BUILD/bench/bench_scatter_gather ] && [ "${RINGATTN_BENCH_SCATTER:-1}" = 1 ]; then
+  $BUILD/bench/bench_scatter_gather --benchmark_out="$OUT/scatter_gather.json" \
     --benchmark_out_format=json 2>&1 | tail -3
 fi
-if [ -x build/gpu/bench/bench_block_forward ]; then
-  build/gpu/bench/bench_block_forward --benchmark_out="$OUT/block_forward.json" \
+if [ -x $BUILD/bench/bench_block_forward ]; then
+  $BUILD/bench/bench_block_forward --benchmark_out="$OUT/block_forward.json" \
     --benchmark_out_format=json --benchmark_counters_tabular=true 2>&1 | grep -v "^\*\*\*" | tee "$OUT/bench.txt" | cut -c1-150
 fi
-if [ -x build/gpu/bench/bench_forward_tuning ]; then
+if [ -x $BUILD/bench/bench_forward_tuning ] && [ "${RINGATTN_BENCH_TUNING:-0}" = 1 ]; then
   echo "== bench_forward_tuning" >> "$OUT/bench.txt"
-  build/gpu/bench/bench_forward_tuning 2>&1 | grep -E "^d[0-9]" | tee -a "$OUT/bench.txt" | cut -c1-40,100-150
+  $BUILD/bench/bench_forward_tuning 2>&1 | grep -E "^d[0-9]" | tee -a "$OUT/bench.txt" | cut -c1-40,100-150
+fi
+if [ -x $BUILD/bench/bench_ring_forward ]; then
+  $BUILD/bench/bench_ring_forward --benchmark_out="$OUT/ring_forward.json" \
+    --benchmark_out_format=json --benchmark_counters_tabular=true 2>&1 | grep -v "^\*\*\*" | tee "$OUT/ring.txt" | cut -c1-150
 fi
 python3 bench/sdpa_baseline.py "$OUT/sdpa.json" 2>&1 | tail -50

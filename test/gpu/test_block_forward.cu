@@ -35,10 +35,11 @@ struct device_case {
   }
   //! Runs every call, finalises into a poisoned output; returns (out, o, lse) on the host.
   std::tuple<std::vector<T>, std::vector<float>, std::vector<float>>
-  run(const std::vector<std::vector<block_group>>& calls) {
+  run(const std::vector<std::vector<block_group>>& calls,
+      forward_path path = forward_path::automatic) {
     std::vector<device_block_schedule> schedules;
     for (const auto& g : calls)
-      schedules.emplace_back(g, c.tokens(), c.tokens(), c.args.head_dim);
+      schedules.emplace_back(g, c.tokens(), c.tokens(), c.args.head_dim, schedule_options{path});
     reset(state, nullptr);
     for (const auto& s : schedules)
       block_forward(args(), s, nullptr);
@@ -60,33 +61,43 @@ constexpr double lse_tolerance = 2e-3;
 // RINGATTN_TEST_SMALL=1 (set for compute-sanitizer runs) shortens sequences and skips GQA 8.
 inline bool small_run() { return std::getenv("RINGATTN_TEST_SMALL") != nullptr; }
 
+// The kernels that can run here for a head_dim: mma_sync always, wgmma on Hopper builds/devices.
+inline std::vector<forward_path> paths_for(int head_dim) {
+  std::vector<forward_path> p{forward_path::mma_sync};
+  if (forward_path_available(forward_path::wgmma, head_dim)) p.push_back(forward_path::wgmma);
+  return p;
+}
+
 template <class T>
 void check_against_oracle(std::mt19937_64& rng) {
   for (int group : {1, 4, 8})
     for (int d : {64, 128, 256})
-      for (const band& b : test::test_bands(rng)) {
-        CAPTURE(group);
-        CAPTURE(d);
-        CAPTURE(b.lo);
-        CAPTURE(b.hi);
-        if (small_run() && group == 8) continue;
-        const attention_arguments a{8, 8 / group, d, 0.0f};
-        // Odd lengths around the tile sizes (64 keys, 128 query rows).
-        test::block_case<T> c(test::random_cu_seqlens(3, 1, small_run() ? 140 : 300, rng), a, b,
-                              rng);
-        const auto ref = c.oracle();
-        device_case<T> dc(c);
-        auto [out, o, lse] = dc.run(c.calls(1));
-        thd_view<const T> ov(out.data(), c.tokens(), a.q_heads, d);
-        const double eo =
-            test::out_error(ref, [&](auto t, int h, int e) { return to_float(ov(t, h, e)); });
-        const double el = test::lse_error(
-            ref, [&](auto t, int h) { return lse[static_cast<std::size_t>(h * c.tokens() + t)]; });
-        MESSAGE("d=" << d << " group=" << group << " band=[" << b.lo << "," << b.hi << "] out err "
-                     << eo << " lse err " << el);
-        CHECK(eo < out_tolerance<T>);
-        CHECK(el < lse_tolerance);
-      }
+      for (const band& b : test::test_bands(rng))
+        for (forward_path path : paths_for(d)) {
+          CAPTURE(group);
+          CAPTURE(d);
+          CAPTURE(b.lo);
+          CAPTURE(b.hi);
+          CAPTURE(to_string(path));
+          if (small_run() && group == 8) continue;
+          const attention_arguments a{8, 8 / group, d, 0.0f};
+          // Odd lengths around the tile sizes (64 keys, 128 query rows).
+          test::block_case<T> c(test::random_cu_seqlens(3, 1, small_run() ? 140 : 300, rng), a, b,
+                                rng);
+          const auto ref = c.oracle();
+          device_case<T> dc(c);
+          auto [out, o, lse] = dc.run(c.calls(1), path);
+          thd_view<const T> ov(out.data(), c.tokens(), a.q_heads, d);
+          const double eo =
+              test::out_error(ref, [&](auto t, int h, int e) { return to_float(ov(t, h, e)); });
+          const double el = test::lse_error(ref, [&](auto t, int h) {
+            return lse[static_cast<std::size_t>(h * c.tokens() + t)];
+          });
+          MESSAGE(to_string(path) << " d=" << d << " group=" << group << " band=[" << b.lo << ","
+                                  << b.hi << "] out err " << eo << " lse err " << el);
+          CHECK(eo < out_tolerance<T>);
+          CHECK(el < lse_tolerance);
+        }
 }
 } // namespace
 
@@ -146,6 +157,31 @@ TEST_CASE("CUDA block forward, plain output: the same values as the merged path"
   // Merging one block into an empty state is exact up to (w_a, w_b) = (0, 1): identical values.
   CHECK(std::memcmp(p.data(), out.data(), p.size() * sizeof(__half)) == 0);
   CHECK(std::memcmp(pl.data(), lse.data(), pl.size() * sizeof(float)) == 0);
+}
+
+TEST_CASE("CUDA block forward: which kernel a schedule picks") {
+  std::mt19937_64 rng(test::fresh_seed());
+  const attention_arguments a{4, 2, 128, 0.0f};
+  test::block_case<__nv_bfloat16> c({0, 130}, a, band{}, rng);
+  const auto groups = c.calls(1)[0];
+  int device = 0, major = 0;
+  RINGATTN_CUDA_CHECK(cudaGetDevice(&device));
+  RINGATTN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  device_block_schedule aut(groups, 130, 130, 128);
+  CHECK(aut.path() != forward_path::automatic);
+#if defined(RINGATTN_TEST_BUILT_FOR_SM90A)
+  if (major == 9) CHECK(aut.path() == forward_path::wgmma);
+#endif
+  CHECK(device_block_schedule(groups, 130, 130, 128, {forward_path::mma_sync}).path() ==
+        forward_path::mma_sync);
+  // head_dim 256 has no wgmma kernel: automatic falls back, an explicit request is refused.
+  CHECK(device_block_schedule(groups, 130, 130, 256).path() == forward_path::mma_sync);
+  CHECK_THROWS_WITH_AS(device_block_schedule(groups, 130, 130, 256, {forward_path::wgmma}),
+                       "ringattn: the wgmma block kernel takes head_dim 64 or 128 (got 256)",
+                       invalid_argument);
+  if (!forward_path_available(forward_path::wgmma, 128))
+    CHECK_THROWS_AS(device_block_schedule(groups, 130, 130, 128, {forward_path::wgmma}),
+                    invalid_argument);
 }
 
 TEST_CASE("CUDA block forward rejects bad input before launching anything") {

@@ -113,6 +113,89 @@ __device__ __forceinline__ void load_tile(T* s, const T* g, std::int64_t stride,
   }
 }
 
+//! The K/V tiles (of `BN` keys) one row tile of a group visits: those of key segment 0, then
+//! those of segment 1. Both segments are held in named members and picked with selects: an array
+//! indexed with a run-time segment number would live in local memory.
+template <int BN>
+struct kv_walk {
+  static_assert(max_blocks_per_group == 2, "the kernels walk at most two key segments per group");
+  kv_block kv0, kv1;
+  tile_trips t0, t1;
+  int first, total; // tiles of segment 0, of both
+
+  __device__ __forceinline__ kv_walk(const block_group& g, std::int64_t row0, int rows)
+      : kv0(g.kv[0]), kv1(g.kv[1]) {
+    const tile_trips none{0, 0, 0, 0};
+    t0 = g.count > 0 ? kv0.mask.kv_tiles(row0, row0 + rows, kv0.kv_count, BN) : none;
+    t1 = g.count > 1 ? kv1.mask.kv_tiles(row0, row0 + rows, kv1.kv_count, BN) : none;
+    first = static_cast<int>(t0.end - t0.begin);
+    total = first + static_cast<int>(t1.end - t1.begin);
+  }
+  //! Iteration `it` visits tile `j` of segment `second ? 1 : 0`.
+  __device__ __forceinline__ void tile(int it, bool& second, std::int64_t& j) const {
+    second = it >= first;
+    j = second ? t1.begin + (it - first) : t0.begin + it;
+  }
+  //! Keys of a segment, its first row in the K/V block, its band.
+  __device__ __forceinline__ std::int64_t count(bool second) const {
+    return second ? kv1.kv_count : kv0.kv_count;
+  }
+  __device__ __forceinline__ std::int64_t begin(bool second) const {
+    return second ? kv1.kv_begin : kv0.kv_begin;
+  }
+  __device__ __forceinline__ band mask(bool second) const { return second ? kv1.mask : kv0.mask; }
+  //! Keys in tile j (BN but for a segment's last tile).
+  __device__ __forceinline__ int valid(bool second, std::int64_t j) const {
+    const std::int64_t left = count(second) - j * BN;
+    return static_cast<int>(left < BN ? left : BN);
+  }
+  //! Whether tile j needs the band and bounds predicate (it is on a band edge or ragged).
+  __device__ __forceinline__ bool needs_mask(bool second, std::int64_t j) const {
+    const std::int64_t lo = second ? t1.unmasked_begin : t0.unmasked_begin;
+    const std::int64_t hi = second ? t1.unmasked_end : t0.unmasked_end;
+    return j < lo || j >= hi || (j + 1) * BN > count(second);
+  }
+};
+
+//! Finishes one query row of a block-forward thread block, in the m16n8 accumulator layout (a
+//! quad of lanes holds a row; `acc(t, x)` is element x of this lane's pair in the row's 8-column
+//! tile t of the unnormalised output): reduces the row sum across the quad, then merges the
+//! block's (o, lse) into the state (`Merge`) or writes them plainly. `m` is the row's running
+//! max in log2 units, `l` this lane's part of its sum. Every lane of the quad must call it.
+template <class T, int D, bool Merge, class Acc>
+__device__ __forceinline__ void finish_row(const forward_params<T>& p, int h, std::int64_t row,
+                                           bool live, float m, float l, int lane, Acc acc) {
+  constexpr float ln2 = 0.6931471805599453f, neg_inf = -__builtin_huge_valf();
+  float sum = l;
+  sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+  sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+  const float lse_b = sum > 0.0f ? (m + __log2f(sum)) * ln2 : neg_inf;
+  const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+  if constexpr (Merge) {
+    float* lse_p = p.state.lse + h * p.state.tokens + row;
+    const float lse_s = live ? *lse_p : neg_inf;
+    __syncwarp(); // every lane of the quad has read lse before one of them rewrites it
+    const merge_weights w = merge_lse(lse_s, lse_b);
+    if (live) {
+      float* o = p.state.o_row(row, h) + (lane & 3) * 2;
+#pragma unroll
+      for (int t = 0; t < D / 8; ++t) {
+        float2 old = *reinterpret_cast<float2*>(o + t * 8);
+        old.x = old.x * w.wa + acc(t, 0) * inv * w.wb;
+        old.y = old.y * w.wa + acc(t, 1) * inv * w.wb;
+        *reinterpret_cast<float2*>(o + t * 8) = old;
+      }
+      if ((lane & 3) == 0) *lse_p = w.lse;
+    }
+  } else if (live) {
+    T* o = p.out + (row * p.q_heads + h) * D + (lane & 3) * 2;
+#pragma unroll
+    for (int t = 0; t < D / 8; ++t)
+      *reinterpret_cast<std::uint32_t*>(o + t * 8) = pack2<T>(acc(t, 0) * inv, acc(t, 1) * inv);
+    if ((lane & 3) == 0) p.lse_out[h * p.q_tokens + row] = lse_b;
+  }
+}
+
 // The tuning arrives as plain integers: nvcc's host stubs cannot spell class-type template
 // arguments. Each warp owns MT row tiles of 16 rows; the thread block owns BM = 16 * MT * Warps.
 template <class T, int D, int Warps, int MT, int BN, bool QInRegisters, bool Merge>
@@ -138,29 +221,10 @@ __global__ void __launch_bounds__(Warps * 32, Warps == 4 && D <= 128 ? 2 : 1)
   const std::int64_t row0 = tile.row_begin; // first row of this tile within the group
   const int rows_valid = static_cast<int>(g.q_count - row0 < BM ? g.q_count - row0 : BM);
 
-  // KV tiles to visit, per key segment of the group, and which of them need the band predicate.
-  // Both segments are held in named variables and picked with selects: indexing an array with a
-  // run-time segment number would put it in local memory.
-  static_assert(max_blocks_per_group == 2, "the kernel walks at most two key segments per group");
-  const kv_block kv0 = g.kv[0], kv1 = g.kv[1];
-  const tile_trips none{0, 0, 0, 0};
-  const tile_trips t0 =
-      g.count > 0 ? kv0.mask.kv_tiles(row0, row0 + rows_valid, kv0.kv_count, BN) : none;
-  const tile_trips t1 =
-      g.count > 1 ? kv1.mask.kv_tiles(row0, row0 + rows_valid, kv1.kv_count, BN) : none;
-  const int first = static_cast<int>(t0.end - t0.begin);
-  const int total = first + static_cast<int>(t1.end - t1.begin);
-  // Iteration `it` visits KV tile `j` of segment `second ? 1 : 0`.
-  auto tile_of = [&](int it, bool& second, std::int64_t& j) {
-    second = it >= first;
-    j = second ? t1.begin + (it - first) : t0.begin + it;
-  };
+  const kv_walk<BN> walk(g, row0, rows_valid);
+  const int total = walk.total;
   auto kv_base = [&](bool second, std::int64_t j, const T* base, std::int64_t ts, std::int64_t hs) {
-    return base + ((second ? kv1.kv_begin : kv0.kv_begin) + j * BN) * ts + kvh * hs;
-  };
-  auto kv_valid = [&](bool second, std::int64_t j) {
-    const std::int64_t left = (second ? kv1.kv_count : kv0.kv_count) - j * BN;
-    return static_cast<int>(left < BN ? left : BN);
+    return base + (walk.begin(second) + j * BN) * ts + kvh * hs;
   };
 
   // Q tile and the first K/V tile.
@@ -169,11 +233,11 @@ __global__ void __launch_bounds__(Warps * 32, Warps == 4 && D <= 128 ? 2 : 1)
   if (total > 0) {
     bool b;
     std::int64_t j;
-    tile_of(0, b, j);
+    walk.tile(0, b, j);
     load_tile<BN, D, Threads>(sK, kv_base(b, j, p.k, p.k_token_stride, p.k_head_stride),
-                              p.k_token_stride, kv_valid(b, j));
+                              p.k_token_stride, walk.valid(b, j));
     load_tile<BN, D, Threads>(sV, kv_base(b, j, p.v, p.v_token_stride, p.v_head_stride),
-                              p.v_token_stride, kv_valid(b, j));
+                              p.v_token_stride, walk.valid(b, j));
   }
   cp_async_commit();
 
@@ -197,19 +261,19 @@ __global__ void __launch_bounds__(Warps * 32, Warps == 4 && D <= 128 ? 2 : 1)
     __syncthreads(); // tile `it` landed; every warp is done with the buffer refilled below
     bool b;
     std::int64_t j;
-    tile_of(it, b, j);
+    walk.tile(it, b, j);
     const std::uint32_t cK = aK + (it & 1) * (BN * D * elem);
     const std::uint32_t cV = aV + (it & 1) * (BN * D * elem);
     if (it + 1 < total) {
       bool nb;
       std::int64_t nj;
-      tile_of(it + 1, nb, nj);
+      walk.tile(it + 1, nb, nj);
       T* dK = sK + ((it + 1) & 1) * BN * D;
       T* dV = sV + ((it + 1) & 1) * BN * D;
       load_tile<BN, D, Threads>(dK, kv_base(nb, nj, p.k, p.k_token_stride, p.k_head_stride),
-                                p.k_token_stride, kv_valid(nb, nj));
+                                p.k_token_stride, walk.valid(nb, nj));
       load_tile<BN, D, Threads>(dV, kv_base(nb, nj, p.v, p.v_token_stride, p.v_head_stride),
-                                p.v_token_stride, kv_valid(nb, nj));
+                                p.v_token_stride, walk.valid(nb, nj));
     }
     cp_async_commit();
     if constexpr (QInRegisters) {
@@ -258,12 +322,9 @@ __global__ void __launch_bounds__(Warps * 32, Warps == 4 && D <= 128 ? 2 : 1)
     }
 
     // Band and bounds mask: only tiles outside the unmasked range or past the last key.
-    const std::int64_t count = b ? kv1.kv_count : kv0.kv_count;
-    const tile_trips tr = b ? t1 : t0;
-    const bool banded = j < tr.unmasked_begin || j >= tr.unmasked_end;
-    const bool ragged = (j + 1) * BN > count;
-    if (banded || ragged) {
-      const band bd = b ? kv1.mask : kv0.mask;
+    if (walk.needs_mask(b, j)) {
+      const std::int64_t count = walk.count(b);
+      const band bd = walk.mask(b);
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -338,43 +399,13 @@ __global__ void __launch_bounds__(Warps * 32, Warps == 4 && D <= 128 ? 2 : 1)
   cp_async_wait_all();
 
   // The block's (o, lse) per row, then merge into the state (or write it plainly).
-  constexpr float ln2 = 0.6931471805599453f;
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      float sum = l[mt][r];
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
       const int local = wrow + mt * 16 + (lane >> 2) + r * 8;
-      const bool live = local < rows_valid;
-      const std::int64_t row = g.q_begin + row0 + local;
-      const float lse_b = sum > 0.0f ? (m[mt][r] + __log2f(sum)) * ln2 : neg_inf;
-      const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-      if constexpr (Merge) {
-        float* lse_p = p.state.lse + h * p.state.tokens + row;
-        const float lse_s = live ? *lse_p : neg_inf;
-        __syncwarp(); // every lane of the quad has read lse before one of them rewrites it
-        const merge_weights w = merge_lse(lse_s, lse_b);
-        if (live) {
-          float* o = p.state.o_row(row, h) + (lane & 3) * 2;
-#pragma unroll
-          for (int t = 0; t < DTiles; ++t) {
-            float2 old = *reinterpret_cast<float2*>(o + t * 8);
-            old.x = old.x * w.wa + acc[mt][t][2 * r] * inv * w.wb;
-            old.y = old.y * w.wa + acc[mt][t][2 * r + 1] * inv * w.wb;
-            *reinterpret_cast<float2*>(o + t * 8) = old;
-          }
-          if ((lane & 3) == 0) *lse_p = w.lse;
-        }
-      } else if (live) {
-        T* o = p.out + (row * p.q_heads + h) * D + (lane & 3) * 2;
-#pragma unroll
-        for (int t = 0; t < DTiles; ++t)
-          *reinterpret_cast<std::uint32_t*>(o + t * 8) =
-              pack2<T>(acc[mt][t][2 * r] * inv, acc[mt][t][2 * r + 1] * inv);
-        if ((lane & 3) == 0) p.lse_out[h * p.q_tokens + row] = lse_b;
-      }
+      finish_row<T, D, Merge>(p, h, g.q_begin + row0 + local, local < rows_valid, m[mt][r],
+                              l[mt][r], lane, [&](int t, int x) { return acc[mt][t][2 * r + x]; });
     }
 }
 

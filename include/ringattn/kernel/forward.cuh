@@ -21,6 +21,7 @@
 
 #include <ringattn/cuda_check.cuh>
 #include <ringattn/detail/forward_kernel.cuh>
+#include <ringattn/detail/forward_kernel_sm90.cuh>
 #include <ringattn/kernel/forward_args.cuh>
 #include <ringattn/kernel/tuning.cuh>
 
@@ -29,25 +30,81 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <mutex>
 #include <span>
 #include <utility>
 #include <vector>
 
 namespace ringattn {
 
+//! Options of a `device_block_schedule`.
+struct schedule_options {
+  forward_path path = forward_path::automatic;
+  //! Tile-shape experiments of the mma_sync kernel only (bench/forward_tuning.cu): rows per work
+  //! tile and keys per K/V tile used for the work estimate; 0 = the tuned shape. A schedule made
+  //! with another row count is rejected by `block_forward`.
+  int block_m = 0;
+  int block_n = 0;
+};
+
+} // namespace ringattn
+
+RINGATTN_ABI_BEGIN
+
+#if defined(__CUDACC__)
+namespace kernels {
+//! Whether the wgmma kernels of this build can run on the current device: an sm_90a image was
+//! compiled and the device picks it. Asked once per device (a probe launch and a synchronous copy,
+//! at plan time), then cached.
+inline bool wgmma_available() {
+  int device = 0;
+  RINGATTN_CUDA_CHECK(cudaGetDevice(&device));
+  constexpr int max_devices = 64;
+  static std::mutex mutex;
+  static int known[max_devices] = {}; // 0 unknown, 1 no, 2 yes
+  std::lock_guard lock(mutex);
+  if (device < 0 || device >= max_devices) return false;
+  if (known[device] == 0) {
+    int major = 0;
+    RINGATTN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    int yes = 0;
+    if (major == 9) {
+      int* flag = nullptr;
+      RINGATTN_CUDA_CHECK(cudaMalloc(&flag, sizeof(int)));
+      kernels::sm90_probe_kernel<<<1, 1>>>(flag);
+      cudaError_t e = cudaGetLastError();
+      if (e == cudaSuccess) e = cudaMemcpy(&yes, flag, sizeof(int), cudaMemcpyDeviceToHost);
+      cudaFree(flag);
+      // No sm_90a image and no PTX to JIT from: the probe cannot launch, so no wgmma either.
+      if (e == cudaErrorNoKernelImageForDevice || e == cudaErrorInvalidDeviceFunction) {
+        yes = 0;
+      } else {
+        RINGATTN_CUDA_CHECK(e);
+      }
+    }
+    known[device] = yes ? 2 : 1;
+  }
+  return known[device] == 2;
+}
+} // namespace kernels
+#endif
+
 //! Work tiles of one (Q shard, K/V block) layout for the CUDA kernel, on the device.
 class device_block_schedule {
 public:
   //! Validates `groups` against the shard sizes and lays out tiles of the kernel's row count for
   //! `head_dim`, heaviest first (so the longest tiles of a causal block start first).
-  //! `block_m` and `block_n` override the kernel's tuned tile (tile-shape experiments only; a
-  //! schedule made with other values is rejected by `block_forward`).
+  //! Also resolves which kernel runs (`options.path`; the current device is asked once). Throws
+  //! `invalid_argument` for a path that cannot run here.
   device_block_schedule(std::span<const block_group> groups, std::int64_t q_tokens,
-                        std::int64_t kv_tokens, int head_dim, int block_m = 0, int block_n = 0)
+                        std::int64_t kv_tokens, int head_dim, schedule_options options = {})
       : groups_(groups.begin(), groups.end()), q_tokens_(q_tokens), kv_tokens_(kv_tokens),
-        head_dim_(head_dim), block_m_(block_m > 0 ? block_m : tuned_block_m(head_dim)) {
+        head_dim_(head_dim) {
     validate_groups(groups, q_tokens, kv_tokens).throw_if_invalid();
-    const int bm = block_m_, bn = block_n > 0 ? block_n : tuned_block_n(head_dim);
+    path_ = resolve(options.path, head_dim);
+    block_m_ = options.block_m > 0 ? options.block_m : tuned_block_m(head_dim, path_);
+    const int bm = block_m_,
+              bn = options.block_n > 0 ? options.block_n : tuned_block_n(head_dim, path_);
     struct weighted {
       std::int64_t work;
       std::int32_t group, row;
@@ -90,24 +147,28 @@ public:
   }
   device_block_schedule(device_block_schedule&& o) noexcept
       : groups_(std::move(o.groups_)), q_tokens_(o.q_tokens_), kv_tokens_(o.kv_tokens_),
-        head_dim_(o.head_dim_), block_m_(o.block_m_), tile_count_(o.tile_count_),
+        head_dim_(o.head_dim_), path_(o.path_), block_m_(o.block_m_), tile_count_(o.tile_count_),
         work_tiles_(o.work_tiles_), memory_(std::exchange(o.memory_, nullptr)),
         groups_device_(o.groups_device_), tiles_device_(o.tiles_device_) {}
   device_block_schedule(const device_block_schedule&) = delete;
   device_block_schedule& operator=(const device_block_schedule&) = delete;
   device_block_schedule& operator=(device_block_schedule&&) = delete;
 
-  //! Query rows per thread block and keys per K/V tile of the tuned kernel for a head_dim.
-  static int tuned_block_m(int head_dim) {
+  //! Query rows per thread block and keys per K/V tile of a kernel for a head_dim.
+  static int tuned_block_m(int head_dim, forward_path path) {
+    if (path == forward_path::wgmma) return 128;
     return head_dim == 64    ? forward_tuning_for<64>.block_m()
            : head_dim == 128 ? forward_tuning_for<128>.block_m()
                              : forward_tuning_for<256>.block_m();
   }
-  static int tuned_block_n(int head_dim) {
+  static int tuned_block_n(int head_dim, forward_path path) {
+    if (path == forward_path::wgmma) return 128;
     return head_dim == 64    ? forward_tuning_for<64>.block_n
            : head_dim == 128 ? forward_tuning_for<128>.block_n
                              : forward_tuning_for<256>.block_n;
   }
+  //! The kernel this schedule's launches run (never `automatic`).
+  forward_path path() const noexcept { return path_; }
   //! Query rows per work tile of this schedule.
   int block_m() const noexcept { return block_m_; }
   std::span<const block_group> groups() const noexcept { return groups_; }
@@ -125,12 +186,43 @@ private:
   std::vector<block_group> groups_;
   std::int64_t q_tokens_, kv_tokens_;
   int head_dim_;
-  int block_m_;
+  forward_path path_ = forward_path::mma_sync;
+  int block_m_ = 0;
   std::int64_t tile_count_ = 0, work_tiles_ = 0;
   void* memory_ = nullptr;
   block_group* groups_device_ = nullptr;
   work_tile* tiles_device_ = nullptr;
+
+  static forward_path resolve(forward_path want, int head_dim) {
+    if (want == forward_path::mma_sync) return want;
+    const bool dim_ok = head_dim == 64 || head_dim == 128;
+#if defined(__CUDACC__)
+    const bool here = dim_ok && kernels::wgmma_available();
+#else
+    const bool here = false; // the wgmma kernels exist only in CUDA translation units
+#endif
+    if (want == forward_path::wgmma && !here)
+      throw invalid_argument(
+          dim_ok ? "ringattn: the wgmma block kernel needs code built for sm_90a (CMake CUDA "
+                   "architecture 90a) running on a compute capability 9.0 device"
+                 : "ringattn: the wgmma block kernel takes head_dim 64 or 128 (got " +
+                       std::to_string(head_dim) + ")");
+    return here ? forward_path::wgmma : forward_path::mma_sync;
+  }
 };
+
+#if defined(__CUDACC__)
+//! Whether `path` can run on the current device for `head_dim` (`automatic` and `mma_sync`:
+//! always; `wgmma`: an sm_90a image on a compute capability 9.0 device, head_dim 64 or 128).
+inline bool forward_path_available(forward_path path, int head_dim) {
+  if (path != forward_path::wgmma) return true;
+  return (head_dim == 64 || head_dim == 128) && kernels::wgmma_available();
+}
+#endif
+
+RINGATTN_ABI_END
+
+namespace ringattn {
 
 //! The device-specific checks on top of `validate_block_forward`: dtype, head_dim, 16-byte
 //! alignment, and a schedule made for these shapes.
@@ -149,9 +241,10 @@ validation validate_device_forward(const block_forward_args<T>& a, const device_
             "8 elements");
   r.require(reinterpret_cast<std::uintptr_t>(a.state.o) % 16 == 0,
             "the state's o must be 16-byte aligned");
-  r.require(s.block_m() == device_block_schedule::tuned_block_m(a.args.head_dim),
-            "the schedule's tiles have ", s.block_m(), " rows; the kernel for head_dim ",
-            a.args.head_dim, " takes ", device_block_schedule::tuned_block_m(a.args.head_dim));
+  r.require(s.block_m() == device_block_schedule::tuned_block_m(a.args.head_dim, s.path()),
+            "the schedule's tiles have ", s.block_m(), " rows; the ", to_string(s.path()),
+            " kernel for head_dim ", a.args.head_dim, " takes ",
+            device_block_schedule::tuned_block_m(a.args.head_dim, s.path()));
   r.require(s.q_tokens() == a.q.tokens && s.kv_tokens() == a.k.tokens &&
                 s.head_dim() == a.args.head_dim,
             "the schedule was made for ", s.q_tokens(), " query and ", s.kv_tokens(),
@@ -167,12 +260,36 @@ void launch_block_forward(const kernels::forward_params<T>& p, const device_bloc
                           cudaStream_t stream) {
   if (s.tiles() == 0 || p.q_heads == 0) return;
   constexpr int smem = kernels::forward_smem_bytes<T, D>(Tune);
+  const dim3 grid(static_cast<unsigned>(s.tiles()), static_cast<unsigned>(p.q_heads));
+  if constexpr (D == 64 || D == 128) {
+    if (s.path() == forward_path::wgmma) {
+      constexpr int bytes = kernels::sm90_smem_bytes<T, D>();
+      auto* kernel = &kernels::block_forward_sm90_kernel<T, D, kernels::sm90_block_n<D>, Merge>;
+      // The warpgroups trade registers (setmaxnreg: 24 producer, 240 consumers), which balances
+      // only if the kernel starts with 65536 / 384 = 168 a thread; fewer (-maxrregcount) would
+      // leave the consumers waiting for registers forever.
+      static const int registers = [&] {
+        cudaFuncAttributes attr{};
+        RINGATTN_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+        return attr.numRegs;
+      }();
+      if (registers != kernels::sm90_registers)
+        throw error("ringattn: the wgmma block kernel was compiled with " +
+                    std::to_string(registers) + " registers a thread instead of " +
+                    std::to_string(kernels::sm90_registers) +
+                    " (is -maxrregcount set?); use forward_path::mma_sync");
+      RINGATTN_CUDA_CHECK(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+      kernel<<<grid, kernels::sm90_threads, bytes, stream>>>(p);
+      RINGATTN_CUDA_CHECK_LAUNCH();
+      return;
+    }
+  }
   auto* kernel = &kernels::block_forward_kernel<T, D, Tune.warps, Tune.m_tiles, Tune.block_n,
                                                 Tune.q_in_registers, Merge>;
   RINGATTN_CUDA_CHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  kernel<<<dim3(static_cast<unsigned>(s.tiles()), static_cast<unsigned>(p.q_heads)), Tune.threads(),
-           smem, stream>>>(p);
+  kernel<<<grid, Tune.threads(), smem, stream>>>(p);
   RINGATTN_CUDA_CHECK_LAUNCH();
 }
 

@@ -13,6 +13,21 @@
 
 namespace ringattn {
 
+//! Which CUDA implementation of the block forward runs.
+//! - `mma_sync`: the FlashAttention-2 style kernel (mma.sync m16n8k16; sm_80 and newer; head_dim
+//!   64, 128, 256), shapes from `forward_tuning_for`.
+//! - `wgmma`: the Hopper kernel (warpgroup MMA; needs code built for sm_90a running on a compute
+//!   capability 9.0 device; head_dim 64 and 128).
+//! - `automatic`: `wgmma` where it can run, else `mma_sync`. Resolved once, when a
+//!   `device_block_schedule` is made.
+enum class forward_path { automatic, mma_sync, wgmma };
+
+inline const char* to_string(forward_path p) {
+  return p == forward_path::automatic  ? "automatic"
+         : p == forward_path::mma_sync ? "mma_sync"
+                                       : "wgmma";
+}
+
 struct forward_tuning {
   int warps;
   int m_tiles;

@@ -1,0 +1,330 @@
+#pragma once
+//! \file
+//! The Hopper (sm_90a) block-forward kernel: the same contract and epilogue as the mma.sync
+//! kernel in forward_kernel.cuh, with both matrix products on warpgroup MMA (wgmma.mma_async).
+//!
+//! A thread block is three warpgroups (FlashAttention-3's structure, with cp.async instead of TMA):
+//! - a producer warpgroup (24 registers a thread) copies Q once and then each K/V tile into one
+//!   of `sm90_stages` shared stages; `full[stage]` (an mbarrier its cp.async completions arrive
+//!   on) says a tile landed, `empty[stage]` (the consumers arrive) that it may be overwritten;
+//! - two consumer warpgroups (240 registers) own 64 query rows each (128 a block: the work tiles
+//!   of the mma.sync kernel). Per K/V tile of `BN` keys:
+//!   S = Q K^T with A (Q) and B (K) from shared memory, D/16 instructions m64nBNk16;
+//!   O += P V with A (P) in registers — the scores packed to 16 bits are exactly wgmma's A
+//!   fragment — and B (V) read N-major from shared memory, BN/16 instructions m64nDk16.
+//! Overlap: the two consumer warpgroups issue their products in turn (ping-pong through named
+//! barriers), so one warpgroup's softmax (ALU and MUFU) runs while the other's products are on
+//! the tensor cores. Within a warpgroup, S_j and P_{j-1} V_{j-1} are issued together and P is
+//! packed to 16 bits only after P V is waited for (packing earlier lets the register allocator
+//! reuse P's registers while the product still reads them, and ptxas then serialises every
+//! wgmma). Shared tiles are 64-column panels in the 128-byte swizzled layout wgmma reads.
+//!
+//! What bounds it (ncu, H200): the producer. Its first version computed each copy's swizzled
+//! address from scratch (~20 instructions a 16-byte copy) and the consumers spent a third of
+//! their time waiting on `full`: 308 TFLOP/s at 8K tokens, head_dim 128. `produce_tile` walks
+//! rows with constant offsets instead (4 instructions a copy): 450.
+
+#include <ringattn/detail/forward_kernel.cuh>
+#include <ringattn/detail/wgmma.cuh>
+
+#if defined(__CUDACC__)
+
+RINGATTN_ABI_BEGIN
+namespace kernels {
+
+//! Copies rows [0, Rows) of a [tokens, D] global slice into a panelled swizzled tile with the 128
+//! threads of the producer warpgroup (`tid` 0..127); rows >= valid are zero-filled. Thread `tid`
+//! always copies chunk tid % (D/8) of rows tid / (D/8) + k * (1024/D): the swizzled offset then
+//! only moves by a constant per row step, so each copy costs a few instructions (the producer has
+//! 24 registers a thread and must keep ahead of two consumer warpgroups).
+template <int Rows, int D, class T>
+__device__ __forceinline__ void produce_tile(std::uint32_t s, const T* g, std::int64_t stride,
+                                             int valid, int tid) {
+  constexpr int chunks = D / 8, step = 128 / chunks;
+  static_assert(step % 8 == 0 && Rows % step == 0);
+  const int ch = tid % chunks, r0 = tid / chunks;
+  const std::uint32_t dst =
+      s + 2 * ((ch >> 3) * Rows * 64 + r0 * 64 + (((ch & 7) ^ (r0 & 7)) << 3));
+  const T* src = g + r0 * stride + ch * 8;
+#pragma unroll 2
+  for (int k = 0; k < Rows / step; ++k) {
+    const bool ok = r0 + k * step < valid;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst + k * step * 128),
+                 "l"(ok ? src + k * step * stride : g), "r"(ok ? 16 : 0));
+  }
+}
+
+//! Query rows of one thread block of the Hopper kernel (two consumer warpgroups of 64 rows),
+//! its threads (plus one producer warpgroup) and its K/V pipeline depth.
+inline constexpr int sm90_block_m = 128;
+inline constexpr int sm90_threads = 384;
+//! Registers a thread at launch (65536 / 384, rounded down to a multiple of 8): the setmaxnreg
+//! hand-over (producer 24, consumers 240) is balanced for exactly this count.
+inline constexpr int sm90_registers = 168;
+//! K/V stages: as many as fit next to Q in 227 KB of shared memory.
+template <int D>
+inline constexpr int sm90_stages = D == 64 ? 5 : 3;
+
+//! Keys per K/V tile of the Hopper kernel.
+template <int D>
+inline constexpr int sm90_block_n = 128;
+
+//! Dynamic shared memory of one thread block: Q and `sm90_stages` K and V tiles, plus 1 KB to
+//! align the base for the swizzle pattern.
+template <class T, int D>
+constexpr int sm90_smem_bytes() {
+  return (sm90_block_m + 2 * sm90_stages<D> * sm90_block_n<D>)*D * static_cast<int>(sizeof(T)) +
+         1024;
+}
+
+template <class T, int D, int BN, bool Merge>
+__global__ void __launch_bounds__(sm90_threads, 1) block_forward_sm90_kernel(forward_params<T> p) {
+#if RINGATTN_WGMMA_ENABLED
+  constexpr int BM = sm90_block_m, Stages = sm90_stages<D>;
+  constexpr int NTiles = BN / 8; // 8-column tiles of S (4 accumulators a thread each)
+  constexpr int DTiles = D / 8;  // 8-column tiles of O
+  constexpr float neg_inf = -__builtin_huge_valf();
+  static_assert(sizeof(T) == 2 && (BN == 64 || BN == 128) && (D == 64 || D == 128));
+  constexpr std::uint32_t q_bytes = BM * D * 2, kv_bytes = BN * D * 2;
+
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  __shared__ alignas(8) std::uint64_t bars[2 * Stages]; // full[Stages], empty[Stages]
+  const std::uint32_t raw = smem_address(smem_raw);
+  const std::uint32_t pad = (1024u - (raw & 1023u)) & 1023u; // swizzle atoms start 1 KB aligned
+  const std::uint32_t aQ = raw + pad; // stage s: K at aQ + q_bytes + s * 2 * kv_bytes, then V
+  const std::uint32_t full0 = smem_address(&bars[0]), empty0 = smem_address(&bars[Stages]);
+
+  const work_tile tile = p.tiles[blockIdx.x];
+  const block_group g = p.groups[tile.group];
+  const int h = blockIdx.y, kvh = h / p.group_size;
+  // Broadcast from lane 0: the compiler then knows it is warp-uniform and keeps everything derived
+  // from it (descriptors, barrier ids) in uniform registers.
+  const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x >> 7), 0);
+  const std::int64_t row0 = tile.row_begin;
+  const int rows_valid = static_cast<int>(g.q_count - row0 < BM ? g.q_count - row0 : BM);
+
+  const kv_walk<BN> walk(g, row0, rows_valid);
+  const int total = walk.total;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < Stages; ++s) {
+      mbarrier_init(full0 + 8 * s, 128);  // every producer thread's copies
+      mbarrier_init(empty0 + 8 * s, 256); // every consumer thread
+    }
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ---- producer: Q, then K/V tile t into stage t % Stages once tile t - Stages is released.
+    setmaxnreg_dec<24>();
+    if (total > 0) {
+      const int tid = static_cast<int>(threadIdx.x);
+      produce_tile<BM, D>(aQ, p.q + (g.q_begin + row0) * p.q_token_stride + h * p.q_head_stride,
+                          p.q_token_stride, rows_valid, tid);
+      for (int t = 0; t < total; ++t) {
+        const int stage = t % Stages;
+        if (t >= Stages) mbarrier_wait(empty0 + 8 * stage, ((t / Stages) - 1) & 1);
+        bool b;
+        std::int64_t j;
+        walk.tile(t, b, j);
+        const std::int64_t start = walk.begin(b) + j * BN;
+        const int valid = walk.valid(b, j);
+        const std::uint32_t k = aQ + q_bytes + stage * 2 * kv_bytes;
+        produce_tile<BN, D>(k, p.k + start * p.k_token_stride + kvh * p.k_head_stride,
+                            p.k_token_stride, valid, tid);
+        produce_tile<BN, D>(k + kv_bytes, p.v + start * p.v_token_stride + kvh * p.v_head_stride,
+                            p.v_token_stride, valid, tid);
+        cp_async_mbarrier_arrive(full0 + 8 * stage);
+      }
+    }
+    cp_async_wait_all();
+    return;
+  }
+
+  // ---- consumers
+  setmaxnreg_inc<240>();
+  const int cw = wg - 1;                               // consumer warpgroup 0 or 1
+  const int ctid = threadIdx.x - 128;                  // 0..255
+  const int lane = ctid & 31, wrow = (ctid >> 5) * 16; // first row of this warp in the tile
+
+  // Descriptors. Q: this warpgroup's 64 rows of panel kk / 4, k-step kk % 4 (32 bytes) within
+  // it. K: all BN rows, the same k-steps. V: k-step kk is 16 rows (2 KB) down; N = D spans the
+  // panels, BN * 128 bytes apart.
+  // A descriptor's address field is bits 0-13 of (address >> 4); every operand lies below 256 KB,
+  // so stepping a base descriptor by (bytes >> 4) never carries out of the field.
+  const std::uint64_t q_base = sw128_descriptor(aQ + cw * (64 * 128), 16);
+  const std::uint64_t kv_base = sw128_descriptor(aQ + q_bytes, 16);
+  const std::uint64_t v_lbo = sw128_descriptor(0, BN * 128) - sw128_descriptor(0, 16);
+  auto q_desc = [&](int kk) { return q_base + (((kk >> 2) * (BM * 128) + (kk & 3) * 32) >> 4); };
+  auto k_desc = [&](int stage, int kk) {
+    return kv_base + ((stage * 2 * kv_bytes + (kk >> 2) * (BN * 128) + (kk & 3) * 32) >> 4);
+  };
+  auto v_desc = [&](int stage, int kk) {
+    return kv_base + v_lbo + ((stage * 2 * kv_bytes + kv_bytes + kk * (16 * 128)) >> 4);
+  };
+
+  float o[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i)
+    o[i] = 0.0f;
+  float m[2] = {neg_inf, neg_inf}, l[2] = {0.0f, 0.0f};
+  float s[BN / 2];
+  std::uint32_t pa[BN / 16][4];
+
+  // Scores of K/V tile `it` (in s) -> masked online softmax, in place: s becomes P (fp32), and
+  // `corr` the correction of the previous rows' o. Runs while P V of the previous tile may still
+  // be in flight, so it writes nothing a wgmma in flight reads: P is packed to 16 bits (`pack`)
+  // only after that product is waited for.
+  auto softmax = [&](int it, float(&corr)[2]) {
+    bool b;
+    std::int64_t j;
+    walk.tile(it, b, j);
+    if (walk.needs_mask(b, j)) {
+      const std::int64_t count = walk.count(b);
+      const band bd = walk.mask(b);
+#pragma unroll
+      for (int t = 0; t < NTiles; ++t)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const std::int64_t i = row0 + wrow + (lane >> 2) + (e >= 2 ? 8 : 0);
+          const std::int64_t c = j * BN + t * 8 + (lane & 3) * 2 + (e & 1);
+          if (c >= count || !bd.sees(i, c)) s[4 * t + e] = neg_inf;
+        }
+    }
+    float mx[2] = {neg_inf, neg_inf};
+#pragma unroll
+    for (int t = 0; t < NTiles; ++t) {
+      mx[0] = fmaxf(mx[0], fmaxf(s[4 * t], s[4 * t + 1]));
+      mx[1] = fmaxf(mx[1], fmaxf(s[4 * t + 2], s[4 * t + 3]));
+    }
+    float base[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      const float mnew = fmaxf(m[r], mx[r] * p.scale_log2);
+      corr[r] = m[r] == neg_inf ? 0.0f : fast_exp2(m[r] - mnew);
+      base[r] = mnew == neg_inf ? 0.0f : mnew; // a row with nothing visible yet: p = 0
+      m[r] = mnew;
+      l[r] *= corr[r];
+    }
+#pragma unroll
+    for (int t = 0; t < NTiles; ++t) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        s[4 * t + e] = fast_exp2(fmaf(s[4 * t + e], p.scale_log2, -base[e >> 1]));
+      l[0] += s[4 * t] + s[4 * t + 1];
+      l[1] += s[4 * t + 2] + s[4 * t + 3];
+    }
+  };
+  // P as the A fragments of the P V k-steps: two 8-column tiles of S per 16-key step.
+  auto pack = [&] {
+#pragma unroll
+    for (int t = 0; t < NTiles; ++t) {
+      pa[t / 2][(t & 1) * 2] = pack2<T>(s[4 * t], s[4 * t + 1]);
+      pa[t / 2][(t & 1) * 2 + 1] = pack2<T>(s[4 * t + 2], s[4 * t + 3]);
+    }
+  };
+  auto issue_s = [&](int stage) {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+      wgmma_ss<T, 0>(s, q_desc(kk), k_desc(stage, kk), kk > 0);
+    wgmma_commit();
+  };
+  auto issue_pv = [&](int stage) {
+#pragma unroll
+    for (int kk = 0; kk < BN / 16; ++kk)
+      wgmma_rs<T, 1>(o, pa[kk], v_desc(stage, kk), 1);
+    wgmma_commit();
+  };
+  // Ping-pong: consumer c issues its products after `named_barrier_sync(1 + c)` and then lets
+  // the other one go. Both walk the same tiles, so both take total + 1 turns; consumer 1 opens
+  // with an extra arrive for consumer 0's first turn and skips its arrive after its last turn.
+  auto my_turn = [&] { named_barrier_sync<256>(1 + cw); };
+  auto your_turn = [&] { named_barrier_arrive<256>(2 - cw); };
+  auto wait_full = [&](int t) {
+    mbarrier_wait(full0 + 8 * (t % Stages), (t / Stages) & 1);
+    fence_proxy_async(); // the tile's cp.async writes before this thread's wgmma reads
+  };
+
+  if (total > 0) {
+    if (cw == 1) your_turn();
+    wait_full(0);
+    my_turn();
+    wgmma_fence();
+    issue_s(0);
+    your_turn();
+    wgmma_wait<0>();
+    fence_operands(s);
+    float corr[2];
+    softmax(0, corr);
+    pack();
+  }
+  for (int it = 1; it < total; ++it) {
+    wait_full(it);
+    my_turn();
+    fence_operands(o);
+    fence_operands(pa);
+    wgmma_fence();
+    issue_s(it % Stages);
+    issue_pv((it - 1) % Stages);
+    your_turn();
+    wgmma_wait<1>(); // S_it is done; P V_{it-1} may still run
+    fence_operands(s);
+    float corr[2];
+    softmax(it, corr);
+    // Keep the softmax ahead of the wait in the PTX. (ptxas 13.0 still places the wait for P V
+    // before the exponentials, which write S's registers in place; the overlap that matters
+    // comes from the ping-pong between the two warpgroups.)
+    fence_operands(s);
+    fence_operands(l);
+    fence_operands(corr);
+    wgmma_wait<0>();
+    fence_operands(o);
+    fence_operands(pa);
+#pragma unroll
+    for (int t = 0; t < DTiles; ++t) {
+      o[4 * t] *= corr[0];
+      o[4 * t + 1] *= corr[0];
+      o[4 * t + 2] *= corr[1];
+      o[4 * t + 3] *= corr[1];
+    }
+    pack();
+    mbarrier_arrive(empty0 + 8 * ((it - 1) % Stages)); // tile it - 1 fully read
+  }
+  if (total > 0) {
+    my_turn();
+    fence_operands(o);
+    fence_operands(pa);
+    wgmma_fence();
+    issue_pv((total - 1) % Stages);
+    if (cw == 0) your_turn();
+    wgmma_wait<0>();
+    fence_operands(o);
+  }
+
+  // The block's (o, lse) per row, then merge into the state (or write it plainly): the same
+  // epilogue as the mma.sync kernel with one 16-row tile per warp.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int local = wrow + (lane >> 2) + r * 8;
+    finish_row<T, D, Merge>(p, h, g.q_begin + row0 + local, local < rows_valid, m[r], l[r], lane,
+                            [&](int t, int x) { return o[4 * t + 2 * r + x]; });
+  }
+#else
+  __trap(); // launched only where sm90_path_available() said yes
+#endif
+}
+
+//! Writes 1 to `*flag` if this translation unit's code for the running device has the wgmma
+//! kernels (an sm_90a build on a compute capability 9.0 device), 0 otherwise.
+//! (A template only so that every translation unit may define it.)
+template <int Unused = 0>
+__global__ void sm90_probe_kernel(int* flag) {
+  *flag = RINGATTN_WGMMA_ENABLED;
+}
+
+} // namespace kernels
+RINGATTN_ABI_END
+
+#endif // __CUDACC__

@@ -1,0 +1,231 @@
+#pragma once
+//! \file
+//! Hopper warpgroup matrix instructions (wgmma.mma_async) as inline PTX, plus the fences and the
+//! shared-memory matrix descriptor they need. sm_90a only: callers compile these into kernel
+//! bodies guarded by `RINGATTN_WGMMA_ENABLED`.
+//!
+//! Shapes used by the forward kernel: m64nNk16 with N = 64 or 128, fp32 accumulators
+//! (N / 2 registers a thread), bf16 or fp16 inputs. `wgmma_ss`: A and B from shared memory;
+//! `wgmma_rs`: A from registers (the m16n8k16 A fragment of each warp's 16 rows), B from shared
+//! memory. `TransB` = 0 reads B K-major (rows of B^T contiguous), 1 reads it N-major.
+
+#include <ringattn/config.cuh>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#if defined(__CUDACC__)
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define RINGATTN_WGMMA_ENABLED 1
+#else
+#define RINGATTN_WGMMA_ENABLED 0
+#endif
+
+RINGATTN_ABI_BEGIN
+namespace kernels {
+
+//! Makes register writes of ordinary instructions visible to the next wgmma (accumulators, A).
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+//! Waits until at most `Pending` committed groups of this warpgroup are still in flight.
+template <int Pending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(Pending) : "memory");
+}
+//! Orders this thread's generic-proxy shared-memory writes (st.shared, cp.async) before later
+//! async-proxy reads (wgmma operands); a barrier must follow for other threads' reads.
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+//! mbarrier in shared memory: init (one thread, then a block barrier), arrive, parity wait.
+__device__ __forceinline__ void mbarrier_init(std::uint32_t bar, std::uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbarrier_arrive(std::uint32_t bar) {
+  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar)
+               : "memory");
+}
+//! Arrives on `bar` once every cp.async this thread issued so far has landed (the barrier's
+//! expected count includes this arrival).
+__device__ __forceinline__ void cp_async_mbarrier_arrive(std::uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbarrier_wait(std::uint32_t bar, std::uint32_t parity) {
+  std::uint32_t done = 0;
+  do {
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                 "selp.u32 %0, 1, 0, p;\n}\n"
+                 : "=r"(done)
+                 : "r"(bar), "r"(parity)
+                 : "memory");
+  } while (!done);
+}
+//! Named barriers (ids 1..15; 0 is __syncthreads) over `Threads` threads.
+template <int Threads>
+__device__ __forceinline__ void named_barrier_sync(int id) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(Threads) : "memory");
+}
+template <int Threads>
+__device__ __forceinline__ void named_barrier_arrive(int id) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(Threads) : "memory");
+}
+//! Hands registers back to (dec) or takes them from (inc) the block's pool, per warpgroup.
+template <int Registers>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Registers));
+}
+template <int Registers>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Registers));
+}
+
+//! Keeps the compiler from moving reads or writes of `r` across a wgmma issue or wait.
+template <int N>
+__device__ __forceinline__ void fence_operands(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+    asm volatile("" : "+f"(r[i])::"memory");
+}
+
+template <int N, int M>
+__device__ __forceinline__ void fence_operands(std::uint32_t (&r)[N][M]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+#pragma unroll
+    for (int j = 0; j < M; ++j)
+      asm volatile("" : "+r"(r[i][j])::"memory");
+}
+
+//! Descriptor of a shared-memory operand in the 128-byte swizzled canonical layout: rows of 128
+//! bytes, 8-row (1024-byte) swizzle atoms stacked at 1024 bytes. `lbo`: byte distance between
+//! 64-element panels along N for an N-major operand (unused for K-major). The atom pattern must
+//! start 1024-byte aligned; `addr` may be offset inside a row (the k-step within a panel).
+__device__ __forceinline__ std::uint64_t sw128_descriptor(std::uint32_t addr, std::uint32_t lbo) {
+  return (std::uint64_t{1} << 62) | (std::uint64_t{1024 >> 4} << 32) |
+         (static_cast<std::uint64_t>((lbo & 0x3FFFF) >> 4) << 16) |
+         static_cast<std::uint64_t>((addr & 0x3FFFF) >> 4);
+}
+
+// Operand lists of the accumulator fragments (N / 2 fp32 registers a thread).
+#define RINGATTN_DETAIL_WGMMA_D32                                                                  \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "    \
+  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define RINGATTN_DETAIL_WGMMA_OUT32                                                                \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),  \
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),     \
+      "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),   \
+      "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),   \
+      "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+#define RINGATTN_DETAIL_WGMMA_D64                                                                  \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "    \
+  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "     \
+  "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "     \
+  "%56, %57, %58, %59, %60, %61, %62, %63}"
+#define RINGATTN_DETAIL_WGMMA_OUT64                                                                \
+  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),  \
+      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),     \
+      "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),   \
+      "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),   \
+      "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),   \
+      "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]),   \
+      "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),   \
+      "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),   \
+      "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+// One instruction, A from a descriptor: operands d..., a, b, accumulate, TransB.
+#define RINGATTN_DETAIL_WGMMA_SS(N, TYPE, D, A, B, SCALE, TB)                                      \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, %" SCALE ", 0;\n"                                              \
+  "wgmma.mma_async.sync.aligned.m64n" N "k16.f32." TYPE "." TYPE " " D ", %" A ", %" B             \
+  ", p, 1, 1, 0, %" TB ";\n}\n"
+// One instruction, A in four registers: operands d..., a0..a3, b, accumulate, TransB.
+#define RINGATTN_DETAIL_WGMMA_RS(N, TYPE, D, A0, A1, A2, A3, B, SCALE, TB)                         \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, %" SCALE ", 0;\n"                                              \
+  "wgmma.mma_async.sync.aligned.m64n" N "k16.f32." TYPE "." TYPE " " D ", {%" A0 ", %" A1 ", %" A2 \
+  ", %" A3 "}, %" B ", p, 1, 1, %" TB ";\n}\n"
+
+//! d (m64n64, fp32) = a * b + (accumulate ? d : 0); a from a descriptor.
+template <class T, int TransB>
+__device__ __forceinline__ void wgmma_ss(float (&d)[32], std::uint64_t a, std::uint64_t b,
+                                         int accumulate) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    asm volatile(
+        RINGATTN_DETAIL_WGMMA_SS("64", "bf16", RINGATTN_DETAIL_WGMMA_D32, "32", "33", "34", "35")
+        : RINGATTN_DETAIL_WGMMA_OUT32
+        : "l"(a), "l"(b), "r"(accumulate), "n"(TransB));
+  else
+    asm volatile(
+        RINGATTN_DETAIL_WGMMA_SS("64", "f16", RINGATTN_DETAIL_WGMMA_D32, "32", "33", "34", "35")
+        : RINGATTN_DETAIL_WGMMA_OUT32
+        : "l"(a), "l"(b), "r"(accumulate), "n"(TransB));
+}
+
+//! d (m64n64, fp32) = a * b + (accumulate ? d : 0); a in registers.
+template <class T, int TransB>
+__device__ __forceinline__ void wgmma_rs(float (&d)[32], const std::uint32_t (&a)[4],
+                                         std::uint64_t b, int accumulate) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    asm volatile(RINGATTN_DETAIL_WGMMA_RS("64", "bf16", RINGATTN_DETAIL_WGMMA_D32, "32", "33", "34",
+                                          "35", "36", "37", "38")
+                 : RINGATTN_DETAIL_WGMMA_OUT32
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate),
+                   "n"(TransB));
+  else
+    asm volatile(RINGATTN_DETAIL_WGMMA_RS("64", "f16", RINGATTN_DETAIL_WGMMA_D32, "32", "33", "34",
+                                          "35", "36", "37", "38")
+                 : RINGATTN_DETAIL_WGMMA_OUT32
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate),
+                   "n"(TransB));
+}
+
+//! d (m64n128, fp32) = a * b + (accumulate ? d : 0); a from a descriptor.
+template <class T, int TransB>
+__device__ __forceinline__ void wgmma_ss(float (&d)[64], std::uint64_t a, std::uint64_t b,
+                                         int accumulate) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    asm volatile(
+        RINGATTN_DETAIL_WGMMA_SS("128", "bf16", RINGATTN_DETAIL_WGMMA_D64, "64", "65", "66", "67")
+        : RINGATTN_DETAIL_WGMMA_OUT64
+        : "l"(a), "l"(b), "r"(accumulate), "n"(TransB));
+  else
+    asm volatile(
+        RINGATTN_DETAIL_WGMMA_SS("128", "f16", RINGATTN_DETAIL_WGMMA_D64, "64", "65", "66", "67")
+        : RINGATTN_DETAIL_WGMMA_OUT64
+        : "l"(a), "l"(b), "r"(accumulate), "n"(TransB));
+}
+
+//! d (m64n128, fp32) = a * b + (accumulate ? d : 0); a in registers.
+template <class T, int TransB>
+__device__ __forceinline__ void wgmma_rs(float (&d)[64], const std::uint32_t (&a)[4],
+                                         std::uint64_t b, int accumulate) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    asm volatile(RINGATTN_DETAIL_WGMMA_RS("128", "bf16", RINGATTN_DETAIL_WGMMA_D64, "64", "65",
+                                          "66", "67", "68", "69", "70")
+                 : RINGATTN_DETAIL_WGMMA_OUT64
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate),
+                   "n"(TransB));
+  else
+    asm volatile(RINGATTN_DETAIL_WGMMA_RS("128", "f16", RINGATTN_DETAIL_WGMMA_D64, "64", "65", "66",
+                                          "67", "68", "69", "70")
+                 : RINGATTN_DETAIL_WGMMA_OUT64
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate),
+                   "n"(TransB));
+}
+
+} // namespace kernels
+RINGATTN_ABI_END
+
+#undef RINGATTN_DETAIL_WGMMA_SS
+#undef RINGATTN_DETAIL_WGMMA_RS
+#undef RINGATTN_DETAIL_WGMMA_D32
+#undef RINGATTN_DETAIL_WGMMA_D64
+#undef RINGATTN_DETAIL_WGMMA_OUT32
+#undef RINGATTN_DETAIL_WGMMA_OUT64
+
+#endif // __CUDACC__
