@@ -162,9 +162,12 @@ struct kv_walk {
 //! tile t of the unnormalised output): reduces the row sum across the quad, then merges the
 //! block's (o, lse) into the state (`Merge`) or writes them plainly. `m` is the row's running
 //! max in log2 units, `l` this lane's part of its sum. Every lane of the quad must call it.
-template <class T, int D, bool Merge, class Acc>
+//! `old(t, x)` and `lse_old` are the state's values for the same elements (read by the caller,
+//! possibly early, so that the loads overlap other work; -inf for a row that is not live).
+template <class T, int D, bool Merge, class Acc, class Old>
 __device__ __forceinline__ void finish_row(const forward_params<T>& p, int h, std::int64_t row,
-                                           bool live, float m, float l, int lane, Acc acc) {
+                                           bool live, float m, float l, int lane, Acc acc, Old old,
+                                           float lse_old) {
   constexpr float ln2 = 0.6931471805599453f, neg_inf = -__builtin_huge_valf();
   float sum = l;
   sum += __shfl_xor_sync(0xffffffffu, sum, 1);
@@ -172,20 +175,15 @@ __device__ __forceinline__ void finish_row(const forward_params<T>& p, int h, st
   const float lse_b = sum > 0.0f ? (m + __log2f(sum)) * ln2 : neg_inf;
   const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
   if constexpr (Merge) {
-    float* lse_p = p.state.lse + h * p.state.tokens + row;
-    const float lse_s = live ? *lse_p : neg_inf;
     __syncwarp(); // every lane of the quad has read lse before one of them rewrites it
-    const merge_weights w = merge_lse(lse_s, lse_b);
+    const merge_weights w = merge_lse(lse_old, lse_b);
     if (live) {
       float* o = p.state.o_row(row, h) + (lane & 3) * 2;
 #pragma unroll
-      for (int t = 0; t < D / 8; ++t) {
-        float2 old = *reinterpret_cast<float2*>(o + t * 8);
-        old.x = old.x * w.wa + acc(t, 0) * inv * w.wb;
-        old.y = old.y * w.wa + acc(t, 1) * inv * w.wb;
-        *reinterpret_cast<float2*>(o + t * 8) = old;
-      }
-      if ((lane & 3) == 0) *lse_p = w.lse;
+      for (int t = 0; t < D / 8; ++t)
+        *reinterpret_cast<float2*>(o + t * 8) = make_float2(
+            old(t, 0) * w.wa + acc(t, 0) * inv * w.wb, old(t, 1) * w.wa + acc(t, 1) * inv * w.wb);
+      if ((lane & 3) == 0) p.state.lse[h * p.state.tokens + row] = w.lse;
     }
   } else if (live) {
     T* o = p.out + (row * p.q_heads + h) * D + (lane & 3) * 2;
@@ -194,6 +192,18 @@ __device__ __forceinline__ void finish_row(const forward_params<T>& p, int h, st
       *reinterpret_cast<std::uint32_t*>(o + t * 8) = pack2<T>(acc(t, 0) * inv, acc(t, 1) * inv);
     if ((lane & 3) == 0) p.lse_out[h * p.q_tokens + row] = lse_b;
   }
+}
+
+//! `finish_row` reading the state's old values itself.
+template <class T, int D, bool Merge, class Acc>
+__device__ __forceinline__ void finish_row(const forward_params<T>& p, int h, std::int64_t row,
+                                           bool live, float m, float l, int lane, Acc acc) {
+  float lse_old = -__builtin_huge_valf();
+  if constexpr (Merge)
+    if (live) lse_old = p.state.lse[h * p.state.tokens + row];
+  const float* o = Merge ? p.state.o_row(row, h) + (lane & 3) * 2 : nullptr;
+  finish_row<T, D, Merge>(
+      p, h, row, live, m, l, lane, acc, [&](int t, int x) { return o[t * 8 + x]; }, lse_old);
 }
 
 // The tuning arrives as plain integers: nvcc's host stubs cannot spell class-type template
