@@ -8,15 +8,20 @@
 //! run path (`block_forward`) validates the tensors on the host, allocates nothing and never waits
 //! on the host; everything is asynchronous on `stream`.
 //!
+//! Two kernels implement it (docs/kernels.md): the Hopper one (wgmma, sm_90a builds on compute
+//! capability 9.0, head_dim 64 and 128) and the FlashAttention-2 style one (mma.sync, sm_80 and
+//! newer); the schedule picks one per device (`forward_path`).
+//!
 //! Supported: fp16 and bf16 storage, head_dim 64, 128 and 256, GQA/MQA (q_heads a multiple of
 //! kv_heads; K/V never repeated), any strides that keep 16-byte alignment (pointers and strides
 //! multiples of 8 elements), sm_80 and newer.
 //!
 //! \code
-//! ringattn::device_block_schedule sched(groups, q_tokens, kv_tokens, head_dim);  // plan time
-//! ringattn::reset(state, stream);                                                  // o=0,
-//! lse=-inf for (each K/V block) ringattn::block_forward({q, k, v, args, state}, sched, stream);
-//! ringattn::finalize(state, out, stream);                                          // o -> out
+//! ringattn::device_block_schedule sched(groups, q_tokens, kv_tokens, head_dim); // plan time
+//! ringattn::reset(state, stream);                          // o = 0, lse = -inf
+//! for (each K/V block)
+//!   ringattn::block_forward({q, k, v, args, state}, sched, stream);
+//! ringattn::finalize(state, out, stream);                  // o -> out
 //! \endcode
 
 #include <ringattn/cuda_check.cuh>

@@ -37,8 +37,10 @@ struct forward_tuning {
   RINGATTN_HOST_DEVICE constexpr int threads() const { return 32 * warps; }
 };
 
-//! Shapes for sm_80 and sm_90 (the same mma.sync path runs on both). Measured on an H200, bf16,
-//! 32 heads, 8K tokens, full mask, with bench/forward_tuning.cu (bench/results/, docs/kernels.md):
+//! Shapes of the mma.sync kernel (sm_80 builds, head_dim 256, and `forward_path::mma_sync`; Hopper
+//! builds otherwise run the wgmma kernel, whose shape is fixed in forward_kernel_sm90.cuh).
+//! Measured on an H200, bf16, 32 heads, 8K tokens, full mask, with bench/forward_tuning.cu
+//! (bench/results/, docs/kernels.md):
 //! - 8 warps x 1 row tile x 64 keys, Q in registers (the first version): 229 TFLOP/s at
 //!   head_dim 128, 179 at 64. Each K/V fragment fed one instruction: shared-memory bound.
 //! - 4 warps x 2 row tiles x 64 keys, Q from shared memory: 273 at head_dim 128 (but ptxas spills
