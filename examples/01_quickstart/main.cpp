@@ -2,8 +2,9 @@
 //
 // Ring attention forward over a synthetic packed batch, P ranks, checked against the float64
 // oracle on a sample of rows. The ranks are threads of this process (the in-process
-// communicator) running the host path; the CUDA ring (several GPUs, or P virtual ranks on one)
-// arrives with the device path of the ring driver, and this example will use it when it does.
+// communicator) running the host path. The device path (P virtual ranks on one GPU, or one rank
+// per GPU over NCCL: examples/02_mpi_nccl) exists; running this example on a GPU when there is
+// one is still to do.
 //
 //   quickstart [--ranks P] [--tokens N] [--sequences B] [--heads H] [--kv-heads K]
 //              [--head-dim 64|128] [--mask causal|full] [--partitioner
@@ -11,6 +12,8 @@
 #include <ringattn/comm/in_process.cuh>
 #include <ringattn/ring_attention.cuh>
 #include <ringattn/ringattn.cuh>
+
+#include "../common/example.hpp"
 
 #include <atomic>
 #include <chrono>
@@ -26,51 +29,29 @@
 namespace {
 struct options {
   int ranks = 4;
-  std::int32_t tokens = 8192;
+  int tokens = 8192;
   int sequences = 3;
   int heads = 8, kv_heads = 2, head_dim = 64;
   std::string mask = "causal", partitioner = "zigzag";
 };
 
-[[noreturn]] void usage(const char* argv0) {
-  std::fprintf(stderr,
-               "usage: %s [--ranks P] [--tokens N] [--sequences B] [--heads H] [--kv-heads K]\n"
-               "          [--head-dim 64|128] [--mask causal|full]\n"
-               "          [--partitioner zigzag|round_robin|contiguous]\n",
-               argv0);
-  std::exit(2);
-}
-
 options parse(int argc, char** argv) {
   options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (i + 1 >= argc) usage(argv[0]);
-    const char* v = argv[++i];
-    if (a == "--ranks")
-      o.ranks = std::atoi(v);
-    else if (a == "--tokens")
-      o.tokens = std::atoi(v);
-    else if (a == "--sequences")
-      o.sequences = std::atoi(v);
-    else if (a == "--heads")
-      o.heads = std::atoi(v);
-    else if (a == "--kv-heads")
-      o.kv_heads = std::atoi(v);
-    else if (a == "--head-dim")
-      o.head_dim = std::atoi(v);
-    else if (a == "--mask")
-      o.mask = v;
-    else if (a == "--partitioner")
-      o.partitioner = v;
-    else
-      usage(argv[0]);
-  }
+  example::flags()
+      .add("ranks", o.ranks)
+      .add("tokens", o.tokens)
+      .add("sequences", o.sequences)
+      .add("heads", o.heads)
+      .add("kv-heads", o.kv_heads)
+      .add("head-dim", o.head_dim)
+      .add("mask", o.mask)
+      .add("partitioner", o.partitioner)
+      .parse(argc, argv);
   if ((o.mask != "causal" && o.mask != "full") ||
       (o.partitioner != "zigzag" && o.partitioner != "round_robin" &&
-       o.partitioner != "contiguous") ||
-      o.sequences < 1 || o.tokens < o.sequences)
-    usage(argv[0]);
+       o.partitioner != "contiguous"))
+    throw ringattn::invalid_argument("--mask causal|full, --partitioner "
+                                     "zigzag|round_robin|contiguous");
   return o;
 }
 
@@ -78,22 +59,11 @@ using T = __nv_bfloat16;
 
 template <class P, class Mask>
 int run(const options& o) {
-  // A packed batch of `sequences` sequences of uneven, odd lengths summing to `tokens`.
   std::mt19937_64 rng(std::random_device{}());
-  std::vector<std::int32_t> cu{0};
-  for (int b = 0; b < o.sequences; ++b) {
-    const std::int32_t left = o.tokens - cu.back(), parts = o.sequences - b;
-    cu.push_back(cu.back() + (b + 1 == o.sequences ? left : (left / parts) | 1));
-  }
+  const std::vector<std::int32_t> cu = example::packed_batch(o.tokens, o.sequences);
   const ringattn::attention_arguments args{o.heads, o.kv_heads, o.head_dim, 0.0f};
   args.validate().throw_if_invalid();
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  auto random = [&](std::size_t n) {
-    std::vector<T> x(n);
-    for (auto& e : x)
-      e = ringattn::from_float<T>(u(rng));
-    return x;
-  };
+  auto random = [&](std::size_t n) { return example::random_values<T>(n, rng); };
   const std::size_t n = static_cast<std::size_t>(o.tokens);
   const auto q = random(n * o.heads * o.head_dim), k = random(n * o.kv_heads * o.head_dim),
              v = random(n * o.kv_heads * o.head_dim);
@@ -152,13 +122,7 @@ int run(const options& o) {
   for (const auto& e : errors)
     if (e) std::rethrow_exception(e);
 
-  // A sample of rows: the first and last of every sequence, and random ones.
-  std::vector<std::int64_t> rows;
-  for (int b = 0; b < o.sequences; ++b)
-    if (cu[b + 1] > cu[b]) rows.push_back(cu[b]), rows.push_back(cu[b + 1] - 1);
-  std::uniform_int_distribution<std::int64_t> any(0, o.tokens - 1);
-  for (int i = 0; i < 24; ++i)
-    rows.push_back(any(rng));
+  const std::vector<std::int64_t> rows = example::sample_rows(cu, 24, rng);
   const auto w = ringattn::position_window::of(Mask::mask);
   auto ref = ringattn::reference::attention_forward_rows(
       ringattn::reference::to_tensor(
