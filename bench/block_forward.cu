@@ -13,29 +13,6 @@
 namespace {
 using T = __nv_bfloat16;
 
-// Uniform values in [-1, 1) from a counter hash, generated on the device (host generation of
-// the 32K-token tensors would dominate the benchmark's run time).
-template <class U>
-__global__ void fill_random(U* p, std::size_t n, std::uint64_t seed) {
-  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n;
-       i += std::size_t{gridDim.x} * blockDim.x) {
-    std::uint64_t z = (i + 1) * 0x9E3779B97F4A7C15ull ^ seed * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    p[i] = static_cast<U>(static_cast<float>(z >> 40) * (2.0f / 16777216.0f) - 1.0f);
-  }
-}
-
-template <class U>
-U* device_random(std::size_t n, std::uint64_t seed) {
-  U* d = nullptr;
-  RINGATTN_CUDA_CHECK(cudaMalloc(&d, n * sizeof(U)));
-  fill_random<<<1024, 256>>>(d, n, seed);
-  RINGATTN_CUDA_CHECK(cudaGetLastError());
-  return d;
-}
-
 // range: tokens, kv_heads, head_dim, causal, merge, path
 void block_forward(benchmark::State& state) {
   if (!ringattn::bench::require_gpu(state)) return;
@@ -49,9 +26,9 @@ void block_forward(benchmark::State& state) {
     state.SkipWithError("the wgmma kernel cannot run here");
     return;
   }
-  T* q = device_random<T>(static_cast<std::size_t>(s * q_heads * d), 1);
-  T* k = device_random<T>(static_cast<std::size_t>(s * kv_heads * d), 2);
-  T* v = device_random<T>(static_cast<std::size_t>(s * kv_heads * d), 3);
+  T* q = ringattn::bench::device_uniform<T>(static_cast<std::size_t>(s * q_heads * d), 1);
+  T* k = ringattn::bench::device_uniform<T>(static_cast<std::size_t>(s * kv_heads * d), 2);
+  T* v = ringattn::bench::device_uniform<T>(static_cast<std::size_t>(s * kv_heads * d), 3);
   float *o = nullptr, *lse = nullptr;
   T* out = nullptr;
   RINGATTN_CUDA_CHECK(cudaMalloc(&o, sizeof(float) * s * q_heads * d));

@@ -12,6 +12,37 @@
 
 namespace ringattn::bench {
 
+namespace detail {
+template <class T>
+__global__ void fill_uniform(T* p, std::size_t n, std::uint64_t seed) {
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::size_t{gridDim.x} * blockDim.x) {
+    std::uint64_t z = (i + 1) * 0x9E3779B97F4A7C15ull ^ seed * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    p[i] = static_cast<T>(static_cast<float>(z >> 40) * (2.0f / 16777216.0f) - 1.0f);
+  }
+}
+} // namespace detail
+
+//! Fills `n` elements at `p` (device memory) with values uniform in [-1, 1) from a counter hash
+//! of `seed`, on the device (generating long inputs on the host would dominate a benchmark).
+template <class T>
+void fill_uniform(T* p, std::size_t n, std::uint64_t seed) {
+  detail::fill_uniform<<<1024, 256>>>(p, n, seed);
+  RINGATTN_CUDA_CHECK_LAUNCH();
+}
+
+//! `n` such elements in new device memory (cudaFree it).
+template <class T>
+T* device_uniform(std::size_t n, std::uint64_t seed) {
+  T* p = nullptr;
+  RINGATTN_CUDA_CHECK(cudaMalloc(&p, n * sizeof(T) + 16));
+  fill_uniform(p, n, seed);
+  return p;
+}
+
 //! FLOPs of attention forward over `q_tokens` x `k_tokens` per head: 4 b h s_q s_k d, half of that
 //! for causal (the convention of the FlashAttention papers and PyTorch's benchmarks).
 inline double attention_forward_flops(double batch, double heads, double q_tokens, double k_tokens,

@@ -21,22 +21,6 @@ using T = __nv_bfloat16;
 constexpr std::int64_t tokens = 65536;
 constexpr int q_heads = 32, kv_heads = 8, head_dim = 128;
 
-__global__ void fill(T* p, std::int64_t n, std::uint32_t salt) {
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    std::uint32_t h = static_cast<std::uint32_t>(i) * 2654435761u ^ salt;
-    h ^= h >> 16;
-    p[i] = __float2bfloat16_rn(static_cast<float>(h % 2001) / 1000.0f - 1.0f);
-  }
-}
-T* device_random(std::int64_t n, std::uint32_t salt) {
-  T* p = nullptr;
-  RINGATTN_CUDA_CHECK(cudaMalloc(&p, sizeof(T) * n));
-  fill<<<1024, 256>>>(p, n, salt);
-  RINGATTN_CUDA_CHECK_LAUNCH();
-  return p;
-}
-
 // range(0): ranks (1 = the single block call); range(1): causal
 template <class P>
 void ring_forward(benchmark::State& state) {
@@ -45,9 +29,12 @@ void ring_forward(benchmark::State& state) {
   const bool causal = state.range(1) != 0;
   const std::vector<std::int32_t> cu = {0, static_cast<std::int32_t>(tokens)};
   const ringattn::attention_arguments args{q_heads, kv_heads, head_dim, 0.0f};
-  T* q = device_random(tokens * q_heads * head_dim, 1);
-  T* k = device_random(tokens * kv_heads * head_dim, 2);
-  T* v = device_random(tokens * kv_heads * head_dim, 3);
+  T* q =
+      ringattn::bench::device_uniform<T>(static_cast<std::size_t>(tokens * q_heads * head_dim), 1);
+  T* k =
+      ringattn::bench::device_uniform<T>(static_cast<std::size_t>(tokens * kv_heads * head_dim), 2);
+  T* v =
+      ringattn::bench::device_uniform<T>(static_cast<std::size_t>(tokens * kv_heads * head_dim), 3);
   ringattn::partition_plan<P> plan(cu, ranks);
   ringattn::device_partition_plan<P> dplan(plan);
   ringattn::in_process_group group(ranks);

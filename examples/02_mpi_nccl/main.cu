@@ -2,11 +2,14 @@
 //
 //   mpirun -np <GPUs> mpi_nccl [--tokens N] [--sequences B] [--heads H] [--kv-heads K]
 //                              [--head-dim 64|128] [--mask causal|full] [--iterations I]
+//                              [--partitioner zigzag|round_robin|contiguous]
 //
-// Every rank builds the same synthetic packed batch (one seed, broadcast), keeps its zigzag shard
+// Every rank builds the same synthetic packed batch (one seed, broadcast), keeps its shard
 // on its GPU, and runs the device ring forward; rank 0 gathers the output shards and checks a
 // sample of rows against the float64 oracle. Exit code 77 (skipped) where there is no GPU.
 #include <ringattn/comm/nccl_mpi.cuh>
+#include <ringattn/partition/contiguous.cuh>
+#include <ringattn/partition/round_robin.cuh>
 #include <ringattn/partition/scatter.cuh>
 #include <ringattn/partition/zigzag.cuh>
 #include <ringattn/reference/attention.cuh>
@@ -29,7 +32,7 @@ using T = __nv_bfloat16;
 struct options {
   int tokens = 16384;
   int sequences = 3, heads = 16, kv_heads = 4, head_dim = 128, iterations = 5;
-  std::string mask = "causal";
+  std::string mask = "causal", partitioner = "zigzag";
 };
 
 options parse(int argc, char** argv) {
@@ -42,13 +45,17 @@ options parse(int argc, char** argv) {
       .add("head-dim", o.head_dim)
       .add("mask", o.mask)
       .add("iterations", o.iterations)
+      .add("partitioner", o.partitioner)
       .parse(argc, argv);
-  if (o.iterations < 1 || (o.mask != "causal" && o.mask != "full"))
-    throw ringattn::invalid_argument("mpi_nccl: --iterations >= 1, --mask causal|full");
+  if (o.iterations < 1 || (o.mask != "causal" && o.mask != "full") ||
+      (o.partitioner != "zigzag" && o.partitioner != "round_robin" &&
+       o.partitioner != "contiguous"))
+    throw ringattn::invalid_argument("mpi_nccl: --iterations >= 1, --mask causal|full, "
+                                     "--partitioner zigzag|round_robin|contiguous");
   return o;
 }
 
-template <class Mask>
+template <class P, class Mask>
 int run(const options& o, int rank, int size) {
   // The same batch on every rank: rank 0's seed, broadcast.
   unsigned long long seed = std::random_device{}();
@@ -62,10 +69,9 @@ int run(const options& o, int rank, int size) {
   const auto q = random(o.heads), k = random(o.kv_heads), v = random(o.kv_heads);
 
   auto comm = ringattn::make_nccl_communicator(MPI_COMM_WORLD);
-  ringattn::ring_attention<ringattn::zigzag, ringattn::nccl_communicator, Mask> attn(comm, args,
-                                                                                     cu);
+  ringattn::ring_attention<P, ringattn::nccl_communicator, Mask> attn(comm, args, cu);
   attn.prepare_device();
-  const ringattn::partition_plan<ringattn::zigzag> plan(cu, size);
+  const ringattn::partition_plan<P> plan(cu, size);
   const std::int64_t m = attn.local_tokens();
   auto to_device = [&](const std::vector<T>& full, int heads) {
     std::vector<T> s(static_cast<std::size_t>(m) * heads * o.head_dim);
@@ -174,9 +180,10 @@ int run(const options& o, int rank, int size) {
   }();
   const double tflops = 4.0 * o.heads * static_cast<double>(work) * o.head_dim / worst_ms / 1e9;
   const bool ok = max_err < 1e-2 && max_lse < 2e-3; // bf16 output, fp32 LSE
-  std::printf("%d ranks (one GPU each), zigzag %s, %d tokens, %d:%d heads x %d: %.3f ms a "
+  std::printf("%d ranks (one GPU each), %s %s, %d tokens, %d:%d heads x %d: %.3f ms a "
               "forward (slowest rank), %.1f TFLOP/s\n",
-              size, Mask::name, o.tokens, o.heads, o.kv_heads, o.head_dim, worst_ms, tflops);
+              size, P::name, Mask::name, o.tokens, o.heads, o.kv_heads, o.head_dim, worst_ms,
+              tflops);
   std::printf("%zu sample rows x %d heads against the float64 oracle: max |err| %.2e, lse err "
               "%.2e: %s\n",
               rows.size(), o.heads, max_err, max_lse, ok ? "OK" : "FAILED");
@@ -198,8 +205,13 @@ int main(int argc, char** argv) {
       return 77;
     }
     RINGATTN_CUDA_CHECK(cudaSetDevice(rank % devices));
-    code = o.mask == "full" ? run<ringattn::full>(o, rank, size)
-                            : run<ringattn::causal>(o, rank, size);
+    auto with_mask = [&]<class P>() {
+      return o.mask == "full" ? run<P, ringattn::full>(o, rank, size)
+                              : run<P, ringattn::causal>(o, rank, size);
+    };
+    code = o.partitioner == "zigzag"        ? with_mask.template operator()<ringattn::zigzag>()
+           : o.partitioner == "round_robin" ? with_mask.template operator()<ringattn::round_robin>()
+                                            : with_mask.template operator()<ringattn::contiguous>();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "rank %d: %s\n", rank, e.what());
     MPI_Abort(MPI_COMM_WORLD, 1);

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# One lease of a machine with several H200s (the multi-GPU issue): for P in 1 and every power of
+# two up to the GPU count, (1) correctness: examples/02_mpi_nccl under mpirun -np P for every
+# partitioner x {causal, full}, checked against the float64 oracle on a sample; (2) the ring over
+# NCCL (bench_ring_nccl: forward with and without the exchange, raw ring bandwidth); (3) PyTorch
+# context parallel at the same shapes (bench/torch_cp_baseline.py under torchrun); plus our block
+# kernel on one GPU at the local sizes, the denominator of parallel efficiency. Then
+#   python3 bench/report_multi_gpu.py $OUT
+# makes the table and the scaling plot. NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
+#
+# RINGATTN_PREBUILT=build/h200: a tree built elsewhere for sm_90a (same source path), else the gpu
+# preset is configured and built here. At most 8 files land in $OUT.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT="${OUT:-$PWD/build/multi-gpu-out}"
+mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+GPUS="${RINGATTN_GPUS:-$(nvidia-smi -L | wc -l)}"
+BUILD="${RINGATTN_PREBUILT:-build/gpu}"
+if [ -n "${RINGATTN_PREBUILT:-}" ]; then
+  export LD_LIBRARY_PATH="$PWD/.device/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+else
+  cmake --preset gpu -DRINGATTN_WERROR=OFF > "$OUT/log.txt" 2>&1 &&
+    cmake --build --preset gpu -j "$(nproc)" --target mpi_nccl bench_ring_nccl bench_block_forward \
+      >> "$OUT/log.txt" 2>&1 || { tail -30 "$OUT/log.txt"; exit 1; }
+fi
+{
+  date -u; nvidia-smi --query-gpu=index,name,driver_version --format=csv; nvidia-smi topo -m
+  git rev-parse --short HEAD 2>/dev/null; echo "GPUs: $GPUS"
+} >> "$OUT/log.txt" 2>&1
+
+counts=(1)
+for p in 2 4 8; do [ "$p" -le "$GPUS" ] && counts+=("$p"); done
+for p in "${counts[@]}"; do
+  echo "== P = $p: correctness" | tee -a "$OUT/log.txt"
+  for part in zigzag round_robin contiguous; do
+    for mask in causal full; do
+      timeout 300 mpirun -np "$p" "$BUILD/examples/mpi_nccl" --tokens $((p * 4096 + 1001)) \
+        --partitioner "$part" --mask "$mask" --iterations 2 2>&1 | tail -2 | tee -a "$OUT/log.txt"
+    done
+  done
+  echo "== P = $p: ring over NCCL" | tee -a "$OUT/log.txt"
+  timeout 600 mpirun -np "$p" "$BUILD/bench/bench_ring_nccl" \
+    --benchmark_out="$OUT/ring_nccl_$p.json" --benchmark_out_format=json 2>&1 |
+    grep -E "^ring_" | cut -c1-160 | tee -a "$OUT/log.txt"
+done
+echo "== PyTorch context parallel" | tee -a "$OUT/log.txt"
+for p in "${counts[@]}"; do
+  timeout 900 torchrun --nproc-per-node "$p" bench/torch_cp_baseline.py "$OUT/torch_cp_$p.json" \
+    2>&1 | grep -E "^\{|Error" | tee -a "$OUT/log.txt"
+done
+python3 - "$OUT" <<'PY' >> "$OUT/log.txt" 2>&1
+import json, sys, glob
+merged = {"runs": {}}
+for f in sorted(glob.glob(sys.argv[1] + "/torch_cp_*.json")):
+    merged["runs"][f.rsplit("_", 1)[1].split(".")[0]] = json.load(open(f))
+json.dump(merged, open(sys.argv[1] + "/torch_cp.json", "w"), indent=1)
+PY
+rm -f "$OUT"/torch_cp_[0-9]*.json
+echo "== one GPU: our block kernel at the local sizes" | tee -a "$OUT/log.txt"
+"$BUILD/bench/bench_block_forward" \
+  --benchmark_filter='tokens:(8192|32768)/kv_heads:8/head_dim:128/causal:./merge:1/path:1' \
+  --benchmark_out="$OUT/block_local.json" --benchmark_out_format=json 2>&1 | grep -E "^block" |
+  cut -c1-150 | tee -a "$OUT/log.txt"

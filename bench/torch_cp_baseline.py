@@ -1,0 +1,77 @@
+#!/usr/bin/env python3
+"""PyTorch context parallel at the shapes of bench/ring_nccl.cu: the multi-GPU issue's peer.
+
+usage: torchrun --nproc-per-node P bench/torch_cp_baseline.py OUT.json
+
+One sequence of P x tokens_per_gpu tokens, bf16, 32 query heads, head_dim 128, causal and full,
+8K and 32K tokens per GPU: torch.distributed.tensor.experimental.context_parallel around
+F.scaled_dot_product_attention with the cuDNN backend (ring attention over NCCL, load-balanced
+sharding for causal). K and V have 32 heads (repeated from 8): context parallel's SDPA does not
+take GQA, so its bytes per step are 4x ours; both counts go into the JSON. Time: the slowest
+rank's median of 10 event-timed calls after 3 warm-ups. FLOPs per GPU: 4 h s^2 d / P (half for
+causal). Rank 0 writes OUT.json. Run with NCCL_NVLS_ENABLE=0 on machines that require it.
+"""
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.device_mesh import init_device_mesh
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+
+def main(path):
+    rank = int(os.environ["RANK"])
+    world = int(os.environ["WORLD_SIZE"])
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+    dist.init_process_group("nccl")
+    mesh = init_device_mesh("cuda", (world,))
+    from torch.distributed.tensor.experimental import context_parallel
+
+    heads, dim = 32, 128
+    out = []
+    for per_gpu in (8192, 32768):
+        for causal in (True, False):
+            s = per_gpu * world
+            torch.manual_seed(0)
+            q = torch.randn(1, heads, s, dim, device="cuda", dtype=torch.bfloat16)
+            k = torch.randn(1, heads, s, dim, device="cuda", dtype=torch.bfloat16)
+            v = torch.randn(1, heads, s, dim, device="cuda", dtype=torch.bfloat16)
+            rec = dict(tokens_per_gpu=per_gpu, causal=causal, gpus=world,
+                       backend="cudnn", kv_heads_sent=heads)
+            try:
+                times = []
+                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                    with context_parallel(mesh, buffers=[q, k, v], buffer_seq_dims=[2, 2, 2]):
+                        for i in range(13):
+                            a = torch.cuda.Event(enable_timing=True)
+                            b = torch.cuda.Event(enable_timing=True)
+                            a.record()
+                            F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                            b.record()
+                            b.synchronize()
+                            if i >= 3:
+                                times.append(a.elapsed_time(b))
+                times.sort()
+                ms = torch.tensor([times[len(times) // 2]], device="cuda")
+                dist.all_reduce(ms, op=dist.ReduceOp.MAX)
+                flops = 4 * heads * s * s * dim / (2 if causal else 1) / world
+                rec.update(ms=ms.item(), tflops_per_gpu=flops / ms.item() / 1e9)
+            except Exception as e:  # an unsupported combination is reported, not fatal
+                rec["error"] = str(e)[:300]
+            out.append(rec)
+            if rank == 0:
+                print(json.dumps(rec), flush=True)
+            del q, k, v
+            torch.cuda.empty_cache()
+    if rank == 0:
+        with open(path, "w") as f:
+            json.dump(dict(torch=torch.__version__, device=torch.cuda.get_device_name(),
+                           gpus=world, results=out), f, indent=1)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
