@@ -17,10 +17,12 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
@@ -115,14 +117,32 @@ int run(const options& o) {
         errors[static_cast<std::size_t>(r)] = std::current_exception();
       }
     });
+  // Progress on long runs: a line every two seconds until every rank is done.
+  std::mutex progress_mutex;
+  std::condition_variable progress_cv;
+  bool done = false;
+  std::thread progress([&] {
+    std::unique_lock lock(progress_mutex);
+    while (!progress_cv.wait_for(lock, std::chrono::seconds(2), [&] { return done; }))
+      std::printf("  ... %.0f s, %d of %d ranks finished\n",
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+                  finished.load(), o.ranks);
+  });
   for (auto& t : threads)
     t.join();
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  {
+    std::lock_guard lock(progress_mutex);
+    done = true;
+  }
+  progress_cv.notify_all();
+  progress.join();
   for (const auto& e : errors)
     if (e) std::rethrow_exception(e);
 
   const std::vector<std::int64_t> rows = example::sample_rows(cu, 24, rng);
+  std::printf("  checking %zu sample rows against the float64 oracle\n", rows.size());
   const auto w = ringattn::position_window::of(Mask::mask);
   auto ref = ringattn::reference::attention_forward_rows(
       ringattn::reference::to_tensor(
