@@ -163,3 +163,17 @@ TEST_CASE("a rank whose own arguments are invalid makes every rank fail at once,
   CHECK(message(errors[0]) == "ringattn: rank 1 rejected its arguments (its own error says why)");
   CHECK(message(errors[2]) == "ringattn: rank 1 rejected its arguments (its own error says why)");
 }
+
+TEST_CASE(
+    "in-process exchange: a size the sender did not send fails both ranks, naming the sizes") {
+  in_process_group group(2, std::chrono::seconds(30));
+  const auto errors = on_ranks(group, [&](int r, in_process_communicator& comm) {
+    std::vector<char> send(r == 0 ? 8 : 4, 'x'), recv(8);
+    // Rank 1 expects 8 bytes from rank 0 (right); rank 0 expects 8 from rank 1, which sends 4.
+    comm.exchange(send.data(), send.size(), 1 - r, recv.data(), 8, 1 - r, 5);
+  });
+  const std::string why = "rank 0, step 5: rank 1 sent 4 bytes, 8 expected";
+  CHECK(message(errors[0]) == "ringattn: " + why);
+  // Rank 1 waits for rank 0 to take its data and learns why instead of timing out.
+  CHECK(message(errors[1]).find(why) != std::string::npos);
+}

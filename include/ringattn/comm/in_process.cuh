@@ -160,15 +160,7 @@ public:
     g.wait(
         lock, [&] { return !g.posts_[from].consumed && g.posts_[from].step == step; }, rank_, from,
         step, "to send");
-    in_process_group::post& in = g.posts_[from];
-    if (in.bytes != recv_bytes) {
-      const std::string why = in_process_group::where(rank_, step) + ": rank " +
-                              std::to_string(from) + " sent " + std::to_string(in.bytes) +
-                              " bytes, " + std::to_string(recv_bytes) + " expected";
-      if (g.aborted_.empty()) g.aborted_ = why; // every waiting rank learns why
-      g.changed_.notify_all();
-      throw communication_error("ringattn: " + why);
-    }
+    in_process_group::post& in = take(g, recv_bytes, from, step);
     if (recv_bytes) std::memcpy(recv, in.data, recv_bytes);
     in.consumed = true;
     g.changed_.notify_all();
@@ -203,15 +195,7 @@ public:
     g.wait(
         lock, [&] { return !g.posts_[from].consumed && g.posts_[from].step == step; }, rank_, from,
         step, "to send");
-    in_process_group::post& in = g.posts_[from];
-    if (in.bytes != recv_bytes) {
-      const std::string why = in_process_group::where(rank_, step) + ": rank " +
-                              std::to_string(from) + " sent " + std::to_string(in.bytes) +
-                              " bytes, " + std::to_string(recv_bytes) + " expected";
-      if (g.aborted_.empty()) g.aborted_ = why;
-      g.changed_.notify_all();
-      throw communication_error("ringattn: " + why);
-    }
+    in_process_group::post& in = take(g, recv_bytes, from, step);
     cudaEvent_t copied = g.copied_[static_cast<std::size_t>(rank_)];
     RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream, in.ready, 0));
     if (recv_bytes)
@@ -274,6 +258,21 @@ public:
 private:
   friend class in_process_group;
   in_process_communicator(in_process_group* g, int rank) : group_(g), rank_(rank) {}
+  // What `from` offers for `step` (the caller has waited for it), if its size is the one expected;
+  // a mismatch fails the whole group, so every waiting rank learns why.
+  in_process_group::post& take(in_process_group& g, std::size_t recv_bytes, int from,
+                               std::int64_t step) const {
+    in_process_group::post& in = g.posts_[from];
+    if (in.bytes != recv_bytes) {
+      const std::string why = in_process_group::where(rank_, step) + ": rank " +
+                              std::to_string(from) + " sent " + std::to_string(in.bytes) +
+                              " bytes, " + std::to_string(recv_bytes) + " expected";
+      if (g.aborted_.empty()) g.aborted_ = why;
+      g.changed_.notify_all();
+      throw communication_error("ringattn: " + why);
+    }
+    return in;
+  }
   void check_peer(int peer, std::int64_t step) const {
     if (peer < 0 || peer >= group_->size_)
       throw invalid_argument("ringattn: " + in_process_group::where(rank_, step) + ": peer " +
