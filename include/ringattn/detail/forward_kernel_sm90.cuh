@@ -54,30 +54,6 @@ __device__ __forceinline__ void produce_tile(std::uint32_t s, const T* g, std::i
   }
 }
 
-//! Copies the state rows [0, valid) of one head (o: rows of D floats at `o_rows`, `row_stride`
-//! floats apart; lse: `valid` floats at `lse`) into shared memory with the 128 producer threads:
-//! o row r at `s + r * D * 4` bytes with its 8-byte units XOR-swizzled by (r % 4) * 4, so that the
-//! consumers' reads (a half-warp: 4 rows x the same 4 units) hit 16 different bank pairs; lse at
-//! `s_lse`. Like `produce_tile`, a thread keeps one chunk column, so addresses step by constants.
-template <int D>
-__device__ __forceinline__ void produce_state(std::uint32_t s, std::uint32_t s_lse,
-                                              const float* o_rows, std::int64_t row_stride,
-                                              const float* lse, int valid, int tid) {
-  constexpr int chunks = D / 4, step = 128 / chunks; // 16-byte chunks a row; rows a pass
-  const int ch = tid % chunks, r0 = tid / chunks;
-  const std::uint32_t dst = s + r0 * D * 4 + 8 * ((2 * ch) ^ ((r0 & 3) << 2));
-  const float* src = o_rows + r0 * row_stride + ch * 4;
-#pragma unroll 2
-  for (int k = 0; k < 128 / step; ++k) {
-    const bool ok = r0 + k * step < valid;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst + k * step * D * 4),
-                 "l"(ok ? src + k * step * row_stride : o_rows), "r"(ok ? 16 : 0));
-  }
-  if (tid < valid)
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s_lse + 4 * tid),
-                 "l"(lse + tid));
-}
-
 //! Query rows of one thread block of the Hopper kernel (two consumer warpgroups of 64 rows),
 //! its threads (plus one producer warpgroup) and its K/V pipeline depth.
 inline constexpr int sm90_block_m = 128;
@@ -112,13 +88,11 @@ __global__ void __launch_bounds__(sm90_threads, 1) block_forward_sm90_kernel(for
   constexpr std::uint32_t q_bytes = BM * D * 2, kv_bytes = BN * D * 2;
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  __shared__ alignas(8) std::uint64_t bars[2 * Stages + 1]; // full[], empty[], state
-  __shared__ float old_lse[sm90_block_m];                   // Merge: the state's lse rows
+  __shared__ alignas(8) std::uint64_t bars[2 * Stages]; // full[Stages], empty[Stages]
   const std::uint32_t raw = smem_address(smem_raw);
   const std::uint32_t pad = (1024u - (raw & 1023u)) & 1023u; // swizzle atoms start 1 KB aligned
   const std::uint32_t aQ = raw + pad; // stage s: K at aQ + q_bytes + s * 2 * kv_bytes, then V
   const std::uint32_t full0 = smem_address(&bars[0]), empty0 = smem_address(&bars[Stages]);
-  const std::uint32_t state_full = smem_address(&bars[2 * Stages]);
 
   const work_tile tile = p.tiles[blockIdx.x];
   const block_group g = p.groups[tile.group];
@@ -137,7 +111,6 @@ __global__ void __launch_bounds__(sm90_threads, 1) block_forward_sm90_kernel(for
       mbarrier_init(full0 + 8 * s, 128);  // every producer thread's copies
       mbarrier_init(empty0 + 8 * s, 256); // every consumer thread
     }
-    mbarrier_init(state_full, 128);
   }
   __syncthreads();
 
@@ -162,18 +135,6 @@ __global__ void __launch_bounds__(sm90_threads, 1) block_forward_sm90_kernel(for
         produce_tile<BN, D>(k + kv_bytes, p.v + start * p.v_token_stride + kvh * p.v_head_stride,
                             p.v_token_stride, valid, tid);
         cp_async_mbarrier_arrive(full0 + 8 * stage);
-      }
-      if constexpr (Merge) {
-        // The old state rows of this block into the stage tile `total` would have used, as soon
-        // as tile total - Stages has released it: the epilogue then reads shared memory, and the
-        // loads from global memory overlap the last tiles' products.
-        const int stage = total % Stages;
-        if (total >= Stages) mbarrier_wait(empty0 + 8 * stage, ((total / Stages) - 1) & 1);
-        const std::int64_t row = g.q_begin + row0;
-        produce_state<D>(aQ + q_bytes + stage * 2 * kv_bytes, smem_address(old_lse),
-                         p.state.o_row(row, h), static_cast<std::int64_t>(p.state.q_heads) * D,
-                         p.state.lse + h * p.state.tokens + row, rows_valid, tid);
-        cp_async_mbarrier_arrive(state_full);
       }
     }
     cp_async_wait_all();
@@ -331,6 +292,27 @@ __global__ void __launch_bounds__(sm90_threads, 1) block_forward_sm90_kernel(for
     pack();
     mbarrier_arrive(empty0 + 8 * ((it - 1) % Stages)); // tile it - 1 fully read
   }
+  // s is dead once the last P is packed: load the rows' old state into it now, so that the loads
+  // are in flight during the last P V (waiting for them in the epilogue cost up to 6% at 2K
+  // tokens). Same layout as the accumulators: element (t, x) of row r at s[4 t + 2 r + x].
+  float lse_old[2] = {neg_inf, neg_inf};
+  if constexpr (Merge) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int local = wrow + (lane >> 2) + r * 8;
+      if (local < rows_valid) {
+        const std::int64_t row = g.q_begin + row0 + local;
+        lse_old[r] = p.state.lse[h * p.state.tokens + row];
+        const float* src = p.state.o_row(row, h) + (lane & 3) * 2;
+#pragma unroll
+        for (int t = 0; t < DTiles; ++t) {
+          const float2 v = *reinterpret_cast<const float2*>(src + t * 8);
+          s[4 * t + 2 * r] = v.x;
+          s[4 * t + 2 * r + 1] = v.y;
+        }
+      }
+    }
+  }
   if (total > 0) {
     my_turn();
     fence_operands(o);
@@ -343,33 +325,14 @@ __global__ void __launch_bounds__(sm90_threads, 1) block_forward_sm90_kernel(for
   }
 
   // The block's (o, lse) per row, then merge into the state (or write it plainly): the same
-  // epilogue as the mma.sync kernel with one 16-row tile per warp. A block that visited no K/V
-  // tile leaves the state as it is (merging lse = -inf changes nothing), and its producer staged
-  // nothing.
-  if constexpr (Merge) {
-    if (total == 0) return;
-    mbarrier_wait(state_full, 0);
-    const float* so =
-        reinterpret_cast<const float*>(smem_raw + pad + q_bytes + (total % Stages) * 2 * kv_bytes);
+  // epilogue as the mma.sync kernel with one 16-row tile per warp.
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int local = wrow + (lane >> 2) + r * 8;
-      const bool live = local < rows_valid;
-      const float* row = so + local * D;
-      const int flip = (local & 3) << 2;
-      finish_row<T, D, Merge>(
-          p, h, g.q_begin + row0 + local, live, m[r], l[r], lane,
-          [&](int t, int x) { return o[4 * t + 2 * r + x]; },
-          [&](int t, int x) { return row[2 * ((4 * t + (lane & 3)) ^ flip) + x]; },
-          live ? old_lse[local] : neg_inf);
-    }
-  } else {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int local = wrow + (lane >> 2) + r * 8;
-      finish_row<T, D, Merge>(p, h, g.q_begin + row0 + local, local < rows_valid, m[r], l[r], lane,
-                              [&](int t, int x) { return o[4 * t + 2 * r + x]; });
-    }
+  for (int r = 0; r < 2; ++r) {
+    const int local = wrow + (lane >> 2) + r * 8;
+    finish_row<T, D, Merge>(
+        p, h, g.q_begin + row0 + local, local < rows_valid, m[r], l[r], lane,
+        [&](int t, int x) { return o[4 * t + 2 * r + x]; },
+        [&](int t, int x) { return s[4 * t + 2 * r + x]; }, lse_old[r]);
   }
 #else
   __trap(); // launched only where sm90_path_available() said yes
