@@ -248,10 +248,10 @@ int run(const options& o) {
   }
   const double flops = 4.0 * o.heads * static_cast<double>(total) * o.head_dim;
   const bool ok = max_err < 1e-2 && max_lse_err < 1e-4; // bf16 output: a few ulps of 2^-8
-  std::printf("\n  %5s %-12s %-7s %8s %9s %9s %10s %10s %12s\n", "ranks", "partitioner", "mask",
-              "tokens", "time s", "GFLOP/s", "max |err|", "lse err", "work max/min");
-  std::printf("  %5d %-12s %-7s %8d %9.3f %9.2f %10.2e %10.2e %12.3f\n", o.ranks, P::name,
-              Mask::name, o.tokens, seconds, flops / seconds / 1e9, max_err, max_lse_err,
+  std::printf("\n  %5s %-12s %-7s %8s %10s %9s %10s %10s %12s\n", "ranks", "partitioner", "mask",
+              "tokens", "time ms", "TFLOP/s", "max |err|", "lse err", "work max/min");
+  std::printf("  %5d %-12s %-7s %8d %10.3f %9.4f %10.2e %10.2e %12.3f\n", o.ranks, P::name,
+              Mask::name, o.tokens, seconds * 1e3, flops / seconds / 1e12, max_err, max_lse_err,
               lo > 0 ? static_cast<double>(hi) / lo : 0.0);
   std::printf("\n%zu sample rows x %d heads against the float64 oracle: %s\n", rows.size(), o.heads,
               ok ? "OK" : "FAILED");

@@ -88,6 +88,20 @@ TEST_CASE_TEMPLATE("MPI device ring (staged through pinned memory) equals the or
   CHECK_FALSE(comm.cuda_aware());
 }
 
+// The path detection picks (Open MPI's MPIX_Query_cuda_support, unless RINGATTN_MPI_CUDA_AWARE
+// is set): device pointers straight to MPI where it says CUDA-aware, staging otherwise.
+TEST_CASE("MPI device ring with detected CUDA-awareness equals the oracle") {
+  mpi_communicator comm(MPI_COMM_WORLD);
+  const auto seed = shared_seed();
+  CAPTURE(seed);
+  check<zigzag, causal>(comm, seed);
+  int aware = comm.cuda_aware() ? 1 : 0, all = 0;
+  MPI_Allreduce(&aware, &all, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  CHECK((all == 0 || all == comm.size())); // every rank resolved the same path
+  if (comm.rank() == 0)
+    MESSAGE("MPI CUDA-aware: " << (aware ? "yes (device pointers to MPI)" : "no (staged)"));
+}
+
 TEST_CASE("MPI device exchange before prepare_device is refused") {
   mpi_communicator comm(MPI_COMM_WORLD);
   int x = 0;
