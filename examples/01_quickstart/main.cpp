@@ -2,19 +2,21 @@
 //
 // Ring attention forward over a synthetic packed batch, P ranks, checked against the float64
 // oracle on a sample of rows. The ranks are threads of this process (the in-process
-// communicator) running the host path. The device path (P virtual ranks on one GPU, or one rank
-// per GPU over NCCL: examples/02_mpi_nccl) exists; running this example on a GPU when there is
-// one is still to do.
+// communicator). Where there is a GPU (and the example was compiled by nvcc) they run the device
+// path: rank r on GPU r % (visible GPUs), so one GPU hosts P virtual ranks and several GPUs get
+// one rank each (copies between them peer to peer); otherwise the host path on the CPU.
+// --device cpu forces the CPU. One rank per GPU over NCCL and MPI: examples/02_mpi_nccl.
 //
 //   quickstart [--ranks P] [--tokens N] [--sequences B] [--heads H] [--kv-heads K]
 //              [--head-dim 64|128] [--mask causal|full] [--partitioner
-//              zigzag|round_robin|contiguous]
+//              zigzag|round_robin|contiguous] [--device auto|cpu|gpu]
 #include <ringattn/comm/in_process.cuh>
 #include <ringattn/ring_attention.cuh>
 #include <ringattn/ringattn.cuh>
 
 #include "../common/example.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -34,7 +36,7 @@ struct options {
   int tokens = 8192;
   int sequences = 3;
   int heads = 8, kv_heads = 2, head_dim = 64;
-  std::string mask = "causal", partitioner = "zigzag";
+  std::string mask = "causal", partitioner = "zigzag", device = "auto";
 };
 
 options parse(int argc, char** argv) {
@@ -48,19 +50,79 @@ options parse(int argc, char** argv) {
       .add("head-dim", o.head_dim)
       .add("mask", o.mask)
       .add("partitioner", o.partitioner)
+      .add("device", o.device)
       .parse(argc, argv);
   if ((o.mask != "causal" && o.mask != "full") ||
       (o.partitioner != "zigzag" && o.partitioner != "round_robin" &&
-       o.partitioner != "contiguous"))
+       o.partitioner != "contiguous") ||
+      (o.device != "auto" && o.device != "cpu" && o.device != "gpu"))
     throw ringattn::invalid_argument("--mask causal|full, --partitioner "
-                                     "zigzag|round_robin|contiguous");
+                                     "zigzag|round_robin|contiguous, --device auto|cpu|gpu");
   return o;
 }
 
 using T = __nv_bfloat16;
 
+//! GPUs the example runs on: 0 for the CPU path (no GPU, --device cpu, or a build without CUDA).
+int gpus_for(const options& o) {
+#if defined(__CUDACC__)
+  int n = 0;
+  if (o.device == "cpu" || cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
+  if (o.device == "gpu" && n == 0) throw ringattn::error("--device gpu: no CUDA device");
+  return n;
+#else
+  if (o.device == "gpu") throw ringattn::error("--device gpu: this build has no CUDA");
+  return 0;
+#endif
+}
+
+#if defined(__CUDACC__)
+//! One rank's forward on the GPU: shards to device memory, a warm-up and a timed forward on its
+//! own stream, the output shard back to the host.
+template <class Ring>
+void forward_on_gpu(Ring& attn, const std::vector<T>& qs, const std::vector<T>& ks,
+                    const std::vector<T>& vs, std::vector<T>& os, std::vector<float>& ls, int heads,
+                    int kv_heads, int head_dim, ringattn::in_process_communicator& comm,
+                    double& seconds) {
+  attn.prepare_device();
+  const std::int64_t m = attn.local_tokens();
+  auto upload = [](const std::vector<T>& h) {
+    T* d = nullptr;
+    RINGATTN_CUDA_CHECK(cudaMalloc(&d, sizeof(T) * h.size() + 16));
+    RINGATTN_CUDA_CHECK(cudaMemcpy(d, h.data(), sizeof(T) * h.size(), cudaMemcpyHostToDevice));
+    return d;
+  };
+  T *q = upload(qs), *k = upload(ks), *v = upload(vs), *out = upload(os);
+  float* lse = nullptr;
+  void* ws = nullptr;
+  const std::size_t ws_bytes = attn.template device_workspace_bytes<T>();
+  RINGATTN_CUDA_CHECK(cudaMalloc(&lse, sizeof(float) * ls.size() + 16));
+  RINGATTN_CUDA_CHECK(cudaMalloc(&ws, ws_bytes + 16));
+  cudaStream_t stream;
+  RINGATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  for (int i = 0; i < 2; ++i) { // a warm-up, then the timed forward whose output is checked
+    const auto start = std::chrono::steady_clock::now();
+    attn.forward(ringattn::thd_view<const T>(q, m, heads, head_dim),
+                 ringattn::thd_view<const T>(k, m, kv_heads, head_dim),
+                 ringattn::thd_view<const T>(v, m, kv_heads, head_dim),
+                 ringattn::thd_view<T>(out, m, heads, head_dim), lse, ws, ws_bytes, stream);
+    RINGATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
+    seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    comm.barrier(); // the timed pass starts together
+  }
+  RINGATTN_CUDA_CHECK(cudaMemcpy(os.data(), out, sizeof(T) * os.size(), cudaMemcpyDeviceToHost));
+  RINGATTN_CUDA_CHECK(
+      cudaMemcpy(ls.data(), lse, sizeof(float) * ls.size(), cudaMemcpyDeviceToHost));
+  RINGATTN_CUDA_CHECK(cudaStreamDestroy(stream));
+  for (void* p : {static_cast<void*>(q), static_cast<void*>(k), static_cast<void*>(v),
+                  static_cast<void*>(out), static_cast<void*>(lse), ws})
+    cudaFree(p);
+}
+#endif
+
 template <class P, class Mask>
 int run(const options& o) {
+  const int gpus = gpus_for(o);
   std::mt19937_64 rng(std::random_device{}());
   const std::vector<std::int32_t> cu = example::packed_batch(o.tokens, o.sequences);
   const ringattn::attention_arguments args{o.heads, o.kv_heads, o.head_dim, 0.0f};
@@ -76,11 +138,15 @@ int run(const options& o) {
   ringattn::partition_plan<P> plan(cu, o.ranks);
   std::vector<std::exception_ptr> errors(static_cast<std::size_t>(o.ranks));
   std::atomic<int> finished{0};
+  std::vector<double> gpu_seconds(static_cast<std::size_t>(o.ranks), 0.0); // timed device forward
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<std::thread> threads;
   for (int r = 0; r < o.ranks; ++r)
     threads.emplace_back([&, r] {
       try {
+#if defined(__CUDACC__)
+        if (gpus > 0) RINGATTN_CUDA_CHECK(cudaSetDevice(r % gpus)); // P virtual ranks per GPU
+#endif
         auto comm = group.communicator(r);
         ringattn::ring_attention<P, ringattn::in_process_communicator, Mask> attn(comm, args, cu);
         const std::int64_t m = attn.local_tokens();
@@ -94,14 +160,21 @@ int run(const options& o) {
         const auto qs = shard(q, o.heads), ks = shard(k, o.kv_heads), vs = shard(v, o.kv_heads);
         std::vector<T> os(qs.size());
         std::vector<float> ls(static_cast<std::size_t>(m) * o.heads);
-        std::vector<std::byte> ws(attn.template host_workspace_bytes<T>() + 16);
-        const std::size_t pad = (16 - reinterpret_cast<std::uintptr_t>(ws.data()) % 16) % 16;
-        attn.forward_host(
-            ringattn::thd_view<const T>(qs.data(), m, o.heads, o.head_dim),
-            ringattn::thd_view<const T>(ks.data(), m, o.kv_heads, o.head_dim),
-            ringattn::thd_view<const T>(vs.data(), m, o.kv_heads, o.head_dim),
-            ringattn::thd_view<T>(os.data(), m, o.heads, o.head_dim), ls.data(),
-            std::span<std::byte>(ws).subspan(pad, attn.template host_workspace_bytes<T>()));
+        if (gpus > 0) {
+#if defined(__CUDACC__)
+          forward_on_gpu(attn, qs, ks, vs, os, ls, o.heads, o.kv_heads, o.head_dim, comm,
+                         gpu_seconds[static_cast<std::size_t>(r)]);
+#endif
+        } else {
+          std::vector<std::byte> ws(attn.template host_workspace_bytes<T>() + 16);
+          const std::size_t pad = (16 - reinterpret_cast<std::uintptr_t>(ws.data()) % 16) % 16;
+          attn.forward_host(
+              ringattn::thd_view<const T>(qs.data(), m, o.heads, o.head_dim),
+              ringattn::thd_view<const T>(ks.data(), m, o.kv_heads, o.head_dim),
+              ringattn::thd_view<const T>(vs.data(), m, o.kv_heads, o.head_dim),
+              ringattn::thd_view<T>(os.data(), m, o.heads, o.head_dim), ls.data(),
+              std::span<std::byte>(ws).subspan(pad, attn.template host_workspace_bytes<T>()));
+        }
         // This rank's rows back to their places in the full batch (each row is owned once).
         for (std::int64_t l = 0; l < m; ++l) {
           const std::int64_t g = plan.global_token(r, l);
@@ -130,8 +203,10 @@ int run(const options& o) {
   });
   for (auto& t : threads)
     t.join();
+  // CPU: the whole run; GPU: the slowest rank's timed forward (after a warm-up).
   const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      gpus > 0 ? *std::max_element(gpu_seconds.begin(), gpu_seconds.end())
+               : std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   {
     std::lock_guard lock(progress_mutex);
     done = true;
@@ -173,10 +248,10 @@ int run(const options& o) {
   }
   const double flops = 4.0 * o.heads * static_cast<double>(total) * o.head_dim;
   const bool ok = max_err < 1e-2 && max_lse_err < 1e-4; // bf16 output: a few ulps of 2^-8
-  std::printf("\n  %5s %-12s %-7s %8s %9s %9s %10s %10s %12s\n", "ranks", "partitioner", "mask",
-              "tokens", "time s", "GFLOP/s", "max |err|", "lse err", "work max/min");
-  std::printf("  %5d %-12s %-7s %8d %9.3f %9.2f %10.2e %10.2e %12.3f\n", o.ranks, P::name,
-              Mask::name, o.tokens, seconds, flops / seconds / 1e9, max_err, max_lse_err,
+  std::printf("\n  %5s %-12s %-7s %8s %10s %9s %10s %10s %12s\n", "ranks", "partitioner", "mask",
+              "tokens", "time ms", "TFLOP/s", "max |err|", "lse err", "work max/min");
+  std::printf("  %5d %-12s %-7s %8d %10.3f %9.4f %10.2e %10.2e %12.3f\n", o.ranks, P::name,
+              Mask::name, o.tokens, seconds * 1e3, flops / seconds / 1e12, max_err, max_lse_err,
               lo > 0 ? static_cast<double>(hi) / lo : 0.0);
   std::printf("\n%zu sample rows x %d heads against the float64 oracle: %s\n", rows.size(), o.heads,
               ok ? "OK" : "FAILED");
@@ -191,9 +266,15 @@ int with_mask(const options& o) {
 
 int main(int argc, char** argv) try {
   const options o = parse(argc, argv);
-  std::printf("ringattn %d.%d.%d quickstart: ring attention forward, %d ranks as threads of this "
-              "process (host path)\n",
-              ringattn::version.major, ringattn::version.minor, ringattn::version.patch, o.ranks);
+  const int gpus = gpus_for(o);
+  std::printf(
+      "ringattn %d.%d.%d quickstart: ring attention forward, %d ranks as threads of this "
+      "process, %s\n",
+      ringattn::version.major, ringattn::version.minor, ringattn::version.patch, o.ranks,
+      gpus == 0 ? "on the CPU (host path)"
+      : gpus == 1
+          ? "on one GPU (virtual ranks, device path)"
+          : ("on " + std::to_string(std::min(gpus, o.ranks)) + " GPUs (device path)").c_str());
   if (o.partitioner == "zigzag") return with_mask<ringattn::zigzag>(o);
   if (o.partitioner == "round_robin") return with_mask<ringattn::round_robin>(o);
   return with_mask<ringattn::contiguous>(o);

@@ -68,6 +68,30 @@ TEST_CASE("NCCL communicator, one rank: exchanges, all-gather, barrier, bad peer
                        communication_error);
 }
 
+TEST_CASE("NCCL communicator wrapping the caller's (blocking) communicator") {
+  ncclUniqueId id;
+  RINGATTN_NCCL_CHECK(ncclGetUniqueId(&id));
+  ncclComm_t raw = nullptr;
+  RINGATTN_NCCL_CHECK(ncclCommInitRank(&raw, 1, id, 0));
+  {
+    nccl_communicator comm = nccl_communicator::wrap(raw, std::chrono::seconds(30));
+    CHECK(comm.rank() == 0);
+    CHECK(comm.size() == 1);
+    CHECK(comm.native() == raw);
+    std::vector<int> src(257, 5);
+    test::device_buffer<int> a(src), b(std::vector<int>(src.size(), 0));
+    cudaStream_t stream;
+    RINGATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    comm.exchange_async(a.get(), src.size() * sizeof(int), 0, b.get(), src.size() * sizeof(int), 0,
+                        0, stream);
+    comm.wait(stream, 0);
+    CHECK(b.download() == src);
+    RINGATTN_CUDA_CHECK(cudaStreamDestroy(stream));
+  } // the wrapper leaves the communicator to its owner
+  CHECK(ncclCommDestroy(raw) == ncclSuccess);
+  CHECK_THROWS_AS(nccl_communicator::wrap(nullptr), invalid_argument);
+}
+
 TEST_CASE("NCCL communicator: bad construction is rejected before NCCL runs") {
   ncclUniqueId id{};
   CHECK_THROWS_WITH_AS(nccl_communicator(id, 2, 2),

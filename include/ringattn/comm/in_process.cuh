@@ -4,7 +4,8 @@
 //!
 //! An `in_process_group` is the shared meeting point of `size` ranks; each thread takes its
 //! `in_process_communicator` with `group.communicator(rank)`. This is how CI runs the whole ring
-//! on the CPU, and (with device buffers, a later step) how one GPU hosts several virtual ranks.
+//! on the CPU, and (with device buffers) how one GPU hosts several virtual ranks, or one process
+//! drives several GPUs (a rank per GPU, copies between them peer to peer where possible).
 //!
 //! Every wait is bounded (`timeout`, default 60 s, settable): a peer that never arrives makes the
 //! waiting rank throw `communication_error` naming itself, the peer and the step. A rank that
@@ -41,7 +42,8 @@ class in_process_group {
 public:
   explicit in_process_group(int size, std::chrono::milliseconds timeout = std::chrono::seconds(60))
       : size_(size), timeout_(timeout), posts_(static_cast<std::size_t>(size > 0 ? size : 0)),
-        gathered_(static_cast<std::size_t>(size > 0 ? size : 0), nullptr) {
+        ready_(posts_.size(), nullptr), copied_(posts_.size(), nullptr),
+        devices_(posts_.size(), -1), gathered_(posts_.size(), nullptr) {
     if (size < 1)
       throw invalid_argument("ringattn: an in-process group needs at least one rank (got " +
                              std::to_string(size) + ")");
@@ -54,24 +56,36 @@ public:
   //! The communicator of rank `rank` (one per thread).
   in_process_communicator communicator(int rank);
 
-  //! Creates the CUDA events device exchanges use (two per rank, on the current device).
-  //! Idempotent and thread-safe; called at plan time by `ring_attention::prepare_device`.
-  void prepare_device() {
+  //! Creates rank `rank`'s CUDA events for device exchanges on the current device (the rank's:
+  //! ranks of one group may use different GPUs of the process) and lets that device access its
+  //! ring neighbours' devices directly where peer access is possible. Idempotent and
+  //! thread-safe; called at plan time by each rank's `ring_attention::prepare_device`.
+  void prepare_device(int rank) {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (!ready_.empty()) return;
-    std::vector<cudaEvent_t> ready(static_cast<std::size_t>(size_)), copied(ready.size());
-    for (std::size_t r = 0; r < ready.size(); ++r) {
-      RINGATTN_CUDA_CHECK(cudaEventCreateWithFlags(&ready[r], cudaEventDisableTiming));
-      RINGATTN_CUDA_CHECK(cudaEventCreateWithFlags(&copied[r], cudaEventDisableTiming));
+    if (rank < 0 || rank >= size_)
+      throw invalid_argument("ringattn: rank " + std::to_string(rank) + " is out of range [0, " +
+                             std::to_string(size_) + ")");
+    const auto r = static_cast<std::size_t>(rank);
+    if (ready_[r] != nullptr) return;
+    int device = 0;
+    RINGATTN_CUDA_CHECK(cudaGetDevice(&device));
+    devices_[r] = device;
+    RINGATTN_CUDA_CHECK(cudaEventCreateWithFlags(&ready_[r], cudaEventDisableTiming));
+    RINGATTN_CUDA_CHECK(cudaEventCreateWithFlags(&copied_[r], cudaEventDisableTiming));
+    // Copies out of a neighbour's buffers: direct peer access where the devices allow it (else
+    // the driver stages them). Done for both neighbours once both have registered.
+    for (int peer : {(rank + 1) % size_, (rank - 1 + size_) % size_}) {
+      const int other = devices_[static_cast<std::size_t>(peer)];
+      if (other < 0 || other == device) continue;
+      enable_peer(device, other);
+      enable_peer(other, device);
     }
-    ready_ = std::move(ready);
-    copied_ = std::move(copied);
   }
   ~in_process_group() {
     for (cudaEvent_t e : ready_)
-      cudaEventDestroy(e);
+      if (e) cudaEventDestroy(e);
     for (cudaEvent_t e : copied_)
-      cudaEventDestroy(e);
+      if (e) cudaEventDestroy(e);
   }
 
   //! Marks the group failed: every current and future wait throws with `reason`.
@@ -126,6 +140,21 @@ private:
   std::string aborted_;
   std::vector<post> posts_;                 // posts_[r]: what rank r offers its successor
   std::vector<cudaEvent_t> ready_, copied_; // per rank, for device exchanges
+  std::vector<int> devices_;                // per rank: its device (-1 before prepare_device)
+
+  //! Lets device `from` access device `to`'s memory directly, if the hardware can.
+  static void enable_peer(int from, int to) {
+    int can = 0;
+    RINGATTN_CUDA_CHECK(cudaDeviceCanAccessPeer(&can, from, to));
+    if (!can) return;
+    int current = 0;
+    RINGATTN_CUDA_CHECK(cudaGetDevice(&current));
+    RINGATTN_CUDA_CHECK(cudaSetDevice(from));
+    const cudaError_t e = cudaDeviceEnablePeerAccess(to, 0);
+    if (e == cudaErrorPeerAccessAlreadyEnabled) (void)cudaGetLastError(); // not an error here
+    RINGATTN_CUDA_CHECK(cudaSetDevice(current));
+    if (e != cudaErrorPeerAccessAlreadyEnabled) RINGATTN_CUDA_CHECK(e);
+  }
   // all_gather / barrier state: a generation counter and per-rank pointers.
   std::vector<const void*> gathered_;
   int arrived_ = 0;
@@ -175,16 +204,16 @@ public:
   //! copy from the sender's buffer, ordered after the sender's `stream` work by an event) and
   //! makes `stream` wait until rank `to` has copied `send` before anything later on `stream` may
   //! overwrite it. The host threads meet only to swap pointers and events (bounded waits); no
-  //! thread waits for the device. Needs `in_process_group::prepare_device()` first.
+  //! thread waits for the device. Needs `prepare_device()` first (on this rank's device).
   void exchange_async(const void* send, std::size_t send_bytes, int to, void* recv,
                       std::size_t recv_bytes, int from, std::int64_t step, cudaStream_t stream) {
     in_process_group& g = *group_;
     std::unique_lock<std::mutex> lock(g.mutex_);
     check_peer(to, step);
     check_peer(from, step);
-    if (g.ready_.empty())
+    if (g.ready_[static_cast<std::size_t>(rank_)] == nullptr)
       throw invalid_argument("ringattn: " + in_process_group::where(rank_, step) +
-                             ": device exchange before in_process_group::prepare_device()");
+                             ": device exchange before prepare_device()");
     g.wait(
         lock, [&] { return g.posts_[rank_].consumed; }, rank_, to, step,
         "to take the previous step's data");
@@ -249,8 +278,9 @@ public:
     all_gather(&none, 1, all.data());
   }
 
-  //! Creates the group's device events (see in_process_group::prepare_device).
-  void prepare_device() { group_->prepare_device(); }
+  //! Creates this rank's device events on the current device (see
+  //! in_process_group::prepare_device).
+  void prepare_device() { group_->prepare_device(rank_); }
 
   //! Fails the whole group (see in_process_group::abort).
   void abort(const std::string& reason) { group_->abort(rank_, reason); }

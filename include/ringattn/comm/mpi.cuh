@@ -12,6 +12,15 @@
 //! peer that is waiting elsewhere, so `abort()` only records the reason locally; the peers then
 //! fail at their own timeout, naming this rank.
 //!
+//! Device buffers (`exchange_async`, the ring's device path): with a CUDA-aware MPI the device
+//! pointers go to MPI directly; otherwise through pinned host staging buffers (D2H, MPI, H2D).
+//! CUDA-awareness is detected at `prepare_device()` (Open MPI's `MPIX_Query_cuda_support`;
+//! `RINGATTN_MPI_CUDA_AWARE=0|1` in the environment, or the constructor's `cuda_awareness`,
+//! override it). MPI cannot run on a CUDA stream, so a device exchange makes the calling thread
+//! wait (bounded) for the stream's earlier work and for the transfer: in the ring that is the
+//! communication stream, and the compute already enqueued keeps the GPU busy meanwhile; the
+//! staging buffers are allocated at the first exchange of each size (not again afterwards).
+//!
 //! \code
 //! ringattn::mpi_communicator comm(MPI_COMM_WORLD);
 //! ringattn::ring_attention<ringattn::zigzag, ringattn::mpi_communicator, ringattn::causal>
@@ -19,24 +28,34 @@
 //! \endcode
 
 #include <ringattn/comm/mpi_error.cuh>
+#include <ringattn/cuda_check.cuh>
 #include <ringattn/error.cuh>
 
+#include <cuda_runtime_api.h>
 #include <mpi.h>
+#if __has_include(<mpi-ext.h>)
+#include <mpi-ext.h> // Open MPI: MPIX_CUDA_AWARE_SUPPORT, MPIX_Query_cuda_support
+#endif
 
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <string>
 #include <thread>
 
 namespace ringattn {
 
+//! Whether MPI may be given device pointers: ask the library (`detect`), or say so.
+enum class cuda_awareness { detect, yes, no };
+
 class mpi_communicator {
 public:
   explicit mpi_communicator(MPI_Comm comm,
-                            std::chrono::milliseconds timeout = std::chrono::seconds(60))
-      : timeout_(timeout) {
+                            std::chrono::milliseconds timeout = std::chrono::seconds(60),
+                            cuda_awareness aware = cuda_awareness::detect)
+      : timeout_(timeout), awareness_(aware) {
     RINGATTN_MPI_CHECK(MPI_Comm_dup(comm, &comm_));
     RINGATTN_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
     RINGATTN_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
@@ -46,6 +65,9 @@ public:
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (!finalized) MPI_Comm_free(&comm_); // no throw from a destructor
+    if (event_) cudaEventDestroy(event_);
+    for (void* p : {send_stage_, recv_stage_})
+      if (p) cudaFreeHost(p);
   }
   mpi_communicator(const mpi_communicator&) = delete;
   mpi_communicator& operator=(const mpi_communicator&) = delete;
@@ -99,11 +121,89 @@ public:
     MPI_Status status;
     wait_all(&req, &status, -1, -1, -1, 1);
   }
+  //! Device path, plan time: resolves CUDA-awareness (see the file notes) and creates the event
+  //! the device exchanges wait on.
+  void prepare_device() {
+    if (event_) return;
+    bool aware = false;
+    if (awareness_ == cuda_awareness::yes) {
+      aware = true;
+    } else if (awareness_ == cuda_awareness::detect) {
+      const char* env = std::getenv("RINGATTN_MPI_CUDA_AWARE");
+      if (env != nullptr && (env[0] == '0' || env[0] == '1')) {
+        aware = env[0] == '1';
+      } else {
+#if defined(MPIX_CUDA_AWARE_SUPPORT) && MPIX_CUDA_AWARE_SUPPORT
+        aware = MPIX_Query_cuda_support() == 1;
+#endif
+      }
+    }
+    cuda_aware_ = aware;
+    RINGATTN_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+  }
+  //! Whether device exchanges hand device pointers to MPI (after `prepare_device`).
+  bool cuda_aware() const noexcept { return cuda_aware_; }
+
+  //! The ring's device exchange: `send` and `recv` are device memory; the send starts once the
+  //! work enqueued on `stream` so far is done, and the received bytes are in `recv` for work
+  //! enqueued on `stream` afterwards. The calling thread waits (bounded) for both.
+  void exchange_async(const void* send, std::size_t send_bytes, int to, void* recv,
+                      std::size_t recv_bytes, int from, std::int64_t step, cudaStream_t stream) {
+    error_rank_scope scope(rank_);
+    if (!event_)
+      throw invalid_argument("ringattn: rank " + std::to_string(rank_) + ", step " +
+                             std::to_string(step) + ": device exchange before prepare_device()");
+    settle(stream, step); // the send buffer is complete (and the last receive copied out)
+    if (cuda_aware_) {
+      exchange(send, send_bytes, to, recv, recv_bytes, from, step);
+      return;
+    }
+    stage(send_stage_, send_capacity_, send_bytes);
+    stage(recv_stage_, recv_capacity_, recv_bytes);
+    if (send_bytes) {
+      RINGATTN_CUDA_CHECK(
+          cudaMemcpyAsync(send_stage_, send, send_bytes, cudaMemcpyDeviceToHost, stream));
+      settle(stream, step);
+    }
+    exchange(send_stage_, send_bytes, to, recv_stage_, recv_bytes, from, step);
+    // The staging buffer is read by this copy until `stream` passes it; the next exchange's
+    // first `settle` waits for that before reusing it.
+    if (recv_bytes)
+      RINGATTN_CUDA_CHECK(
+          cudaMemcpyAsync(recv, recv_stage_, recv_bytes, cudaMemcpyHostToDevice, stream));
+  }
+
   //! Records why this rank gave up (MPI cannot wake peers waiting elsewhere; see the file notes).
   void abort(const std::string& reason) { aborted_ = reason; }
   const std::string& abort_reason() const noexcept { return aborted_; }
 
 private:
+  // Waits (bounded) until the work enqueued on `stream` so far is done.
+  void settle(cudaStream_t stream, std::int64_t step) {
+    RINGATTN_CUDA_CHECK(cudaEventRecord(event_, stream));
+    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    for (;;) {
+      const cudaError_t e = cudaEventQuery(event_);
+      if (e == cudaSuccess) return;
+      if (e != cudaErrorNotReady) RINGATTN_CUDA_CHECK(e);
+      if (std::chrono::steady_clock::now() >= deadline)
+        throw communication_error("ringattn: rank " + std::to_string(rank_) + ", step " +
+                                  std::to_string(step) + ": timed out after " +
+                                  std::to_string(timeout_.count()) +
+                                  " ms waiting for the device before an MPI exchange");
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
+  // Pinned host memory of at least `bytes` in `p` (grown only when a larger message comes).
+  static void stage(void*& p, std::size_t& capacity, std::size_t bytes) {
+    if (bytes <= capacity) return;
+    if (p) RINGATTN_CUDA_CHECK(cudaFreeHost(p));
+    p = nullptr;
+    capacity = 0;
+    RINGATTN_CUDA_CHECK(cudaHostAlloc(&p, bytes, cudaHostAllocDefault));
+    capacity = bytes;
+  }
+
   void check_count(std::size_t bytes) const {
     if (bytes > static_cast<std::size_t>(std::numeric_limits<int>::max()))
       throw invalid_argument("ringattn: rank " + std::to_string(rank_) + ": a message of " +
@@ -144,6 +244,12 @@ private:
   std::chrono::milliseconds timeout_;
   std::uint64_t bytes_sent_ = 0;
   std::string aborted_;
+  cuda_awareness awareness_;
+  bool cuda_aware_ = false;
+  cudaEvent_t event_ = nullptr;
+  void* send_stage_ = nullptr;
+  void* recv_stage_ = nullptr;
+  std::size_t send_capacity_ = 0, recv_capacity_ = 0;
 };
 
 } // namespace ringattn

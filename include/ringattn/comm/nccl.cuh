@@ -68,16 +68,29 @@ public:
       throw;
     }
   }
+  //! Wraps a communicator the caller created and keeps: not destroyed here (`abort` still aborts
+  //! it). Host waits are bounded as above, but NCCL calls themselves can block the host on a
+  //! blocking communicator (for instance the first connection to a peer): create it with
+  //! `ncclConfig_t::blocking = 0` for waits that are bounded throughout.
+  static nccl_communicator wrap(ncclComm_t comm,
+                                std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
+    if (comm == nullptr) throw invalid_argument("ringattn: wrapping a null NCCL communicator");
+    int rank = 0, size = 0, device = 0;
+    RINGATTN_NCCL_CHECK(ncclCommUserRank(comm, &rank));
+    RINGATTN_NCCL_CHECK(ncclCommCount(comm, &size));
+    RINGATTN_NCCL_CHECK(ncclCommCuDevice(comm, &device));
+    return nccl_communicator(comm, size, rank, device, timeout);
+  }
   nccl_communicator(const nccl_communicator&) = delete;
   nccl_communicator& operator=(const nccl_communicator&) = delete;
   nccl_communicator(nccl_communicator&& o) noexcept
       : comm_(std::exchange(o.comm_, nullptr)), stream_(std::exchange(o.stream_, nullptr)),
         staging_(std::exchange(o.staging_, nullptr)), staging_bytes_(o.staging_bytes_),
         size_(o.size_), rank_(o.rank_), device_(o.device_), timeout_(o.timeout_),
-        aborted_(o.aborted_), bytes_sent_(o.bytes_sent_) {}
+        aborted_(o.aborted_), owned_(o.owned_), bytes_sent_(o.bytes_sent_) {}
   nccl_communicator& operator=(nccl_communicator&&) = delete;
   ~nccl_communicator() {
-    if (comm_ && !aborted_) {
+    if (comm_ && !aborted_ && owned_) {
       // Finalize flushes outstanding operations (bounded); if it cannot finish, abort instead.
       ncclResult_t state = ncclCommFinalize(comm_);
       const auto deadline = clock::now() + timeout_;
@@ -198,6 +211,12 @@ public:
   }
 
 private:
+  nccl_communicator(ncclComm_t borrowed, int size, int rank, int device,
+                    std::chrono::milliseconds timeout)
+      : comm_(borrowed), size_(size), rank_(rank), device_(device), timeout_(timeout),
+        owned_(false) {
+    RINGATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  }
   std::string where(std::int64_t step) const {
     return step >= 0 ? "rank " + std::to_string(rank_) + ", step " + std::to_string(step)
                      : "rank " + std::to_string(rank_);
@@ -258,6 +277,7 @@ private:
   int size_ = 0, rank_ = 0, device_ = 0;
   std::chrono::milliseconds timeout_;
   bool aborted_ = false;
+  bool owned_ = true; // false: wrap()ped, the caller destroys the NCCL communicator
   std::uint64_t bytes_sent_ = 0;
 };
 
