@@ -15,6 +15,7 @@
 #include <mpi.h>
 
 #include <cstring>
+#include <string>
 
 using namespace ringattn;
 
@@ -98,8 +99,10 @@ TEST_CASE("MPI device ring with detected CUDA-awareness equals the oracle") {
   int aware = comm.cuda_aware() ? 1 : 0, all = 0;
   MPI_Allreduce(&aware, &all, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
   CHECK((all == 0 || all == comm.size())); // every rank resolved the same path
-  if (comm.rank() == 0)
-    MESSAGE("MPI CUDA-aware: " << (aware ? "yes (device pointers to MPI)" : "no (staged)"));
+  if (comm.rank() == 0) {
+    const std::string path = aware ? "yes (device pointers to MPI)" : "no (staged)";
+    MESSAGE("MPI CUDA-aware: " << path);
+  }
 }
 
 TEST_CASE("MPI device exchange before prepare_device is refused") {
