@@ -1,9 +1,19 @@
 #!/usr/bin/env bash
 # The README's test command: installs what is missing, then configures, builds and runs every
-# test (labels cpu, mpi, gpu, packaging, compile). GPU tests report "Skipped" where no GPU exists.
-# Usage: scripts/test.sh [workflow preset, default ci]
+# test (labels cpu, mpi, gpu, packaging, compile), then the sanitizer runs. GPU tests report
+# "Skipped" where no GPU exists.
+# Usage: scripts/test.sh [workflow preset]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
-preset="${1:-ci}"
-cmake --workflow --preset "$preset"
+# With no argument: the ci workflow, then the host suites again under AddressSanitizer +
+# UndefinedBehaviorSanitizer (asan: cpu and mpi) and ThreadSanitizer (tsan: cpu). A preset name
+# runs that workflow alone (for instance gpu on a GPU machine).
+if [ $# -gt 0 ]; then
+  cmake --workflow --preset "$1"
+else
+  for preset in ci asan tsan; do
+    echo "== workflow $preset"
+    cmake --workflow --preset "$preset"
+  done
+fi
