@@ -12,6 +12,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
+#include <cstdint>
 #include <string>
 
 namespace ringattn::detail {
@@ -26,13 +28,29 @@ inline void check_cuda(cudaError_t code, const char* call, const char* file, int
 //! Evaluates a CUDA runtime call and throws `ringattn::cuda_error` if it fails.
 #define RINGATTN_CUDA_CHECK(call) ::ringattn::detail::check_cuda((call), #call, __FILE__, __LINE__)
 
+// RINGATTN_COUNT_LAUNCHES (tests): every launch the library makes is counted in
+// `ringattn::detail::kernel_launches`, so a test can show that a rejected call launched nothing.
+#if defined(RINGATTN_COUNT_LAUNCHES)
+namespace ringattn::detail {
+inline std::atomic<std::uint64_t> kernel_launches{0};
+} // namespace ringattn::detail
+#define RINGATTN_NOTE_LAUNCH() (void)::ringattn::detail::kernel_launches.fetch_add(1)
+#else
+#define RINGATTN_NOTE_LAUNCH() (void)0
+#endif
+
 #if defined(RINGATTN_DEBUG_SYNC)
 #define RINGATTN_CUDA_CHECK_LAUNCH()                                                               \
   do {                                                                                             \
+    RINGATTN_NOTE_LAUNCH();                                                                        \
     RINGATTN_CUDA_CHECK(cudaGetLastError());                                                       \
     RINGATTN_CUDA_CHECK(cudaDeviceSynchronize());                                                  \
   } while (0)
 #else
 //! Checks that the last kernel launch was accepted (bad configuration, missing image, ...).
-#define RINGATTN_CUDA_CHECK_LAUNCH() RINGATTN_CUDA_CHECK(cudaGetLastError())
+#define RINGATTN_CUDA_CHECK_LAUNCH()                                                               \
+  do {                                                                                             \
+    RINGATTN_NOTE_LAUNCH();                                                                        \
+    RINGATTN_CUDA_CHECK(cudaGetLastError());                                                       \
+  } while (0)
 #endif

@@ -176,6 +176,7 @@ public:
     if (device_) return;
     comm_.prepare_device();
     auto d = std::make_unique<device_resources>();
+    RINGATTN_CUDA_CHECK(cudaGetDevice(&d->device));
     RINGATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&d->comm, cudaStreamNonBlocking));
     for (cudaEvent_t* e : {&d->own_ready, &d->comm_end, &d->compute_done[0], &d->compute_done[1],
                            &d->recv_done[0], &d->recv_done[1]})
@@ -208,6 +209,7 @@ public:
         q, k, v, out, lse,
         std::span<const std::byte>(static_cast<const std::byte*>(workspace), workspace_bytes));
     ok.require(device_ != nullptr, "prepare_device() must run before the device forward");
+    if (ok) ok.require(validate_device_call(q, k, v, out, lse, workspace, stream));
     if (!ok) comm_.abort(ok.reason());
     ok.throw_if_invalid();
     try {
@@ -221,6 +223,64 @@ public:
 
 private:
   static std::size_t align(std::size_t n) { return (n + 255) / 256 * 256; }
+
+#if defined(__CUDACC__)
+  // What the device path needs on top of `validate_forward`: the current device and the stream's
+  // are the one prepare_device() ran on; every buffer is device memory there (or managed), so no
+  // kernel ever dereferences a host pointer; q meets the kernels' 16-byte alignment, out the
+  // finalise kernel's 4-byte pairs.
+  template <class T>
+  validation validate_device_call(thd_view<const T> q, thd_view<const T> k, thd_view<const T> v,
+                                  thd_view<T> out, const float* lse, const void* workspace,
+                                  cudaStream_t stream) const {
+    validation r = validation::ok();
+    const int want = device_->device;
+    int current = -1;
+    RINGATTN_CUDA_CHECK(cudaGetDevice(&current));
+    r.require(current == want, "the current device is ", current, " but prepare_device() ran on ",
+              want);
+    if (stream != nullptr && stream != cudaStreamLegacy && stream != cudaStreamPerThread) {
+      int on = -1;
+      RINGATTN_CUDA_CHECK(cudaStreamGetDevice(stream, &on));
+      r.require(on == want, "the stream belongs to device ", on, "; this rank runs on device ",
+                want);
+    }
+    auto device_memory = [&](const void* p, const char* name) {
+      if (p == nullptr || !r) return;
+      cudaPointerAttributes a{};
+      const cudaError_t e = cudaPointerGetAttributes(&a, p);
+      if (e != cudaSuccess) { // older drivers report unregistered host memory this way
+        (void)cudaGetLastError();
+        r.require(false, name, " is not device memory (", cudaGetErrorName(e), ")");
+        return;
+      }
+      r.require(a.type == cudaMemoryTypeManaged ||
+                    (a.type == cudaMemoryTypeDevice && a.device == want),
+                name,
+                a.type == cudaMemoryTypeDevice
+                    ? " is device memory of another device (" + std::to_string(a.device) +
+                          "; this rank runs on device " + std::to_string(want) + ")"
+                    : std::string(" is host memory; the device forward takes device memory"));
+    };
+    device_memory(q.data, "q");
+    device_memory(k.data, "k");
+    device_memory(v.data, "v");
+    device_memory(out.data, "out");
+    device_memory(lse, "lse");
+    device_memory(workspace, "the workspace");
+    auto vectors = [](const auto& x) {
+      return reinterpret_cast<std::uintptr_t>(x.data) % 16 == 0 && x.token_stride % 8 == 0 &&
+             x.head_stride % 8 == 0;
+    };
+    r.require(vectors(q), "q must be 16-byte aligned with token and head strides that are "
+                          "multiples of 8 elements (the kernels load 16-byte vectors)");
+    r.require(reinterpret_cast<std::uintptr_t>(out.data) % 4 == 0 && out.token_stride % 2 == 0 &&
+                  out.head_stride % 2 == 0,
+              "out must be 4-byte aligned with even token and head strides");
+    r.require(reinterpret_cast<std::uintptr_t>(lse) % 4 == 0, "lse must be 4-byte aligned");
+    return r;
+  }
+#endif
 
   // Every rank validates its own arguments, then all exchange a fingerprint in one all-gather —
   // also the ranks whose arguments are invalid, so that every rank fails together, at once,
@@ -319,6 +379,7 @@ private:
   }
 
   struct device_resources {
+    int device = -1; // where prepare_device() ran: streams, events and schedules live there
     cudaStream_t comm = nullptr;
     cudaEvent_t own_ready = nullptr, comm_end = nullptr;
     cudaEvent_t compute_done[2] = {}, recv_done[2] = {};

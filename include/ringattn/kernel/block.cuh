@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <vector>
 
@@ -74,6 +75,12 @@ inline std::vector<block_group> group_blocks(std::span<const block> blocks) {
 inline validation validate_groups(std::span<const block_group> groups, std::int64_t q_tokens,
                                   std::int64_t kv_tokens) {
   validation r = validation::ok();
+  // Lengths are int32 throughout (cu_seqlens, the kernels' work tiles): a larger shard is refused
+  // here rather than wrapping around.
+  constexpr std::int64_t most = std::numeric_limits<std::int32_t>::max();
+  r.require(q_tokens <= most && kv_tokens <= most, "a block of ", q_tokens, " query and ",
+            kv_tokens, " key tokens exceeds the int32 limit of ", most, " tokens");
+  r.require(groups.size() <= static_cast<std::size_t>(most), "more than ", most, " groups");
   std::vector<std::pair<std::int64_t, std::int64_t>> rows;
   for (std::size_t g = 0; g < groups.size() && r; ++g) {
     const block_group& x = groups[g];
