@@ -12,6 +12,9 @@
 #include <doctest/doctest.h>
 #include <mpi.h>
 
+#include <chrono>
+#include <string>
+
 using namespace ringattn;
 
 namespace {
@@ -85,4 +88,44 @@ TEST_CASE("MPI: a rank with invalid arguments makes every rank fail at plan time
                                 " rejected its arguments (its own error says why)";
   CHECK_THROWS_WITH_AS((ring_attention<round_robin, mpi_communicator, full>(comm, a, cu)),
                        expected.c_str(), invalid_argument);
+}
+
+// Fault injection: the last rank plans with the others, then never calls the forward (as if it
+// had died). Every other rank fails within a few timeouts with a communication_error naming a
+// step and what it waited for; rank 0 names the missing rank. Nobody hangs.
+TEST_CASE("MPI: a rank that never arrives makes the others fail within the timeout, naming it") {
+  const int size = [] {
+    int s = 0;
+    MPI_Comm_size(MPI_COMM_WORLD, &s);
+    return s;
+  }();
+  if (size < 2) return;
+  const auto timeout = std::chrono::milliseconds(300);
+  {
+    mpi_communicator comm(MPI_COMM_WORLD, timeout);
+    const int r = comm.rank(), last = size - 1;
+    std::mt19937_64 rng(7);
+    const auto cu = test::random_cu_seqlens(2, 20, 61, rng);
+    test::sharded_case<zigzag, __nv_bfloat16> c(cu, size, {4, 2, 64, 0.0f}, mask_kind::causal, rng);
+    ring_attention<zigzag, mpi_communicator, causal> attn(comm, c.args, cu);
+    if (r != last) {
+      const auto start = std::chrono::steady_clock::now();
+      std::string what;
+      try {
+        (void)c.forward_rank(attn, r);
+      } catch (const communication_error& e) {
+        what = e.what();
+      }
+      const auto took = std::chrono::steady_clock::now() - start;
+      CAPTURE(what);
+      CHECK(what.find("ringattn: rank " + std::to_string(r) + ", step ") == 0);
+      CHECK(what.find("timed out after 300 ms waiting for rank ") != std::string::npos);
+      if (r == 0)
+        CHECK(what.find("waiting for rank " + std::to_string(last) + " to send") !=
+              std::string::npos);
+      // At most one timeout per step before this rank's own wait expires.
+      CHECK(took < timeout * (size + 2));
+    }
+  }
+  MPI_Barrier(MPI_COMM_WORLD); // everyone, the silent rank included, goes on together
 }
