@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Installs what building and testing ringattn needs on a Debian/Ubuntu machine that has the CUDA
-# toolkit: CMake >= 3.25, Ninja, doctest, Google Benchmark, Open MPI, git. It checks for each
-# capability (a command, a header, a library), not for package names, so a machine that has a tool
-# from elsewhere (CMake from pip, a preinstalled image) is left alone and needs no network. Needs
-# root (or sudo) only when something is missing. Sourced by scripts/test.sh and quickstart.sh.
+# toolkit: CMake >= 3.25, Ninja, doctest, Google Benchmark, Open MPI, git, clang with libFuzzer.
+# It checks for each capability (a command, a header, a library), not for package names, so a
+# machine that has a tool from elsewhere (CMake from pip, a preinstalled image) is left alone and
+# needs no network. Needs root (or sudo) only when something is missing. Sourced by scripts/test.sh and quickstart.sh.
 set -euo pipefail
 
 need=()
@@ -19,6 +19,17 @@ if ! has_header benchmark/benchmark.h || ! libraries | grep -q libbenchmark; the
   need+=(libbenchmark-dev)
 fi
 { command -v mpirun >/dev/null 2>&1 && command -v mpicxx >/dev/null 2>&1; } || need+=(libopenmpi-dev openmpi-bin)
+# clang with libFuzzer's runtime (the fuzz preset): probed by linking an empty fuzz target.
+fuzzer_links() {
+  local exe
+  exe=$(mktemp)
+  printf 'extern "C" int LLVMFuzzerTestOneInput(const unsigned char*, unsigned long) { return 0; }\n' |
+    clang++ -fsanitize=fuzzer -x c++ - -o "$exe" >/dev/null 2>&1
+  local ok=$?
+  rm -f "$exe"
+  return $ok
+}
+command -v clang++ >/dev/null 2>&1 || need+=(clang)
 
 if ((${#need[@]})); then
   echo "setup: installing ${need[*]}"
@@ -27,6 +38,15 @@ if ((${#need[@]})); then
   export DEBIAN_FRONTEND=noninteractive
   $sudo apt-get update -qq
   $sudo apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+if ! fuzzer_links; then # Debian ships libFuzzer's runtime in libclang-rt-<major>-dev
+  major=$(clang++ -dumpversion | cut -d. -f1)
+  echo "setup: installing libclang-rt-${major}-dev (libFuzzer)"
+  sudo=""
+  if [ "$(id -u)" != 0 ]; then sudo=sudo; fi
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq --no-install-recommends "libclang-rt-${major}-dev" >/dev/null
 fi
 
 if ! command -v nvcc >/dev/null 2>&1; then

@@ -7,12 +7,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/setup.sh
 # With no argument: the ci workflow, then the host suites again under AddressSanitizer +
-# UndefinedBehaviorSanitizer (asan: cpu and mpi) and ThreadSanitizer (tsan: cpu). A preset name
+# UndefinedBehaviorSanitizer (asan: cpu and mpi), ThreadSanitizer (tsan: cpu) and the libFuzzer
+# targets for a bounded time (fuzz). A preset name
 # runs that workflow alone (for instance gpu on a GPU machine).
 if [ $# -gt 0 ]; then
   cmake --workflow --preset "$1"
 else
-  for preset in ci asan tsan; do
+  for preset in ci asan tsan fuzz; do
     echo "== workflow $preset"
     cmake --workflow --preset "$preset"
   done
