@@ -3,7 +3,8 @@
 # toolkit: CMake >= 3.25, Ninja, doctest, Google Benchmark, Open MPI, git, clang with libFuzzer.
 # It checks for each capability (a command, a header, a library), not for package names, so a
 # machine that has a tool from elsewhere (CMake from pip, a preinstalled image) is left alone and
-# needs no network. Needs root (or sudo) only when something is missing. Sourced by scripts/test.sh and quickstart.sh.
+# needs no network. Needs root (or sudo) only when something is missing. Sourced by scripts/test.sh
+# and quickstart.sh.
 set -euo pipefail
 
 need=()
