@@ -12,7 +12,10 @@
 
 #include <doctest/doctest.h>
 
+#include <cstring>
 #include <exception>
+#include <stdexcept>
+#include <string>
 #include <thread>
 
 using namespace ringattn;
@@ -176,4 +179,25 @@ TEST_CASE(
   CHECK(message(errors[0]) == "ringattn: " + why);
   // Rank 1 waits for rank 0 to take its data and learns why instead of timing out.
   CHECK(message(errors[1]).find(why) != std::string::npos);
+}
+
+// Determinism (docs/reliability.md): the same inputs give bitwise the same output and lse, run
+// after run — the ring's order of steps and merges is fixed, whatever the threads' timing.
+TEST_CASE("host ring: two forwards are bitwise equal") {
+  std::mt19937_64 rng(test::fresh_seed());
+  const auto cu = test::random_cu_seqlens(3, 1, 200, rng);
+  const test::sharded_case<zigzag, __nv_bfloat16> c(cu, 4, {8, 2, 64, 0.0f}, mask_kind::causal,
+                                                    rng);
+  in_process_group group(4);
+  const auto errors = on_ranks(group, [&](int r, in_process_communicator& comm) {
+    ring_attention<zigzag, in_process_communicator, causal> attn(comm, c.args, cu);
+    const auto first = c.forward_rank(attn, r);
+    const auto second = c.forward_rank(attn, r);
+    if (std::memcmp(first.out.data(), second.out.data(),
+                    first.out.size() * sizeof(__nv_bfloat16)) != 0 ||
+        std::memcmp(first.lse.data(), second.lse.data(), first.lse.size() * sizeof(float)) != 0)
+      throw std::runtime_error("rank " + std::to_string(r) + ": the two forwards differ");
+  });
+  for (const auto& e : errors)
+    CHECK(message(e) == "");
 }

@@ -44,6 +44,7 @@ struct device_call {
   std::size_t ws_bytes = 0;
   cudaStream_t stream = nullptr;
   bool prepare = true;
+  int device_at_call = -1; // >= 0: made current after prepare_device(), for the call only
 
   explicit device_call(std::size_t bytes) : host_ws(bytes), ws(bytes + 64) {
     ws_ptr = ws.get();
@@ -79,12 +80,16 @@ std::string forward_with(const std::function<void(device_call&)>& breaks, bool& 
   RINGATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   if (c.stream == nullptr) c.stream = stream;
   const std::uint64_t launches = detail::kernel_launches.load();
+  int device = 0;
+  RINGATTN_CUDA_CHECK(cudaGetDevice(&device));
+  if (c.device_at_call >= 0) RINGATTN_CUDA_CHECK(cudaSetDevice(c.device_at_call));
   std::string what;
   try {
     attn.forward<T>(c.qv, c.kv, c.vv, c.ov, c.lse_ptr, c.ws_ptr, c.ws_bytes, c.stream);
   } catch (const invalid_argument& e) {
     what = e.what();
   }
+  RINGATTN_CUDA_CHECK(cudaSetDevice(device));
   RINGATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
   RINGATTN_CUDA_CHECK(cudaStreamDestroy(stream));
   clean = detail::kernel_launches.load() == launches && comm.bytes_sent() == 0 && c.untouched();
@@ -143,17 +148,35 @@ TEST_CASE("a stream or current device other than the prepared one is refused") {
     MESSAGE("one GPU: the other-device cases need two (skipped)");
     return;
   }
+  RINGATTN_CUDA_CHECK(cudaSetDevice(0));
   bool clean = false;
+  cudaStream_t other = nullptr;
   std::string what = forward_with(
-      [](device_call& c) {
+      [&](device_call& c) {
         RINGATTN_CUDA_CHECK(cudaSetDevice(1));
-        RINGATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&c.stream, cudaStreamNonBlocking));
+        RINGATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
         RINGATTN_CUDA_CHECK(cudaSetDevice(0));
+        c.stream = other;
       },
       clean);
   CHECK(what.find("the stream belongs to device 1; this rank runs on device 0") !=
         std::string::npos);
   CHECK(clean);
+  RINGATTN_CUDA_CHECK(cudaStreamDestroy(other));
+
+  what = forward_with([](device_call& c) { c.device_at_call = 1; }, clean);
+  CHECK(what.find("the current device is 1 but prepare_device() ran on 0") != std::string::npos);
+  CHECK(clean);
+
+  void* far = nullptr; // q's bytes on device 1
+  RINGATTN_CUDA_CHECK(cudaSetDevice(1));
+  RINGATTN_CUDA_CHECK(cudaMalloc(&far, device_call::n * 8 * 64 * sizeof(T)));
+  RINGATTN_CUDA_CHECK(cudaSetDevice(0));
+  what = forward_with([&](device_call& c) { c.qv.data = static_cast<const T*>(far); }, clean);
+  CHECK(what.find("q is device memory of another device (1; this rank runs on device 0)") !=
+        std::string::npos);
+  CHECK(clean);
+  RINGATTN_CUDA_CHECK(cudaFree(far));
 }
 
 TEST_CASE("the CUDA block kernel refuses fp32 inputs and a schedule made for other shapes") {
