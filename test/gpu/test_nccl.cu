@@ -1,8 +1,8 @@
 // The NCCL communicator on what one GPU allows: a communicator of one rank (NCCL refuses two ranks
 // on one device). Device exchange with itself, host exchange and all-gather through staging,
 // barrier, bad peers, and the whole device ring (P = 1) through it against the float64 oracle.
-// Several ranks, timeouts with a missing peer and abort propagation need several GPUs (the
-// multi-GPU issue).
+// A peer that never joins times creation out. Several ranks, missing peers mid-ring and abort
+// propagation need several GPUs (the multi-GPU issue).
 #include "../sharded_case.hpp"
 #include "device_buffer.cuh"
 
@@ -12,6 +12,7 @@
 
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <cstring>
 #include <numeric>
 
@@ -90,6 +91,20 @@ TEST_CASE("NCCL communicator wrapping the caller's (blocking) communicator") {
   } // the wrapper leaves the communicator to its owner
   CHECK(ncclCommDestroy(raw) == ncclSuccess);
   CHECK_THROWS_AS(nccl_communicator::wrap(nullptr), invalid_argument);
+}
+
+// Fault injection on one GPU: a communicator of two ranks whose second rank never joins. The
+// creation is bounded: after the timeout the communicator aborts and throws, naming the wait.
+TEST_CASE("NCCL communicator: a rank that never joins makes creation fail within the timeout") {
+  ncclUniqueId id;
+  RINGATTN_NCCL_CHECK(ncclGetUniqueId(&id));
+  const auto start = std::chrono::steady_clock::now();
+  CHECK_THROWS_WITH_AS(
+      nccl_communicator(id, 2, 0, std::chrono::milliseconds(1500)),
+      doctest::Contains(
+          "ms for every rank to join the communicator; the NCCL communicator was aborted"),
+      communication_error);
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(20));
 }
 
 TEST_CASE("NCCL communicator: bad construction is rejected before NCCL runs") {
