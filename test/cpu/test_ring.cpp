@@ -12,6 +12,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <exception>
 #include <stdexcept>
@@ -200,4 +201,24 @@ TEST_CASE("host ring: two forwards are bitwise equal") {
   });
   for (const auto& e : errors)
     CHECK(message(e) == "");
+}
+
+// A rank whose exchange failed takes back its offer: a peer arriving later must not copy from a
+// buffer its owner has since reused or freed (ThreadSanitizer found that in an earlier version).
+TEST_CASE("in-process exchange: a failed rank's offer is withdrawn; a late peer times out") {
+  in_process_group group(2, std::chrono::milliseconds(100));
+  const auto errors = on_ranks(group, [&](int r, in_process_communicator& comm) {
+    std::vector<char> send(8, r == 0 ? 'a' : 'b'), recv(8, '-');
+    if (r == 1) std::this_thread::sleep_for(std::chrono::milliseconds(400)); // arrives late
+    try {
+      comm.exchange(send.data(), 8, 1 - r, recv.data(), 8, 1 - r, 0);
+    } catch (...) {
+      std::fill(send.begin(), send.end(), 'z'); // reused after the failure
+      throw;
+    }
+  });
+  CHECK(message(errors[0]) ==
+        "ringattn: rank 0, step 0: timed out after 100 ms waiting for rank 1 to send");
+  CHECK(message(errors[1]) ==
+        "ringattn: rank 1, step 0: timed out after 100 ms waiting for rank 0 to send");
 }

@@ -121,9 +121,12 @@ private:
   void wait(std::unique_lock<std::mutex>& lock, Ready ready, int rank, int peer, std::int64_t step,
             const char* what) {
     const auto deadline = std::chrono::steady_clock::now() + timeout_;
-    while (!ready()) {
+    // An aborted group fails every wait, even one whose condition holds: the rank that aborted
+    // may be about to free the buffer it had posted.
+    for (;;) {
       if (!aborted_.empty())
         throw communication_error("ringattn: " + where(rank, step) + ": " + aborted_);
+      if (ready()) return;
       if (changed_.wait_until(lock, deadline) == std::cv_status::timeout && !ready()) {
         std::string msg = "ringattn: " + where(rank, step) + ": timed out after " +
                           std::to_string(timeout_.count()) + " ms waiting for ";
@@ -185,17 +188,22 @@ public:
         "to take the previous step's data");
     g.posts_[rank_] = {send, send_bytes, step, false};
     g.changed_.notify_all();
-    // 2. take what `from` offers for this step.
-    g.wait(
-        lock, [&] { return !g.posts_[from].consumed && g.posts_[from].step == step; }, rank_, from,
-        step, "to send");
-    in_process_group::post& in = take(g, recv_bytes, from, step);
-    if (recv_bytes) std::memcpy(recv, in.data, recv_bytes);
-    in.consumed = true;
-    g.changed_.notify_all();
-    // 3. our buffer must stay valid until `to` has copied it.
-    g.wait(
-        lock, [&] { return g.posts_[rank_].consumed; }, rank_, to, step, "to receive");
+    try {
+      // 2. take what `from` offers for this step.
+      g.wait(
+          lock, [&] { return !g.posts_[from].consumed && g.posts_[from].step == step; }, rank_,
+          from, step, "to send");
+      in_process_group::post& in = take(g, recv_bytes, from, step);
+      if (recv_bytes) std::memcpy(recv, in.data, recv_bytes);
+      in.consumed = true;
+      g.changed_.notify_all();
+      // 3. our buffer must stay valid until `to` has copied it.
+      g.wait(
+          lock, [&] { return g.posts_[rank_].consumed; }, rank_, to, step, "to receive");
+    } catch (...) {
+      withdraw(g, send, step); // the caller may free `send` once we throw
+      throw;
+    }
     bytes_sent_ += send_bytes;
   }
 
@@ -221,21 +229,26 @@ public:
     RINGATTN_CUDA_CHECK(cudaEventRecord(ready, stream)); // our data is complete after this point
     g.posts_[rank_] = {send, send_bytes, step, false, ready, nullptr};
     g.changed_.notify_all();
-    g.wait(
-        lock, [&] { return !g.posts_[from].consumed && g.posts_[from].step == step; }, rank_, from,
-        step, "to send");
-    in_process_group::post& in = take(g, recv_bytes, from, step);
-    cudaEvent_t copied = g.copied_[static_cast<std::size_t>(rank_)];
-    RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream, in.ready, 0));
-    if (recv_bytes)
-      RINGATTN_CUDA_CHECK(
-          cudaMemcpyAsync(recv, in.data, recv_bytes, cudaMemcpyDeviceToDevice, stream));
-    RINGATTN_CUDA_CHECK(cudaEventRecord(copied, stream));
-    in.copied = copied;
-    in.consumed = true;
-    g.changed_.notify_all();
-    g.wait(
-        lock, [&] { return g.posts_[rank_].consumed; }, rank_, to, step, "to receive");
+    try {
+      g.wait(
+          lock, [&] { return !g.posts_[from].consumed && g.posts_[from].step == step; }, rank_,
+          from, step, "to send");
+      in_process_group::post& in = take(g, recv_bytes, from, step);
+      cudaEvent_t copied = g.copied_[static_cast<std::size_t>(rank_)];
+      RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream, in.ready, 0));
+      if (recv_bytes)
+        RINGATTN_CUDA_CHECK(
+            cudaMemcpyAsync(recv, in.data, recv_bytes, cudaMemcpyDeviceToDevice, stream));
+      RINGATTN_CUDA_CHECK(cudaEventRecord(copied, stream));
+      in.copied = copied;
+      in.consumed = true;
+      g.changed_.notify_all();
+      g.wait(
+          lock, [&] { return g.posts_[rank_].consumed; }, rank_, to, step, "to receive");
+    } catch (...) {
+      withdraw(g, send, step);
+      throw;
+    }
     // Later work on `stream` (the next receive into this buffer) waits for the peer's copy.
     RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream, g.posts_[rank_].copied, 0));
     bytes_sent_ += send_bytes;
@@ -302,6 +315,15 @@ private:
       throw communication_error("ringattn: " + why);
     }
     return in;
+  }
+  // A failed exchange takes back its offer (under the group's lock) if nobody has taken it yet,
+  // so that no peer copies from a buffer its owner is about to free or reuse.
+  void withdraw(in_process_group& g, const void* send, std::int64_t step) const {
+    in_process_group::post& mine = g.posts_[rank_];
+    if (!mine.consumed && mine.data == send && mine.step == step) {
+      mine = in_process_group::post{};
+      g.changed_.notify_all();
+    }
   }
   void check_peer(int peer, std::int64_t step) const {
     if (peer < 0 || peer >= group_->size_)
