@@ -145,6 +145,8 @@ public:
     r.require(n == 0 || lse != nullptr, "lse is a null pointer");
     r.require(workspace.size() >= host_workspace_bytes<T>(), "the workspace has ", workspace.size(),
               " bytes; ", host_workspace_bytes<T>(), " are needed");
+    r.require(workspace.data() != nullptr || host_workspace_bytes<T>() == 0,
+              "the workspace is a null pointer");
     r.require(reinterpret_cast<std::uintptr_t>(workspace.data()) % 16 == 0,
               "the workspace must be 16-byte aligned");
     return r;
@@ -254,13 +256,13 @@ private:
         r.require(false, name, " is not device memory (", cudaGetErrorName(e), ")");
         return;
       }
-      r.require(a.type == cudaMemoryTypeManaged ||
-                    (a.type == cudaMemoryTypeDevice && a.device == want),
-                name,
-                a.type == cudaMemoryTypeDevice
-                    ? " is device memory of another device (" + std::to_string(a.device) +
-                          "; this rank runs on device " + std::to_string(want) + ")"
-                    : std::string(" is host memory; the device forward takes device memory"));
+      if (a.type == cudaMemoryTypeManaged || (a.type == cudaMemoryTypeDevice && a.device == want))
+        return; // (the messages below are built only on failure: a valid call allocates nothing)
+      if (a.type == cudaMemoryTypeDevice)
+        r.require(false, name, " is device memory of another device (", a.device,
+                  "; this rank runs on device ", want, ")");
+      else
+        r.require(false, name, " is host memory; the device forward takes device memory");
     };
     device_memory(q.data, "q");
     device_memory(k.data, "k");

@@ -133,6 +133,8 @@ const std::vector<forward_case>& forward_cases() {
       {"lse is a null pointer", "lse is a null pointer", [](call& c) { c.lse_ptr = nullptr; }},
       {"the workspace is too small", "the workspace has",
        [](call& c) { c.ws = c.ws.first(c.ws.size() - 1); }},
+      {"the workspace is a null pointer", "the workspace is a null pointer",
+       [](call& c) { c.ws = std::span<std::byte>(static_cast<std::byte*>(nullptr), c.ws.size()); }},
       {"the workspace is misaligned", "the workspace must be 16-byte aligned",
        [](call& c) { c.ws = c.workspace(c.ws.size(), 8); }},
   };
