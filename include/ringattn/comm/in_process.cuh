@@ -117,13 +117,15 @@ private:
   }
 
   // Waits on `changed_` until `ready()` or timeout/abort; throws naming the ranks and the step.
+  // `then_reads_peers`: the caller goes on to read peers' buffers, so an aborted group fails the
+  // wait even if its condition holds (the rank that aborted may be freeing its buffer); a wait
+  // after which nothing of a peer is read returns once its condition holds.
   template <class Ready>
   void wait(std::unique_lock<std::mutex>& lock, Ready ready, int rank, int peer, std::int64_t step,
-            const char* what) {
+            const char* what, bool then_reads_peers = true) {
     const auto deadline = std::chrono::steady_clock::now() + timeout_;
-    // An aborted group fails every wait, even one whose condition holds: the rank that aborted
-    // may be about to free the buffer it had posted.
     for (;;) {
+      if (!then_reads_peers && ready()) return;
       if (!aborted_.empty())
         throw communication_error("ringattn: " + where(rank, step) + ": " + aborted_);
       if (ready()) return;
@@ -185,7 +187,7 @@ public:
     // 1. offer our buffer to `to`.
     g.wait(
         lock, [&] { return g.posts_[rank_].consumed; }, rank_, to, step,
-        "to take the previous step's data");
+        "to take the previous step's data", /*then_reads_peers=*/false);
     g.posts_[rank_] = {send, send_bytes, step, false};
     g.changed_.notify_all();
     try {
@@ -199,7 +201,8 @@ public:
       g.changed_.notify_all();
       // 3. our buffer must stay valid until `to` has copied it.
       g.wait(
-          lock, [&] { return g.posts_[rank_].consumed; }, rank_, to, step, "to receive");
+          lock, [&] { return g.posts_[rank_].consumed; }, rank_, to, step, "to receive",
+          /*then_reads_peers=*/false);
     } catch (...) {
       withdraw(g, send, step); // the caller may free `send` once we throw
       throw;
@@ -224,7 +227,7 @@ public:
                              ": device exchange before prepare_device()");
     g.wait(
         lock, [&] { return g.posts_[rank_].consumed; }, rank_, to, step,
-        "to take the previous step's data");
+        "to take the previous step's data", /*then_reads_peers=*/false);
     cudaEvent_t ready = g.ready_[static_cast<std::size_t>(rank_)];
     RINGATTN_CUDA_CHECK(cudaEventRecord(ready, stream)); // our data is complete after this point
     g.posts_[rank_] = {send, send_bytes, step, false, ready, nullptr};
@@ -244,7 +247,8 @@ public:
       in.consumed = true;
       g.changed_.notify_all();
       g.wait(
-          lock, [&] { return g.posts_[rank_].consumed; }, rank_, to, step, "to receive");
+          lock, [&] { return g.posts_[rank_].consumed; }, rank_, to, step, "to receive",
+          /*then_reads_peers=*/false);
     } catch (...) {
       withdraw(g, send, step);
       throw;
@@ -280,7 +284,7 @@ public:
     } else {
       g.wait(
           lock, [&] { return g.generation_ != gen + 1; }, rank_, -1, -1,
-          "every rank to finish an all-gather");
+          "every rank to finish an all-gather", /*then_reads_peers=*/false);
     }
   }
 
