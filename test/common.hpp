@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <random>
+#include <string>
 #include <vector>
 
 namespace ringattn::test {
@@ -43,6 +44,21 @@ inline std::vector<std::int32_t> random_cu_seqlens(int batch, int min_len, int m
   for (int b = 0; b < batch; ++b)
     cu.push_back(cu.back() + len(rng));
   return cu;
+}
+
+//! The bad-input tables (test_bad_input.cpp, .cu): each case is {input, error substring, breaks};
+//! `run(breaks, clean)` makes the call with one input spoilt and returns what it threw, setting
+//! `clean` when nothing was launched, sent or written. Every case must throw its error cleanly.
+template <class Cases, class Run>
+void check_bad_cases(const Cases& cases, Run run) {
+  for (const auto& c : cases) {
+    const std::string input = c.input;
+    CAPTURE(input);
+    bool clean = false;
+    const std::string what = run(c.breaks, clean);
+    CHECK_MESSAGE(what.find(c.error) != std::string::npos, "got: ", what);
+    CHECK(clean);
+  }
 }
 
 } // namespace ringattn::test
