@@ -42,7 +42,7 @@ endfunction()
 
 # ringattn_add_doctest_suite(<label> MAIN <main> SOURCES <files...> LIBRARIES <libs...>)
 # One executable per label; one CTest test per source file (doctest --source-file filter), named
-# <label>.<file stem>. GPU suites map exit code 77 to "Skipped".
+# <label>.<file stem>. GPU suites (gpu, multigpu) map exit code 77 to "Skipped".
 function(ringattn_add_doctest_suite label)
   cmake_parse_arguments(arg "" "MAIN" "SOURCES;LIBRARIES" ${ARGN})
   set(exe ringattn_test_${label})
@@ -56,6 +56,9 @@ function(ringattn_add_doctest_suite label)
     set_tests_properties(${label}.${stem} PROPERTIES LABELS ${label} TIMEOUT 600)
     if(label STREQUAL "gpu")
       set_tests_properties(${label}.${stem} PROPERTIES SKIP_RETURN_CODE 77 RESOURCE_LOCK gpu)
+    elseif(label STREQUAL "multigpu") # also under -L gpu; skipped with fewer than two GPUs
+      set_tests_properties(${label}.${stem} PROPERTIES LABELS "gpu;multigpu"
+        SKIP_RETURN_CODE 77 RESOURCE_LOCK gpu TIMEOUT 300)
     endif()
   endforeach()
 endfunction()

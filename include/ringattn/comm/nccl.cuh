@@ -90,6 +90,11 @@ public:
         aborted_(o.aborted_), owned_(o.owned_), bytes_sent_(o.bytes_sent_) {}
   nccl_communicator& operator=(nccl_communicator&&) = delete;
   ~nccl_communicator() {
+    // The communicator's stream and staging buffer live on its device; the caller's current
+    // device may be another (one thread releasing several GPUs' communicators).
+    int current = -1;
+    const bool switched = stream_ != nullptr && cudaGetDevice(&current) == cudaSuccess &&
+                          current != device_ && cudaSetDevice(device_) == cudaSuccess;
     if (comm_ && !aborted_ && owned_) {
       // Finalize flushes outstanding operations (bounded); if it cannot finish, abort instead.
       ncclResult_t state = ncclCommFinalize(comm_);
@@ -105,6 +110,7 @@ public:
     }
     if (staging_) cudaFree(staging_);
     if (stream_) cudaStreamDestroy(stream_);
+    if (switched) cudaSetDevice(current);
   }
 
   int rank() const noexcept { return rank_; }

@@ -1,0 +1,111 @@
+#pragma once
+// One rank's part of a device ring test: the rank's forward on its shards (on the current
+// device, into poisoned outputs), optionally twice for bitwise repeatability; and the check of
+// all ranks' outputs against the float64 oracle. Shared by the one-GPU suite (virtual ranks) and
+// the multi-GPU suite (ranks on several GPUs, in-process or NCCL).
+#include "../ranks.hpp"
+#include "../sharded_case.hpp"
+#include "device_buffer.cuh"
+
+#include <ringattn/ring_attention.cuh>
+
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <utility>
+#include <vector>
+
+namespace ringattn::test {
+
+template <class P, class T>
+struct device_rank_run {
+  typename sharded_case<P, T>::rank_output output;
+  bool repeatable = true;     // two forwards gave the same bits (when asked for)
+  std::uint64_t sent = 0;     // bytes this rank sent in one forward
+  std::uint64_t expected = 0; // what the plan says it sends: the blocks it forwards
+};
+
+//! Rank r's device forward through `comm` on the current device. The host joins the stream with
+//! the communicator's bounded `wait` where it has one (NCCL), else synchronises.
+template <class Mask, class P, class T, class Comm>
+device_rank_run<P, T> device_ring_rank(const sharded_case<P, T>& c, int r, Comm& comm,
+                                       bool repeat) {
+  const attention_arguments a = c.args;
+  const int ranks = c.plan.ranks();
+  const auto at = static_cast<std::size_t>(r);
+  ring_attention<P, Comm, Mask> attn(comm, a, c.plan.cu_seqlens());
+  attn.prepare_device();
+  const std::int64_t n = attn.local_tokens();
+  device_buffer<T> q(c.qs[at]), k(c.ks[at]), v(c.vs[at]);
+  device_buffer<T> out(std::vector<T>(c.qs[at].size(), poison<T>()));
+  device_buffer<float> lse(std::vector<float>(static_cast<std::size_t>(n * a.q_heads), -7.0f));
+  const std::size_t bytes = attn.template device_workspace_bytes<T>();
+  device_buffer<std::byte> ws(bytes);
+  cudaStream_t stream;
+  RINGATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const std::uint64_t sent_before = comm.bytes_sent();
+  auto once = [&] {
+    attn.forward(thd_view<const T>(q.get(), n, a.q_heads, a.head_dim),
+                 thd_view<const T>(k.get(), n, a.kv_heads, a.head_dim),
+                 thd_view<const T>(v.get(), n, a.kv_heads, a.head_dim),
+                 thd_view<T>(out.get(), n, a.q_heads, a.head_dim), lse.get(), ws.get(), bytes,
+                 stream);
+    if constexpr (requires { comm.wait(stream); })
+      comm.wait(stream);
+    else
+      RINGATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
+    return std::pair{out.download(), lse.download()};
+  };
+  device_rank_run<P, T> res;
+  auto [o1, l1] = once();
+  if (repeat) {
+    auto [o2, l2] = once();
+    res.repeatable = std::memcmp(o1.data(), o2.data(), o1.size() * sizeof(T)) == 0 &&
+                     std::memcmp(l1.data(), l2.data(), l1.size() * sizeof(float)) == 0;
+  }
+  RINGATTN_CUDA_CHECK(cudaStreamDestroy(stream));
+  res.output = {std::move(o1), std::move(l1)};
+  res.sent = (comm.bytes_sent() - sent_before) / (repeat ? 2 : 1);
+  for (int t = 0; t + 1 < ranks; ++t)
+    res.expected += attn.template block_bytes<T>((r - t + ranks) % ranks);
+  return res;
+}
+
+//! Every rank of an in-process group of `c.plan.ranks()` ranks on its own thread, rank r on device
+//! r % `devices` (1: virtual ranks sharing one GPU).
+template <class Mask, class P, class T>
+std::vector<device_rank_run<P, T>> device_ring_in_process(const sharded_case<P, T>& c, int devices,
+                                                          bool repeat) {
+  std::vector<device_rank_run<P, T>> runs(static_cast<std::size_t>(c.plan.ranks()));
+  in_process_group group(c.plan.ranks(), std::chrono::seconds(60));
+  const auto errors = on_ranks(group, [&](int r, in_process_communicator& comm) {
+    RINGATTN_CUDA_CHECK(cudaSetDevice(r % devices));
+    runs[static_cast<std::size_t>(r)] = device_ring_rank<Mask>(c, r, comm, repeat);
+  });
+  for (const auto& e : errors)
+    REQUIRE(message(e) == "");
+  return runs;
+}
+
+//! All ranks' outputs against the oracle (the block kernel's bf16 tolerances, see
+//! test_block_forward.cu: 8e-3 relative L2 on O, 2e-3 absolute on LSE), bytes sent against the
+//! plan, and repeatability.
+template <class P, class T>
+void check_device_ring(const sharded_case<P, T>& c,
+                       const std::vector<device_rank_run<P, T>>& runs) {
+  static_assert(std::is_same_v<T, __nv_bfloat16>, "tolerances stated for bf16");
+  const auto ref = c.oracle();
+  double num = 0.0, den = 0.0, lse = 0.0;
+  for (int r = 0; r < c.plan.ranks(); ++r) {
+    CAPTURE(r);
+    const auto& run = runs[static_cast<std::size_t>(r)];
+    const auto e = c.rank_error(r, run.output, ref);
+    num += e.num, den += e.den, lse = std::max(lse, e.lse);
+    CHECK(run.repeatable);
+    CHECK(run.sent == run.expected);
+  }
+  CHECK(std::sqrt(num / den) < 8e-3);
+  CHECK(lse < 2e-3);
+}
+
+} // namespace ringattn::test
