@@ -179,7 +179,13 @@ public:
     comm_.prepare_device();
     auto d = std::make_unique<device_resources>();
     RINGATTN_CUDA_CHECK(cudaGetDevice(&d->device));
-    RINGATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&d->comm, cudaStreamNonBlocking));
+    // The exchanges' stream has the device's highest priority: a communication kernel (NCCL's)
+    // enqueued while the block kernel fills the GPU gets the next free SM instead of queueing
+    // behind the block kernel's remaining waves, so the transfer overlaps the compute.
+    int least = 0, greatest = 0;
+    RINGATTN_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    RINGATTN_CUDA_CHECK(
+        cudaStreamCreateWithPriority(&d->comm, cudaStreamNonBlocking, greatest));
     for (cudaEvent_t* e : {&d->own_ready, &d->comm_end, &d->compute_done[0], &d->compute_done[1],
                            &d->recv_done[0], &d->recv_done[1]})
       RINGATTN_CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
@@ -414,15 +420,27 @@ private:
     T* buf[2] = {reinterpret_cast<T*>(workspace), reinterpret_cast<T*>(workspace + slot)};
     const attention_state state{reinterpret_cast<float*>(workspace + 2 * slot), lse, n,
                                 args_.q_heads, dim};
+    if (p == 1 && out.dense()) {
+      // One block, and every row sees at least its own key: the kernel writes `out` and `lse`
+      // directly (no state to reset, merge or finalise, no copy of K/V).
+      if (!steps_[0].empty())
+        block_forward_plain<T>({q, k, v, args_, state}, d.schedules[0], out, lse, stream);
+      return;
+    }
     reset(state, stream);
-    // Own K/V into buffer 0, dense (the layout that travels): one 2D copy per head.
+    // Own K/V into buffer 0, dense (the layout that travels): one copy when the input is dense
+    // too, else one 2D copy per head.
     for (int which = 0; which < 2; ++which) {
       const thd_view<const T>& x = which == 0 ? k : v;
       T* dst = buf[0] + which * n * kvh * dim;
-      for (int h = 0; h < kvh && n > 0; ++h)
-        RINGATTN_CUDA_CHECK(cudaMemcpy2DAsync(
-            dst + h * dim, sizeof(T) * kvh * dim, x.row(0, h), sizeof(T) * x.token_stride,
-            sizeof(T) * dim, static_cast<std::size_t>(n), cudaMemcpyDeviceToDevice, stream));
+      if (x.dense() && n > 0)
+        RINGATTN_CUDA_CHECK(cudaMemcpyAsync(dst, x.data, sizeof(T) * n * kvh * dim,
+                                            cudaMemcpyDeviceToDevice, stream));
+      else
+        for (int h = 0; h < kvh && n > 0; ++h)
+          RINGATTN_CUDA_CHECK(cudaMemcpy2DAsync(
+              dst + h * dim, sizeof(T) * kvh * dim, x.row(0, h), sizeof(T) * x.token_stride,
+              sizeof(T) * dim, static_cast<std::size_t>(n), cudaMemcpyDeviceToDevice, stream));
     }
     RINGATTN_CUDA_CHECK(cudaEventRecord(d.own_ready, stream));
     RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(d.comm, d.own_ready, 0));
