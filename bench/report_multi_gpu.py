@@ -1,7 +1,11 @@
 #!/usr/bin/env python3
 """Table and scaling plot of a bench/run_multi_gpu.sh run (the multi-GPU issue).
 
-usage: bench/report_multi_gpu.py OUT_DIR [PLOT.png]
+usage: bench/report_multi_gpu.py OUT_DIR|BUNDLE.json [PLOT.png] [--bundle BUNDLE.json]
+
+OUT_DIR is what bench/run_multi_gpu.sh wrote ($OUT); --bundle writes its files (ring_nccl_P.json,
+torch_cp.json, block_local.json, log.txt) into one JSON for bench/results/, which the report also
+reads.
 
 Parallel efficiency of our ring = its TFLOP/s per GPU (global attention FLOPs / time / P) divided
 by our block kernel's TFLOP/s on one GPU at the local size (same mask, merged, wgmma kernel: the
@@ -16,38 +20,51 @@ import sys
 NAMES = {"zigzag": "zigzag", "round_robin": "round_robin", "contiguous": "contiguous"}
 
 
-def ring_results(out):
+def load(out):
+    """The run's files by name, from a directory or a bundle."""
+    if out.endswith(".json"):
+        return json.load(open(out))["files"]
+    files = {}
+    for f in sorted(glob.glob(out + "/*")):
+        name = f.rsplit("/", 1)[1]
+        if not name.endswith((".json", ".txt")):
+            continue
+        files[name] = json.load(open(f)) if name.endswith(".json") else open(f).read()
+    return files
+
+
+def ring_results(files):
     rows = {}
     bandwidth = {}
-    for f in glob.glob(out + "/ring_nccl_*.json"):
-        p = int(re.search(r"ring_nccl_(\d+)", f).group(1))
-        for b in json.load(open(f))["benchmarks"]:
+    for name, data in files.items():
+        m = re.match(r"ring_nccl_(\d+)\.json", name)
+        if not m:
+            continue
+        p = int(m.group(1))
+        for b in data["benchmarks"]:
             m = re.match(r"ring_nccl<ringattn::(\w+)>/tokens_per_gpu:(\d+)/causal:(\d)/comm:(\d)",
                          b["name"])
             if m:
                 part, tok, causal, comm = m.group(1), int(m.group(2)), m.group(3) == "1", m.group(4) == "1"
-                rows[(p, part, tok, causal, comm)] = (b["real_time"], b["TFLOP/s/GPU"])
+                rows[(p, part, tok, causal, comm)] = (b["real_time"], b["TFLOP/s/GPU"] / 1e12)
             m = re.match(r"ring_exchange/tokens_per_gpu:(\d+)", b["name"])
             if m:
                 bandwidth[(p, int(m.group(1)))] = b["GB/s"]
     return rows, bandwidth
 
 
-def block_local(out):
+def block_local(files):
     res = {}
-    for b in json.load(open(out + "/block_local.json"))["benchmarks"]:
+    for b in files["block_local.json"]["benchmarks"]:
         m = re.search(r"tokens:(\d+)/kv_heads:8/head_dim:128/causal:(\d)/merge:1/path:1", b["name"])
         if m and "TFLOP/s" in b:
             res[(int(m.group(1)), m.group(2) == "1")] = b["TFLOP/s"]
     return res
 
 
-def torch_cp(out):
+def torch_cp(files):
     res = {}
-    try:
-        runs = json.load(open(out + "/torch_cp.json"))["runs"]
-    except FileNotFoundError:
-        return res
+    runs = files.get("torch_cp.json", {}).get("runs", {})
     for p, run in runs.items():
         for r in run["results"]:
             if "tflops_per_gpu" in r:
@@ -55,10 +72,17 @@ def torch_cp(out):
     return res
 
 
-def main(out, plot=None):
-    rows, bw = ring_results(out)
-    single = block_local(out)
-    cp = torch_cp(out)
+def main(out, plot=None, bundle=None):
+    files = load(out)
+    if bundle:
+        log = files.get("log.txt", "")
+        head = dict(date=log.splitlines()[0] if log else "", machine="nvidia-h200-x2 or larger",
+                    command="RINGATTN_PHASE=bench bash bench/run_multi_gpu.sh; "
+                            "python3 bench/report_multi_gpu.py OUT --bundle THIS")
+        json.dump(dict(about=head, files=files), open(bundle, "w"), indent=1)
+    rows, bw = ring_results(files)
+    single = block_local(files)
+    cp = torch_cp(files)
     counts = sorted({k[0] for k in rows})
     print("| P | layout | mask | tokens/GPU | TFLOP/s/GPU | efficiency | exposed comm | PyTorch CP TFLOP/s/GPU | PyTorch efficiency |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -104,4 +128,10 @@ def main(out, plot=None):
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:3])
+    args = sys.argv[1:]
+    bundle = None
+    if "--bundle" in args:
+        i = args.index("--bundle")
+        bundle = args[i + 1]
+        del args[i:i + 2]
+    main(args[0], args[1] if len(args) > 1 else None, bundle)

@@ -5,7 +5,8 @@
 // ring_nccl: forward of one sequence of P x tokens_per_gpu tokens (bf16, 32 query heads, 8 kv
 //   heads, head_dim 128) for each partitioner x {causal, full} x {8K, 32K} tokens per GPU, with
 //   the K/V exchange on ("comm 1") and replaced by nothing ("comm 0": the same schedule, kernels
-//   and merges on stale K/V — what the ring would cost if communication were free). Time: the
+//   and merges on stale K/V — what the ring would cost if communication were free; the workspace
+//   holds random data, so stale K/V are not zeros, which tensor cores process faster). Time: the
 //   slowest rank's CUDA-event time of one forward. Counters: TFLOP/s per GPU from the plan's exact
 //   work (what "parallel efficiency" divides by our single-GPU kernel at the local size, see
 //   bench/report_multi_gpu.py) and, with comm 1 against comm 0 in the same run, the exposed
@@ -60,7 +61,7 @@ namespace {
 using T = __nv_bfloat16;
 using ringattn_bench::no_exchange;
 constexpr int q_heads = 32, kv_heads = 8, head_dim = 128;
-constexpr int iterations = 5;
+constexpr int iterations = 20; // per benchmark; comm 1 and comm 0 differ by a few percent
 
 int world_rank = 0, world_size = 1;
 std::optional<ringattn::nccl_communicator> comm; // one per process, made in main
@@ -101,6 +102,10 @@ void ring_nccl(benchmark::State& state) {
     ringattn::bench::fill_uniform(q.as<T>(), n * q_heads * head_dim, 1 + 3 * world_rank);
     ringattn::bench::fill_uniform(k.as<T>(), n * kv_heads * head_dim, 2 + 3 * world_rank);
     ringattn::bench::fill_uniform(v.as<T>(), n * kv_heads * head_dim, 3 + 3 * world_rank);
+    // Random bytes in the whole workspace too: without the exchange, steps after the first
+    // compute on whatever the receive buffer holds, and tensor cores run faster (cooler) on
+    // zeros than on data, which would flatter "comm 0".
+    ringattn::bench::fill_uniform(ws.as<T>(), ws_bytes / sizeof(T), 4 + 3 * world_rank);
     cudaStream_t stream;
     cudaEvent_t start, stop;
     RINGATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -113,7 +118,10 @@ void ring_nccl(benchmark::State& state) {
                    ringattn::thd_view<T>(out.as<T>(), n, q_heads, head_dim), lse.as<float>(), ws.p,
                    ws_bytes, stream);
     };
-    forward(); // warm-up
+    // Warm-up, the same count on every rank (forwards are collective): at least ~100 ms of work,
+    // so clocks have settled before the first timed forward.
+    for (int i = 0; i < (per_gpu <= 8192 ? 20 : 4); ++i)
+      forward();
     comm->wait(stream);
     comm->barrier();
     for (auto _ : state) {

@@ -1,12 +1,19 @@
 #!/usr/bin/env bash
-# One lease of a machine with several H200s (the multi-GPU issue): for P in 1 and every power of
-# two up to the GPU count, (1) correctness: examples/02_mpi_nccl under mpirun -np P for every
-# partitioner x {causal, full}, checked against the float64 oracle on a sample; (2) the ring over
-# NCCL (bench_ring_nccl: forward with and without the exchange, raw ring bandwidth); (3) PyTorch
-# context parallel at the same shapes (bench/torch_cp_baseline.py under torchrun); plus our block
-# kernel on one GPU at the local sizes, the denominator of parallel efficiency. Then
-#   python3 bench/report_multi_gpu.py $OUT
-# makes the table and the scaling plot. NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
+# One lease of a machine with several H200s (the multi-GPU issue). Phases (RINGATTN_PHASE, default
+# "all"; a lease's 10-minute calls take one phase each):
+#   tests: every gpu-labelled test (the multigpu suite included: in-process groups spread over the
+#          GPUs, NCCL with a thread per GPU, other-device bad input, a peer missing mid-ring) and
+#          compute-sanitizer memcheck/racecheck over the multigpu suite's small in-process cases;
+#   bench: for P in 1 and every power of two up to the GPU count, (1) correctness:
+#          examples/02_mpi_nccl under mpirun -np P for every partitioner x {causal, full}, checked
+#          against the float64 oracle on a sample; (2) the ring over NCCL (bench_ring_nccl:
+#          forward with and without the exchange, raw ring bandwidth); (3) PyTorch context
+#          parallel at the same shapes (bench/torch_cp_baseline.py under torchrun); plus our block
+#          kernel on one GPU at the local sizes, the denominator of parallel efficiency. Then
+#            python3 bench/report_multi_gpu.py $OUT plot.png
+#          makes the table and the scaling plot.
+# NVLink multicast stays off (NCCL_NVLS_ENABLE=0 and PyTorch's equivalent), as those machines
+# require.
 #
 # RINGATTN_PREBUILT=build/h200: a tree built elsewhere for sm_90a (same source path), else the gpu
 # preset is configured and built here. At most 8 files land in $OUT.
@@ -14,7 +21,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-$PWD/build/multi-gpu-out}"
 mkdir -p "$OUT"
-export NCCL_NVLS_ENABLE=0
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+PHASE="${RINGATTN_PHASE:-all}"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 GPUS="${RINGATTN_GPUS:-$(nvidia-smi -L | wc -l)}"
 BUILD="${RINGATTN_PREBUILT:-build/gpu}"
@@ -29,6 +37,21 @@ fi
   date -u; nvidia-smi --query-gpu=index,name,driver_version --format=csv; nvidia-smi topo -m
   git rev-parse --short HEAD 2>/dev/null; echo "GPUs: $GPUS"
 } >> "$OUT/log.txt" 2>&1
+
+if [ "$PHASE" = all ] || [ "$PHASE" = tests ]; then
+  echo "== tests (ctest -L gpu)" | tee -a "$OUT/log.txt"
+  timeout 540 ctest --test-dir "$BUILD" -L gpu --output-on-failure > "$OUT/ctest.log" 2>&1
+  echo "ctest exit $?" | tee -a "$OUT/log.txt"; grep -E "tests passed|Test +#|Skipped|Failed" "$OUT/ctest.log" | tee -a "$OUT/log.txt"
+  for tool in memcheck racecheck; do
+    echo "== compute-sanitizer --tool $tool (multigpu, in-process and other-device cases)" >> "$OUT/sanitizer.log"
+    RINGATTN_TEST_SMALL=1 timeout 300 compute-sanitizer --tool $tool --report-api-errors no \
+      --error-exitcode 99 "$BUILD/test/ringattn_test_multigpu" --no-intro=true \
+      --test-case='*in-process*,*another device*' >> "$OUT/sanitizer.log" 2>&1
+    echo "compute-sanitizer $tool exit $?" | tee -a "$OUT/log.txt"
+  done
+  grep -E "^== compute|ERROR SUMMARY|test cases" "$OUT/sanitizer.log" | tee -a "$OUT/log.txt"
+fi
+[ "$PHASE" = all ] || [ "$PHASE" = bench ] || exit 0
 
 counts=(1)
 for p in 2 4 8; do [ "$p" -le "$GPUS" ] && counts+=("$p"); done

@@ -8,9 +8,11 @@ One sequence of P x tokens_per_gpu tokens, bf16, 32 query heads, head_dim 128, c
 F.scaled_dot_product_attention with the cuDNN backend (ring attention over NCCL, load-balanced
 sharding for causal). K and V have 32 heads (repeated from 8): context parallel's SDPA does not
 take GQA, so its bytes per step are 4x ours; both counts go into the JSON. Time: the slowest
-rank's median of 10 event-timed calls after 3 warm-ups. FLOPs per GPU: 4 h s^2 d / P (half for
+rank's median of 10 event-timed calls after 3 warm-ups. Load balancing on for causal, off for
+full (it refuses full masks). FLOPs per GPU: 4 h s^2 d / P (half for
 causal). Rank 0 writes OUT.json. Run with NCCL_NVLS_ENABLE=0 on machines that require it.
 """
+import importlib
 import json
 import os
 import sys
@@ -20,6 +22,19 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 from torch.nn.attention import SDPBackend, sdpa_kernel
+
+
+def set_load_balance(on):
+    """Context parallel's load balancing (zigzag-like sharding) is for causal masks only; full
+    attention runs with it off. Its switch has moved between releases."""
+    for name in ("torch.distributed.tensor.experimental._context_parallel._attention",
+                 "torch.distributed.tensor.experimental._attention"):
+        try:
+            importlib.import_module(name)._cp_options.enable_load_balance = on
+            return True
+        except (ImportError, AttributeError):
+            continue
+    return False
 
 
 def main(path):
@@ -40,7 +55,8 @@ def main(path):
             k = torch.randn(1, heads, s, dim, device="cuda", dtype=torch.bfloat16)
             v = torch.randn(1, heads, s, dim, device="cuda", dtype=torch.bfloat16)
             rec = dict(tokens_per_gpu=per_gpu, causal=causal, gpus=world,
-                       backend="cudnn", kv_heads_sent=heads)
+                       backend="cudnn", kv_heads_sent=heads,
+                       load_balance=causal if set_load_balance(causal) else "default")
             try:
                 times = []
                 with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
