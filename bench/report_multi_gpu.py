@@ -109,12 +109,15 @@ def main(out, plot=None, bundle=None):
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
         fig, ax = plt.subplots(figsize=(7, 4))
+        colors = {"zigzag": "tab:blue", "round_robin": "tab:green", "contiguous": "tab:orange",
+                  "pytorch": "tab:red"}
         for (part, tok, causal), pts in sorted(curves.items()):
             xs = [p for p in counts if pts.get(p)]
             if not xs:
                 continue
-            style = "--" if part == "pytorch" else "-"
-            ax.plot(xs, [pts[p] for p in xs], "o" + style,
+            # colour: layout (PyTorch CP in red); line: solid causal, dashed full; marker: size
+            ax.plot(xs, [pts[p] for p in xs], ("o" if tok < 32768 else "s") + ("-" if causal else "--"),
+                    color=colors[part],
                     label=f"{'PyTorch CP' if part == 'pytorch' else 'ringattn ' + part}, "
                           f"{'causal' if causal else 'full'}, {tok // 1024}K/GPU")
         ax.set_xscale("log", base=2)
