@@ -32,6 +32,7 @@
 #include <ringattn/error.cuh>
 #include <ringattn/kernel/block.cuh>
 #include <ringattn/kernel/forward.cuh>
+#include <ringattn/kernel/host_backward.cuh>
 #include <ringattn/kernel/host_forward.cuh>
 #include <ringattn/partition/plan.cuh>
 #include <ringattn/tensor.cuh>
@@ -171,6 +172,82 @@ public:
     }
   }
 
+  //! Bytes a K/V block of rank `src` and its fp32 dK/dV accumulators occupy on the wire in the
+  //! backward: K, V in T, then dK, dV in fp32, each `[tokens, kv_heads, head_dim]`, contiguous.
+  template <element T>
+  std::size_t backward_block_bytes(int src) const {
+    return block_bytes<T>(src) + 2 * static_cast<std::size_t>(plan_.local_tokens(src)) *
+                                     args_.kv_heads * args_.head_dim * sizeof(float);
+  }
+  //! Host workspace of `backward_host`: two ring buffers of the largest block with its dK/dV
+  //! (what travels), this rank's fp32 dQ accumulator and D (`[q_heads, local tokens]` fp32).
+  template <element T>
+  std::size_t host_backward_workspace_bytes() const {
+    const std::size_t n = static_cast<std::size_t>(local_tokens());
+    return 2 * backward_slot<T>() + align(n * args_.q_heads * args_.head_dim * sizeof(float)) +
+           n * args_.q_heads * sizeof(float);
+  }
+
+  //! Why `backward_host(...)` cannot run, or ok.
+  template <element T>
+  validation validate_backward(thd_view<const T> q, thd_view<const T> k, thd_view<const T> v,
+                               thd_view<const T> out, const float* lse, thd_view<const T> dout,
+                               thd_view<T> dq, thd_view<T> dk, thd_view<T> dv,
+                               std::span<const std::byte> workspace) const {
+    validation r = validation::ok();
+    r.require(validate_view(q, "q")).require(validate_view(k, "k")).require(validate_view(v, "v"));
+    r.require(validate_view(out, "out")).require(validate_view(dout, "dout"));
+    r.require(validate_view(dq, "dq"))
+        .require(validate_view(dk, "dk"))
+        .require(validate_view(dv, "dv"));
+    if (!r) return r;
+    const std::int64_t n = local_tokens();
+    auto shape = [&](const auto& x, const char* name, int heads) {
+      r.require(x.tokens == n && x.heads == heads && x.head_dim == args_.head_dim, name, " is [",
+                x.tokens, ", ", x.heads, ", ", x.head_dim, "] but rank ", comm_.rank(),
+                "'s shard is [", n, ", ", heads, ", ", args_.head_dim, "]");
+    };
+    shape(q, "q", args_.q_heads);
+    shape(k, "k", args_.kv_heads);
+    shape(v, "v", args_.kv_heads);
+    shape(out, "out", args_.q_heads);
+    shape(dout, "dout", args_.q_heads);
+    shape(dq, "dq", args_.q_heads);
+    shape(dk, "dk", args_.kv_heads);
+    shape(dv, "dv", args_.kv_heads);
+    r.require(n == 0 || lse != nullptr, "lse is a null pointer");
+    const std::size_t need = host_backward_workspace_bytes<T>();
+    r.require(workspace.size() >= need, "the workspace has ", workspace.size(), " bytes; ", need,
+              " are needed");
+    r.require(workspace.data() != nullptr || need == 0, "the workspace is a null pointer");
+    r.require(reinterpret_cast<std::uintptr_t>(workspace.data()) % 16 == 0,
+              "the workspace must be 16-byte aligned");
+    return r;
+  }
+
+  //! The ring backward on host memory: from this rank's shards `q`, `k`, `v`, the forward's `out`
+  //! and `lse` and the output gradient `dout`, writes `dq` (like q), `dk` and `dv` (like k, v) in
+  //! T. K/V blocks travel the ring again, each carrying its fp32 dK/dV, which every rank adds its
+  //! share to; after the last step each block's dK/dV goes home to its owner. dQ stays local in
+  //! fp32. Deterministic: the order of every fp32 addition is fixed by the ring. Collective;
+  //! validation and failures behave as in `forward_host`.
+  template <element T>
+  void backward_host(thd_view<const T> q, thd_view<const T> k, thd_view<const T> v,
+                     thd_view<const T> out, const float* lse, thd_view<const T> dout,
+                     thd_view<T> dq, thd_view<T> dk, thd_view<T> dv,
+                     std::span<std::byte> workspace) {
+    error_rank_scope scope(comm_.rank());
+    const validation ok = validate_backward(q, k, v, out, lse, dout, dq, dk, dv, workspace);
+    if (!ok) comm_.abort(ok.reason());
+    ok.throw_if_invalid();
+    try {
+      run_host_backward(q, k, v, out, lse, dout, dq, dk, dv, workspace);
+    } catch (const std::exception& e) {
+      comm_.abort(e.what());
+      throw;
+    }
+  }
+
   //! Device path, plan time: creates the communication stream, the events and the per-step
   //! kernel schedules on the current device, and the communicator's device resources. Call once
   //! per rank before `forward`; `forward` allocates nothing.
@@ -184,8 +261,7 @@ public:
     // behind the block kernel's remaining waves, so the transfer overlaps the compute.
     int least = 0, greatest = 0;
     RINGATTN_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-    RINGATTN_CUDA_CHECK(
-        cudaStreamCreateWithPriority(&d->comm, cudaStreamNonBlocking, greatest));
+    RINGATTN_CUDA_CHECK(cudaStreamCreateWithPriority(&d->comm, cudaStreamNonBlocking, greatest));
     for (cudaEvent_t* e : {&d->own_ready, &d->comm_end, &d->compute_done[0], &d->compute_done[1],
                            &d->recv_done[0], &d->recv_done[1]})
       RINGATTN_CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
@@ -384,6 +460,92 @@ private:
       }
     }
     finalize(state, out);
+  }
+
+  // One ring buffer of the backward: the largest block's K, V (T) and dK, dV (fp32).
+  template <element T>
+  std::size_t backward_slot() const {
+    const std::size_t e =
+        2 * static_cast<std::size_t>(plan_.max_local_tokens()) * args_.kv_heads * args_.head_dim;
+    return align(e * sizeof(T) + e * sizeof(float));
+  }
+  // A backward block in a ring buffer: k, v of `tokens` rows (T, dense), then dk, dv (fp32).
+  template <element T>
+  struct backward_block {
+    thd_view<T> k, v;
+    float *dk, *dv;
+  };
+  template <element T>
+  backward_block<T> backward_views(std::byte* b, std::int64_t tokens) const {
+    const std::int64_t e = tokens * args_.kv_heads * args_.head_dim;
+    T* kv = reinterpret_cast<T*>(b);
+    float* g = reinterpret_cast<float*>(b + 2 * e * static_cast<std::int64_t>(sizeof(T)));
+    return {thd_view<T>(kv, tokens, args_.kv_heads, args_.head_dim),
+            thd_view<T>(kv + e, tokens, args_.kv_heads, args_.head_dim), g, g + e};
+  }
+
+  // Step t: this rank adds Q's share against block src = r - t (carried with its dK/dV) and passes
+  // the block on; after step P - 1 it holds block r + 1, complete, and sends that block's dK/dV
+  // home while receiving its own from rank r - 1 ("step P").
+  template <element T>
+  void run_host_backward(thd_view<const T> q, thd_view<const T> k, thd_view<const T> v,
+                         thd_view<const T> out, const float* lse, thd_view<const T> dout,
+                         thd_view<T> dq, thd_view<T> dk, thd_view<T> dv,
+                         std::span<std::byte> workspace) {
+    const int p = comm_.size(), r = comm_.rank();
+    const std::int64_t n = local_tokens();
+    const int kvh = args_.kv_heads, d = args_.head_dim, qh = args_.q_heads;
+    const std::size_t slot = backward_slot<T>();
+    std::byte* buf[2] = {workspace.data(), workspace.data() + slot};
+    float* dq_acc = reinterpret_cast<float*>(workspace.data() + 2 * slot);
+    float* delta = reinterpret_cast<float*>(
+        workspace.data() + 2 * slot + align(static_cast<std::size_t>(n) * qh * d * sizeof(float)));
+    compute_delta(out, dout, delta);
+    std::fill(dq_acc, dq_acc + n * qh * d, 0.0f);
+    {
+      const backward_block<T> own = backward_views<T>(buf[0], n);
+      for (std::int64_t t = 0; t < n; ++t)
+        for (int h = 0; h < kvh; ++h) {
+          std::memcpy(own.k.row(t, h), k.row(t, h), sizeof(T) * d);
+          std::memcpy(own.v.row(t, h), v.row(t, h), sizeof(T) * d);
+        }
+      std::fill(own.dk, own.dk + 2 * n * kvh * d, 0.0f); // dk, then dv
+    }
+    for (int t = 0; t < p; ++t) {
+      detail::nvtx_range range("backward step", t, r);
+      const int src = (r - t + p) % p;
+      const backward_block<T> b = backward_views<T>(buf[t % 2], plan_.local_tokens(src));
+      const auto& groups = steps_[static_cast<std::size_t>(t)];
+      if (!groups.empty())
+        host_block_backward<T>({q, b.k, b.v, dout, lse, delta, args_, {dq_acc, b.dk, b.dv}},
+                               groups);
+      if (t + 1 < p) {
+        const int next = (r - t - 1 + p) % p;
+        comm_.exchange(buf[t % 2], backward_block_bytes<T>(src), (r + 1) % p, buf[(t + 1) % 2],
+                       backward_block_bytes<T>(next), (r - 1 + p) % p, t);
+      }
+    }
+    const float* own_dk = backward_views<T>(buf[0], n).dk;
+    if (p > 1) {
+      const int held = (r + 1) % p; // the block of step P - 1
+      const backward_block<T> b = backward_views<T>(buf[(p - 1) % 2], plan_.local_tokens(held));
+      const std::size_t grads = 2 * static_cast<std::size_t>(kvh) * d * sizeof(float);
+      float* home = reinterpret_cast<float*>(buf[p % 2]);
+      comm_.exchange(b.dk, grads * static_cast<std::size_t>(plan_.local_tokens(held)), held, home,
+                     grads * static_cast<std::size_t>(n), (r - 1 + p) % p, p);
+      own_dk = home;
+    }
+    const float* own_dv = own_dk + n * kvh * d;
+    for (std::int64_t t = 0; t < n; ++t) {
+      for (int h = 0; h < qh; ++h)
+        for (int e = 0; e < d; ++e)
+          dq(t, h, e) = from_float<T>(dq_acc[(t * qh + h) * d + e]);
+      for (int h = 0; h < kvh; ++h)
+        for (int e = 0; e < d; ++e) {
+          dk(t, h, e) = from_float<T>(own_dk[(t * kvh + h) * d + e]);
+          dv(t, h, e) = from_float<T>(own_dv[(t * kvh + h) * d + e]);
+        }
+    }
   }
 
   struct device_resources {

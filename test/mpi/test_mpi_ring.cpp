@@ -1,7 +1,7 @@
 // The host ring under mpirun: one process per rank, mpi_communicator, every partitioner x mask x
-// GQA x packed odd lengths against the float64 oracle (each rank checks its own shard); bytes per
-// step; plan-time disagreement.
-#include "../sharded_case.hpp"
+// GQA x packed odd lengths, forward and backward, against the float64 oracle (each rank checks its
+// own shard); bytes per step; plan-time disagreement.
+#include "../sharded_backward_case.hpp"
 
 #include <ringattn/comm/mpi.cuh>
 #include <ringattn/partition/contiguous.cuh>
@@ -24,8 +24,8 @@ void check_ring(mpi_communicator& comm, std::uint64_t seed) {
     CAPTURE(group);
     std::mt19937_64 rng(seed + static_cast<std::uint64_t>(group)); // same inputs on every rank
     const auto cu = test::random_cu_seqlens(3, 1, 61, rng);
-    test::sharded_case<P, __nv_bfloat16> c(cu, comm.size(), {4, 4 / group, 64, 0.0f}, Mask::mask,
-                                           rng);
+    test::sharded_backward_case<P, __nv_bfloat16> c(cu, comm.size(), {4, 4 / group, 64, 0.0f},
+                                                    Mask::mask, rng);
     const auto ref = c.oracle();
     const attention_arguments a = c.args;
     ring_attention<P, mpi_communicator, Mask> attn(comm, a, cu);
@@ -44,6 +44,27 @@ void check_ring(mpi_communicator& comm, std::uint64_t seed) {
     // Tolerances as in the threaded test: bf16 output 4e-3 relative, LSE 1e-5.
     CHECK(std::sqrt(total[0] / total[1]) < 4e-3);
     CHECK(lse_err < 1e-5);
+
+    // Backward from this forward's output: dq, dk, dv of every rank against the oracle's backward.
+    const std::uint64_t before_backward = comm.bytes_sent();
+    const auto g = c.backward_rank(attn, r, out);
+    std::uint64_t want_backward = 0;
+    for (int t = 0; t + 1 < comm.size(); ++t)
+      want_backward +=
+          attn.template backward_block_bytes<__nv_bfloat16>((r - t + comm.size()) % comm.size());
+    if (comm.size() > 1)
+      want_backward += 2 * sizeof(float) *
+                       static_cast<std::size_t>(c.plan.local_tokens((r + 1) % comm.size())) *
+                       a.kv_heads * a.head_dim;
+    CHECK(comm.bytes_sent() - before_backward == want_backward);
+    const auto gp = c.rank_grad_error(r, g, c.oracle_backward());
+    double gs[6] = {gp.num[0], gp.num[1], gp.num[2], gp.den[0], gp.den[1], gp.den[2]}, gt[6] = {};
+    MPI_Allreduce(gs, gt, 6, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    // Tolerance as in the threaded test: 4e-3 relative L2 for each of dq, dk, dv.
+    for (int i = 0; i < 3; ++i) {
+      CAPTURE(i);
+      CHECK(std::sqrt(gt[i] / gt[i + 3]) < 4e-3);
+    }
   }
 }
 

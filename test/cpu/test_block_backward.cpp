@@ -1,0 +1,174 @@
+// The host block backward against the float64 oracle's backward, and the sum of split K/V ranges.
+#include "../block_case.hpp"
+
+#include <ringattn/kernel/host_backward.cuh>
+
+#include <doctest/doctest.h>
+
+using namespace ringattn;
+
+namespace {
+//! A block case with an output gradient, the oracle's forward (for lse and D) and backward.
+template <class T>
+struct backward_case : test::block_case<T> {
+  std::vector<T> dout;
+  std::vector<float> lse, delta; // [q_heads, tokens], from the oracle's exact forward
+  reference::backward_result ref;
+
+  backward_case(std::vector<std::int32_t> cu, attention_arguments a, band b, std::mt19937_64& rng)
+      : test::block_case<T>(std::move(cu), a, b, rng) {
+    const auto n = this->tokens();
+    dout = test::random_buffer<T>(static_cast<std::size_t>(n * a.q_heads * a.head_dim), rng);
+    const auto fwd = this->oracle();
+    lse.resize(static_cast<std::size_t>(n * a.q_heads));
+    delta.resize(lse.size());
+    for (std::int64_t t = 0; t < n; ++t)
+      for (int h = 0; h < a.q_heads; ++h) {
+        double s = 0.0;
+        for (int e = 0; e < a.head_dim; ++e)
+          s += to_float(doutv()(t, h, e)) * fwd.out(t, h, e);
+        lse[static_cast<std::size_t>(h * n + t)] = static_cast<float>(fwd.lse_at(h, t));
+        delta[static_cast<std::size_t>(h * n + t)] = static_cast<float>(s);
+      }
+    ref = reference::attention_backward(this->qv(), this->kv(), this->vv(), doutv(), this->cu,
+                                        this->args, this->window());
+  }
+  thd_view<const T> doutv() const {
+    return {dout.data(), this->tokens(), this->args.q_heads, this->args.head_dim};
+  }
+};
+
+struct grads {
+  std::vector<float> dq, dk, dv;
+};
+
+template <class T>
+grads run(const backward_case<T>& c, const std::vector<std::vector<block_group>>& calls) {
+  const auto n = static_cast<std::size_t>(c.tokens());
+  grads g{std::vector<float>(n * c.args.q_heads * c.args.head_dim, 0.0f),
+          std::vector<float>(n * c.args.kv_heads * c.args.head_dim, 0.0f),
+          std::vector<float>(n * c.args.kv_heads * c.args.head_dim, 0.0f)};
+  for (const auto& groups : calls)
+    host_block_backward<T>({c.qv(),
+                            c.kv(),
+                            c.vv(),
+                            c.doutv(),
+                            c.lse.data(),
+                            c.delta.data(),
+                            c.args,
+                            {g.dq.data(), g.dk.data(), g.dv.data()}},
+                           groups);
+  return g;
+}
+
+// Relative L2 error; where the oracle's gradient is exactly zero (every row sees at most one key:
+// then dS = P (dP - D) = 0), the absolute L2 norm of what was computed instead.
+double rel_error(const std::vector<float>& got, std::span<const double> want) {
+  double num = 0.0, den = 0.0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    num += (got[i] - want[i]) * (got[i] - want[i]);
+    den += want[i] * want[i];
+  }
+  REQUIRE(got.size() == want.size());
+  return den == 0.0 ? std::sqrt(num) : std::sqrt(num / den);
+}
+double rel_error(const std::vector<float>& got, const reference::tensor& want) {
+  return rel_error(got, std::span<const double>(want.data));
+}
+double rel_error(const std::vector<float>& got, const std::vector<float>& want) {
+  const std::vector<double> w(want.begin(), want.end());
+  return rel_error(got, std::span<const double>(w));
+}
+} // namespace
+
+// Tolerance: each (row, key) term in fp64, the accumulators in fp32, P from the fp32 lse (relative
+// error ~1e-7 times |lse|): within 1e-5 relative of the oracle.
+TEST_CASE("host block backward equals the oracle: bands x GQA x head_dim x packed odd lengths") {
+  const auto seed = test::fresh_seed();
+  CAPTURE(seed);
+  std::mt19937_64 rng(seed);
+  for (int group : {1, 4, 8})
+    for (int d : {64, 128})
+      for (const band& b : test::test_bands(rng)) {
+        CAPTURE(group);
+        CAPTURE(d);
+        CAPTURE(b.lo);
+        CAPTURE(b.hi);
+        const attention_arguments a{8, 8 / group, d, 0.0f};
+        backward_case<__nv_bfloat16> c(test::random_cu_seqlens(3, 1, 37, rng), a, b, rng);
+        const grads g = run(c, c.calls(1));
+        CHECK(rel_error(g.dq, c.ref.dq) < 1e-5);
+        CHECK(rel_error(g.dk, c.ref.dk) < 1e-5);
+        CHECK(rel_error(g.dv, c.ref.dv) < 1e-5);
+      }
+}
+
+TEST_CASE("host block backward: K/V split into 1..8 blocks sums to the single-block gradients") {
+  const auto seed = test::fresh_seed();
+  CAPTURE(seed);
+  std::mt19937_64 rng(seed);
+  const attention_arguments a{4, 2, 64, 0.0f};
+  for (const band& b : test::test_bands(rng)) {
+    backward_case<__half> c(test::random_cu_seqlens(2, 9, 61, rng), a, b, rng);
+    const grads one = run(c, c.calls(1));
+    for (int pieces = 2; pieces <= 8; ++pieces)
+      for (bool together : {false, true}) {
+        CAPTURE(pieces);
+        CAPTURE(together);
+        const grads split = run(c, c.calls(pieces, together));
+        // dq sums the pieces in another order (fp32); dk and dv of a key come from one piece.
+        CHECK(rel_error(split.dq, one.dq) < 1e-6);
+        CHECK(rel_error(split.dk, one.dk) < 1e-6);
+        CHECK(rel_error(split.dv, one.dv) < 1e-6);
+      }
+  }
+}
+
+TEST_CASE("host block backward: rows that see no key give no gradient and never NaN") {
+  std::mt19937_64 rng(test::fresh_seed());
+  // Keys strictly after the query (1 <= j - i <= 7): the last row of each sequence sees nothing
+  // (lse = -inf) and contributes nothing.
+  backward_case<__nv_bfloat16> c({0, 5, 12}, {2, 1, 64, 0.0f}, band{1, 7}, rng);
+  const grads g = run(c, c.calls(3));
+  for (int h = 0; h < 2; ++h)
+    for (std::int64_t t : {4, 11})
+      for (int e = 0; e < 64; ++e)
+        CHECK(g.dq[static_cast<std::size_t>((t * 2 + h) * 64 + e)] == 0.0f);
+  for (const auto* x : {&g.dq, &g.dk, &g.dv})
+    for (float y : *x)
+      CHECK(std::isfinite(y));
+  CHECK(rel_error(g.dq, c.ref.dq) < 1e-5);
+  CHECK(rel_error(g.dk, c.ref.dk) < 1e-5);
+}
+
+TEST_CASE("host block backward validates before writing anything") {
+  std::mt19937_64 rng(test::fresh_seed());
+  const attention_arguments a{4, 2, 64, 0.0f};
+  backward_case<__nv_bfloat16> c({0, 20}, a, band{}, rng);
+  std::vector<float> dq(20 * 4 * 64, -7.0f), dk(20 * 2 * 64, -7.0f), dv(dk);
+  const auto groups = c.calls(1)[0];
+  auto args = [&] {
+    return block_backward_args<__nv_bfloat16>{
+        c.qv(),       c.kv(),         c.vv(), c.doutv(),
+        c.lse.data(), c.delta.data(), a,      {dq.data(), dk.data(), dv.data()}};
+  };
+  auto x = args();
+  x.delta = nullptr;
+  CHECK_THROWS_WITH_AS(host_block_backward(x, groups),
+                       "ringattn: lse, delta or dq is a null pointer", invalid_argument);
+  x = args();
+  x.grad.dv = nullptr;
+  CHECK_THROWS_WITH_AS(host_block_backward(x, groups), "ringattn: dk or dv is a null pointer",
+                       invalid_argument);
+  x = args();
+  x.dout.tokens = 19;
+  CHECK_THROWS_WITH_AS(host_block_backward(x, groups), "ringattn: dout has 19 tokens but q has 20",
+                       invalid_argument);
+  x = args();
+  x.dout.heads = 2;
+  CHECK_THROWS_WITH_AS(host_block_backward(x, groups), doctest::Contains("q/dout have 4/2 heads"),
+                       invalid_argument);
+  for (const auto* g : {&dq, &dk, &dv})
+    for (float y : *g)
+      REQUIRE(y == -7.0f);
+}
