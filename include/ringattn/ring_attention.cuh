@@ -46,6 +46,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -230,12 +231,15 @@ public:
   //! T. K/V blocks travel the ring again, each carrying its fp32 dK/dV, which every rank adds its
   //! share to; after the last step each block's dK/dV goes home to its owner. dQ stays local in
   //! fp32. Deterministic: the order of every fp32 addition is fixed by the ring. Collective;
-  //! validation and failures behave as in `forward_host`.
+  //! validation and failures behave as in `forward_host`. T is taken from `q` (the others
+  //! convert, so a writable `out` view can be passed as is).
   template <element T>
-  void backward_host(thd_view<const T> q, thd_view<const T> k, thd_view<const T> v,
-                     thd_view<const T> out, const float* lse, thd_view<const T> dout,
-                     thd_view<T> dq, thd_view<T> dk, thd_view<T> dv,
-                     std::span<std::byte> workspace) {
+  void backward_host(thd_view<const T> q, std::type_identity_t<thd_view<const T>> k,
+                     std::type_identity_t<thd_view<const T>> v,
+                     std::type_identity_t<thd_view<const T>> out, const float* lse,
+                     std::type_identity_t<thd_view<const T>> dout,
+                     std::type_identity_t<thd_view<T>> dq, std::type_identity_t<thd_view<T>> dk,
+                     std::type_identity_t<thd_view<T>> dv, std::span<std::byte> workspace) {
     error_rank_scope scope(comm_.rank());
     const validation ok = validate_backward(q, k, v, out, lse, dout, dq, dk, dv, workspace);
     if (!ok) comm_.abort(ok.reason());

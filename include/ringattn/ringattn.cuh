@@ -12,9 +12,11 @@
 #include <ringattn/config.cuh>
 #include <ringattn/cuda_check.cuh>
 #include <ringattn/error.cuh>
+#include <ringattn/kernel/backward_args.cuh>
 #include <ringattn/kernel/block.cuh>
 #include <ringattn/kernel/forward.cuh>
 #include <ringattn/kernel/forward_args.cuh>
+#include <ringattn/kernel/host_backward.cuh>
 #include <ringattn/kernel/host_forward.cuh>
 #include <ringattn/kernel/state.cuh>
 #include <ringattn/kernel/tuning.cuh>

@@ -13,6 +13,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -141,6 +142,82 @@ const std::vector<forward_case>& forward_cases() {
   return cases;
 }
 
+//! One rank's valid call of the host ring's backward (the forward call's inputs, plus the
+//! forward's out and lse, dout and poisoned gradients); a case breaks one thing in it.
+struct backward_call : call {
+  std::vector<T> fwd_out, dout, dq, dk, dv;
+  thd_view<const T> fov, dov;
+  thd_view<T> dqv, dkv, dvv;
+
+  explicit backward_call(std::mt19937_64& rng)
+      : call(rng), fwd_out(random(n * 8 * 64, rng)), dout(random(n * 8 * 64, rng)),
+        dq(static_cast<std::size_t>(n * 8 * 64), test::poison<T>()),
+        dk(static_cast<std::size_t>(n * 2 * 64), test::poison<T>()), dv(dk),
+        fov(fwd_out.data(), n, 8, 64), dov(dout.data(), n, 8, 64), dqv(dq.data(), n, 8, 64),
+        dkv(dk.data(), n, 2, 64), dvv(dv.data(), n, 2, 64) {
+    std::fill(lse.begin(), lse.end(), 1.0f); // a forward's lse (finite)
+  }
+  bool untouched() const {
+    const T p = test::poison<T>();
+    for (const auto* g : {&dq, &dk, &dv})
+      for (const T& x : *g)
+        if (std::memcmp(&x, &p, sizeof(T)) != 0) return false;
+    return true;
+  }
+};
+
+//! Runs `backward_host` after `breaks` spoilt one input; returns what it threw ("" if nothing).
+std::string backward_with(const std::function<void(backward_call&)>& breaks, bool& clean) {
+  std::mt19937_64 rng(test::fresh_seed());
+  backward_call c(rng);
+  in_process_group group(1);
+  auto comm = group.communicator(0);
+  ring_attention<zigzag, in_process_communicator, causal> attn(comm, c.args, c.cu);
+  c.ws = c.workspace(attn.host_backward_workspace_bytes<T>());
+  breaks(c);
+  std::string what;
+  try {
+    attn.backward_host<T>(c.qv, c.kv, c.vv, c.fov, c.lse_ptr, c.dov, c.dqv, c.dkv, c.dvv, c.ws);
+  } catch (const invalid_argument& e) {
+    what = e.what();
+  }
+  clean = c.untouched() && comm.bytes_sent() == 0;
+  return what;
+}
+
+struct backward_case {
+  const char* input;
+  const char* error; // a substring of the message
+  std::function<void(backward_call&)> breaks;
+};
+
+const std::vector<backward_case>& backward_cases() {
+  static const std::vector<backward_case> cases = {
+      {"dout has the wrong token count", "dout is [299, 8, 64] but rank 0's shard is [300, 8, 64]",
+       [](backward_call& c) { c.dov.tokens = 299; }},
+      {"the forward's out has the wrong head count",
+       "out is [300, 4, 64] but rank 0's shard is [300, 8, 64]",
+       [](backward_call& c) { c.fov = thd_view<const T>(c.fwd_out.data(), 300, 4, 64); }},
+      {"dq has the wrong head count", "dq is [300, 4, 64] but rank 0's shard is [300, 8, 64]",
+       [](backward_call& c) { c.dqv = thd_view<T>(c.dq.data(), 300, 4, 64); }},
+      {"dk is a null pointer", "dk is a null pointer with 300 tokens",
+       [](backward_call& c) { c.dkv.data = nullptr; }},
+      {"dv is misaligned", "dv is not aligned to its element size (2 bytes)",
+       [](backward_call& c) {
+         c.dvv.data = reinterpret_cast<T*>(reinterpret_cast<char*>(c.dvv.data) + 1);
+       }},
+      {"dout with a head stride below head_dim", "dout.head_stride (32) is smaller than head_dim",
+       [](backward_call& c) { c.dov.head_stride = 32; }},
+      {"the forward's lse is a null pointer", "lse is a null pointer",
+       [](backward_call& c) { c.lse_ptr = nullptr; }},
+      {"the backward workspace is too small", "the workspace has",
+       [](backward_call& c) { c.ws = c.ws.first(c.ws.size() - 1); }},
+      {"the backward workspace is misaligned", "the workspace must be 16-byte aligned",
+       [](backward_call& c) { c.ws = c.workspace(c.ws.size(), 4); }},
+  };
+  return cases;
+}
+
 struct plan_case {
   const char* input;
   const char* error;
@@ -196,6 +273,13 @@ TEST_CASE("bad forward inputs: a clear error, nothing sent, outputs untouched") 
   test::check_bad_cases(forward_cases(), forward_with);
   bool clean = false; // the unbroken call is accepted and writes (the cases above can fail)
   CHECK(forward_with([](call&) {}, clean) == "");
+  CHECK_FALSE(clean);
+}
+
+TEST_CASE("bad backward inputs: a clear error, nothing sent, gradients untouched") {
+  test::check_bad_cases(backward_cases(), backward_with);
+  bool clean = false; // the unbroken call is accepted and writes (the cases above can fail)
+  CHECK(backward_with([](backward_call&) {}, clean) == "");
   CHECK_FALSE(clean);
 }
 

@@ -136,3 +136,25 @@ TEST_CASE("host ring backward: workspace is the two travelling blocks, fp32 dQ a
   for (const auto& e : errors)
     REQUIRE(message(e) == "");
 }
+
+TEST_CASE("host ring backward: a rank that never arrives makes the others fail, naming it") {
+  in_process_group group(3, std::chrono::milliseconds(200));
+  const attention_arguments a{2, 1, 64, 0.0f};
+  std::mt19937_64 rng(test::fresh_seed());
+  test::sharded_backward_case<zigzag, T> c({0, 30}, 3, a, mask_kind::causal, rng);
+  const auto start = std::chrono::steady_clock::now();
+  const auto errors = on_ranks(group, [&](int r, in_process_communicator& comm) {
+    ring_attention<zigzag, in_process_communicator, causal> attn(comm, a, c.plan.cu_seqlens());
+    const auto fwd = c.forward_rank(attn, r);
+    if (r == 2) return; // ran the forward, never runs the backward
+    c.backward_rank(attn, r, fwd);
+  });
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(3));
+  for (int r : {0, 1}) {
+    const std::string m = message(errors[static_cast<std::size_t>(r)]);
+    CAPTURE(m);
+    CHECK(m.rfind("ringattn: rank " + std::to_string(r) + ", step 0: ", 0) == 0);
+    CHECK(m.find("waiting for rank 2 to ") != std::string::npos);
+  }
+  CHECK(message(errors[2]) == "");
+}

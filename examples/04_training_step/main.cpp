@@ -1,0 +1,192 @@
+// 04_training_step: forward and backward of zigzag causal ring attention, gradients checked.
+//
+// One training step's attention on P simulated ranks (threads, the host path): every rank holds
+// its zigzag shard of Q, K, V; the forward gives O and LSE; a loss L = 1/2 |O - target|^2 gives
+// dO = O - target on each rank's own rows; the backward gives dQ, dK, dV for the rank's shard
+// (K/V blocks travel the ring again with their fp32 dK/dV, which return to their owners at the
+// end). The gathered gradients are checked against the float64 oracle's backward, and one entry
+// of each against a central finite difference of the float64 loss.
+//
+//   training_step [--ranks P] [--tokens N]
+#include <ringattn/comm/in_process.cuh>
+#include <ringattn/ring_attention.cuh>
+#include <ringattn/ringattn.cuh>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+using T = __nv_bfloat16;
+using partitioner = ringattn::zigzag;
+using mask = ringattn::causal;
+using ring = ringattn::ring_attention<partitioner, ringattn::in_process_communicator, mask>;
+constexpr ringattn::attention_arguments args{8, 2, 64, 0.0f};
+
+struct batch {
+  std::vector<std::int32_t> cu;
+  std::vector<T> q, k, v, target;
+  std::int64_t tokens() const { return cu.back(); }
+  ringattn::thd_view<const T> view(const std::vector<T>& x, int heads) const {
+    return {x.data(), tokens(), heads, args.head_dim};
+  }
+};
+
+// The float64 loss 1/2 |O - target|^2 of the whole batch, for the finite differences.
+double loss(const batch& b, const std::vector<T>& q, const ringattn::reference::tensor& k,
+            const ringattn::reference::tensor& v) {
+  const auto o = ringattn::reference::attention_forward(
+      ringattn::reference::to_tensor(b.view(q, args.q_heads)), k, v, b.cu, args, mask::mask);
+  double s = 0.0;
+  for (std::size_t i = 0; i < o.out.data.size(); ++i) {
+    const double e = o.out.data[i] - ringattn::to_float(b.target[i]);
+    s += 0.5 * e * e;
+  }
+  return s;
+}
+} // namespace
+
+int main(int argc, char** argv) try {
+  int ranks = 4;
+  std::int64_t tokens = 2000;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string f = argv[i];
+    if (f == "--ranks")
+      ranks = std::atoi(argv[i + 1]);
+    else if (f == "--tokens")
+      tokens = std::atoll(argv[i + 1]);
+    else
+      throw ringattn::invalid_argument("training_step: unknown flag " + f);
+  }
+  // Two packed sequences of odd lengths.
+  batch b;
+  b.cu = {0, static_cast<std::int32_t>(tokens * 2 / 3 + 1), static_cast<std::int32_t>(tokens)};
+  std::mt19937_64 rng(std::random_device{}());
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  auto random = [&](std::int64_t n) {
+    std::vector<T> x(static_cast<std::size_t>(n));
+    for (auto& e : x)
+      e = ringattn::from_float<T>(u(rng));
+    return x;
+  };
+  const int d = args.head_dim, qh = args.q_heads, kvh = args.kv_heads;
+  b.q = random(tokens * qh * d);
+  b.k = random(tokens * kvh * d);
+  b.v = random(tokens * kvh * d);
+  b.target = random(tokens * qh * d);
+  const ringattn::partition_plan<partitioner> plan(b.cu, ranks);
+
+  // Gathered gradients, poisoned: a row no rank writes fails the check.
+  std::vector<T> dq(b.q.size(), ringattn::from_float<T>(-12345.0f)), dk(b.k.size(), dq[0]),
+      dv(b.v.size(), dq[0]);
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(ranks));
+  ringattn::in_process_group group(ranks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        auto comm = group.communicator(r);
+        ring attn(comm, args, b.cu);
+        const std::int64_t n = attn.local_tokens();
+        auto shard = [&](const std::vector<T>& full, int heads) {
+          std::vector<T> s(static_cast<std::size_t>(n * heads * d));
+          ringattn::scatter(plan, r, b.view(full, heads),
+                            ringattn::thd_view<T>(s.data(), n, heads, d));
+          return s;
+        };
+        auto view = [&](auto& x, int heads) {
+          using E = std::remove_reference_t<decltype(x[0])>;
+          return ringattn::thd_view<E>(x.data(), n, heads, d);
+        };
+        const auto qs = shard(b.q, qh), ks = shard(b.k, kvh), vs = shard(b.v, kvh),
+                   target = shard(b.target, qh);
+        const std::vector<T>&cq = qs, &ck = ks, &cv = vs;
+        std::vector<T> out(qs.size());
+        std::vector<float> lse(static_cast<std::size_t>(n * qh));
+        auto aligned = [](std::vector<std::byte>& w, std::size_t bytes) {
+          const std::size_t pad = (16 - reinterpret_cast<std::uintptr_t>(w.data()) % 16) % 16;
+          return std::span<std::byte>(w).subspan(pad, bytes);
+        };
+        // Forward.
+        std::vector<std::byte> ws(attn.host_workspace_bytes<T>() + 16);
+        attn.forward_host(view(cq, qh), view(ck, kvh), view(cv, kvh), view(out, qh), lse.data(),
+                          aligned(ws, attn.host_workspace_bytes<T>()));
+        // dL/dO = O - target, on this rank's rows.
+        std::vector<T> dout(out.size());
+        for (std::size_t i = 0; i < out.size(); ++i)
+          dout[i] =
+              ringattn::from_float<T>(ringattn::to_float(out[i]) - ringattn::to_float(target[i]));
+        // Backward.
+        std::vector<T> gq(qs.size()), gk(ks.size()), gv(vs.size());
+        const std::vector<T>& cout = out;
+        const std::vector<T>& cdout = dout;
+        std::vector<std::byte> wb(attn.host_backward_workspace_bytes<T>() + 16);
+        attn.backward_host(view(cq, qh), view(ck, kvh), view(cv, kvh), view(cout, qh), lse.data(),
+                           view(cdout, qh), view(gq, qh), view(gk, kvh), view(gv, kvh),
+                           aligned(wb, attn.host_backward_workspace_bytes<T>()));
+        // Gather: each rank writes its rows back to their places in the batch.
+        for (std::int64_t l = 0; l < n; ++l) {
+          const std::int64_t g = plan.global_token(r, l);
+          std::copy_n(gq.begin() + l * qh * d, qh * d, dq.begin() + g * qh * d);
+          std::copy_n(gk.begin() + l * kvh * d, kvh * d, dk.begin() + g * kvh * d);
+          std::copy_n(gv.begin() + l * kvh * d, kvh * d, dv.begin() + g * kvh * d);
+        }
+      } catch (...) {
+        errors[static_cast<std::size_t>(r)] = std::current_exception();
+      }
+    });
+  for (auto& t : threads)
+    t.join();
+  for (const auto& e : errors)
+    if (e) std::rethrow_exception(e);
+
+  // The oracle: its own forward's output gives dO (unrounded), then its backward.
+  const auto kt = ringattn::reference::to_tensor(b.view(b.k, kvh)),
+             vt = ringattn::reference::to_tensor(b.view(b.v, kvh)),
+             qt = ringattn::reference::to_tensor(b.view(b.q, qh));
+  const auto fwd = ringattn::reference::attention_forward(qt, kt, vt, b.cu, args, mask::mask);
+  ringattn::reference::tensor dout(tokens, qh, d);
+  for (std::size_t i = 0; i < dout.data.size(); ++i)
+    dout.data[i] = fwd.out.data[i] - ringattn::to_float(b.target[i]);
+  const auto ref =
+      ringattn::reference::attention_backward(qt, kt, vt, dout, b.cu, args, mask::mask);
+  auto error = [](const std::vector<T>& got, const ringattn::reference::tensor& want) {
+    std::vector<double> g(got.size());
+    for (std::size_t i = 0; i < got.size(); ++i)
+      g[i] = ringattn::to_float(got[i]);
+    return ringattn::reference::relative_error(g, want.data);
+  };
+  const double eq = error(dq, ref.dq), ek = error(dk, ref.dk), ev = error(dv, ref.dv);
+
+  // One entry of dQ against a central difference of the float64 loss in that entry of Q.
+  const std::size_t at = static_cast<std::size_t>((tokens / 2 * qh + 1) * d + 3);
+  const double h = 1.0 / 64; // exact in bf16 around values in [-1, 1]
+  std::vector<T> qp = b.q, qm = b.q;
+  qp[at] = ringattn::from_float<T>(ringattn::to_float(b.q[at]) + static_cast<float>(h));
+  qm[at] = ringattn::from_float<T>(ringattn::to_float(b.q[at]) - static_cast<float>(h));
+  const double step = ringattn::to_float(qp[at]) - ringattn::to_float(qm[at]);
+  const double fd = (loss(b, qp, kt, vt) - loss(b, qm, kt, vt)) / step;
+
+  std::printf(
+      "training step: %s, %s mask, %d ranks, %lld tokens in 2 sequences, %d:%d heads x %d\n",
+      partitioner::name, mask::name, ranks, static_cast<long long>(tokens), qh, kvh, d);
+  std::printf("  gradients against the float64 oracle's backward (relative L2): dq %.2e, dk %.2e, "
+              "dv %.2e\n",
+              eq, ek, ev);
+  std::printf("  dL/dq at one entry: ring %.6f, finite difference of the float64 loss %.6f\n",
+              ringattn::to_float(dq[at]), fd);
+  // bf16 gradients (the ring's dO is rounded to bf16 too): 1e-2 relative L2; the finite
+  // difference (a step of 1/32, second-order error) within 2% of |fd| + 1e-3.
+  const bool ok = eq < 1e-2 && ek < 1e-2 && ev < 1e-2 &&
+                  std::abs(ringattn::to_float(dq[at]) - fd) < 0.02 * std::abs(fd) + 1e-3;
+  std::printf("gradients: %s\n", ok ? "OK" : "FAILED");
+  return ok ? 0 : 1;
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "%s\n", e.what());
+  return 1;
+}
