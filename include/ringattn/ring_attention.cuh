@@ -135,22 +135,12 @@ public:
     r.require(validate_view(out, "out"));
     if (!r) return r;
     const std::int64_t n = local_tokens();
-    auto shape = [&](const auto& x, const char* name, int heads) {
-      r.require(x.tokens == n && x.heads == heads && x.head_dim == args_.head_dim, name, " is [",
-                x.tokens, ", ", x.heads, ", ", x.head_dim, "] but rank ", comm_.rank(),
-                "'s shard is [", n, ", ", heads, ", ", args_.head_dim, "]");
-    };
-    shape(q, "q", args_.q_heads);
-    shape(k, "k", args_.kv_heads);
-    shape(v, "v", args_.kv_heads);
-    shape(out, "out", args_.q_heads);
+    require_shard(r, q, "q", args_.q_heads);
+    require_shard(r, k, "k", args_.kv_heads);
+    require_shard(r, v, "v", args_.kv_heads);
+    require_shard(r, out, "out", args_.q_heads);
     r.require(n == 0 || lse != nullptr, "lse is a null pointer");
-    r.require(workspace.size() >= host_workspace_bytes<T>(), "the workspace has ", workspace.size(),
-              " bytes; ", host_workspace_bytes<T>(), " are needed");
-    r.require(workspace.data() != nullptr || host_workspace_bytes<T>() == 0,
-              "the workspace is a null pointer");
-    r.require(reinterpret_cast<std::uintptr_t>(workspace.data()) % 16 == 0,
-              "the workspace must be 16-byte aligned");
+    require_workspace(r, workspace, host_workspace_bytes<T>());
     return r;
   }
 
@@ -203,26 +193,16 @@ public:
         .require(validate_view(dv, "dv"));
     if (!r) return r;
     const std::int64_t n = local_tokens();
-    auto shape = [&](const auto& x, const char* name, int heads) {
-      r.require(x.tokens == n && x.heads == heads && x.head_dim == args_.head_dim, name, " is [",
-                x.tokens, ", ", x.heads, ", ", x.head_dim, "] but rank ", comm_.rank(),
-                "'s shard is [", n, ", ", heads, ", ", args_.head_dim, "]");
-    };
-    shape(q, "q", args_.q_heads);
-    shape(k, "k", args_.kv_heads);
-    shape(v, "v", args_.kv_heads);
-    shape(out, "out", args_.q_heads);
-    shape(dout, "dout", args_.q_heads);
-    shape(dq, "dq", args_.q_heads);
-    shape(dk, "dk", args_.kv_heads);
-    shape(dv, "dv", args_.kv_heads);
+    require_shard(r, q, "q", args_.q_heads);
+    require_shard(r, k, "k", args_.kv_heads);
+    require_shard(r, v, "v", args_.kv_heads);
+    require_shard(r, out, "out", args_.q_heads);
+    require_shard(r, dout, "dout", args_.q_heads);
+    require_shard(r, dq, "dq", args_.q_heads);
+    require_shard(r, dk, "dk", args_.kv_heads);
+    require_shard(r, dv, "dv", args_.kv_heads);
     r.require(n == 0 || lse != nullptr, "lse is a null pointer");
-    const std::size_t need = host_backward_workspace_bytes<T>();
-    r.require(workspace.size() >= need, "the workspace has ", workspace.size(), " bytes; ", need,
-              " are needed");
-    r.require(workspace.data() != nullptr || need == 0, "the workspace is a null pointer");
-    r.require(reinterpret_cast<std::uintptr_t>(workspace.data()) % 16 == 0,
-              "the workspace must be 16-byte aligned");
+    require_workspace(r, workspace, host_backward_workspace_bytes<T>());
     return r;
   }
 
@@ -311,6 +291,24 @@ public:
 
 private:
   static std::size_t align(std::size_t n) { return (n + 255) / 256 * 256; }
+
+  // A view of this rank's shard: [local tokens, heads, head_dim].
+  template <class View>
+  void require_shard(validation& r, const View& x, const char* name, int heads) const {
+    const std::int64_t n = local_tokens();
+    r.require(x.tokens == n && x.heads == heads && x.head_dim == args_.head_dim, name, " is [",
+              x.tokens, ", ", x.heads, ", ", x.head_dim, "] but rank ", comm_.rank(),
+              "'s shard is [", n, ", ", heads, ", ", args_.head_dim, "]");
+  }
+  // A workspace of at least `need` bytes, 16-byte aligned.
+  static void require_workspace(validation& r, std::span<const std::byte> workspace,
+                                std::size_t need) {
+    r.require(workspace.size() >= need, "the workspace has ", workspace.size(), " bytes; ", need,
+              " are needed");
+    r.require(workspace.data() != nullptr || need == 0, "the workspace is a null pointer");
+    r.require(reinterpret_cast<std::uintptr_t>(workspace.data()) % 16 == 0,
+              "the workspace must be 16-byte aligned");
+  }
 
 #if defined(__CUDACC__)
   // What the device path needs on top of `validate_forward`: the current device and the stream's

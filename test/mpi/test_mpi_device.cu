@@ -2,8 +2,7 @@
 // straight to a CUDA-aware MPI), every partitioner x {full, causal}, bf16, each rank's shard
 // against the float64 oracle, bytes per step; two forwards bitwise equal. Runs where a GPU exists
 // (several ranks may share one).
-#include "../gpu/device_buffer.cuh"
-#include "../sharded_case.hpp"
+#include "../gpu/device_ring.cuh"
 
 #include <ringattn/comm/mpi.cuh>
 #include <ringattn/partition/contiguous.cuh>
@@ -14,7 +13,6 @@
 #include <doctest/doctest.h>
 #include <mpi.h>
 
-#include <cstring>
 #include <string>
 
 using namespace ringattn;
@@ -30,40 +28,12 @@ void check(mpi_communicator& comm, std::uint64_t seed) {
   const auto cu = test::random_cu_seqlens(3, 1, 400, rng);
   test::sharded_case<P, T> c(cu, comm.size(), {8, 2, 128, 0.0f}, Mask::mask, rng);
   const auto ref = c.oracle();
-  const attention_arguments a = c.args;
-  ring_attention<P, mpi_communicator, Mask> attn(comm, a, cu);
-  attn.prepare_device();
   const int r = comm.rank();
-  const std::int64_t n = attn.local_tokens();
-  test::device_buffer<T> q(c.qs[static_cast<std::size_t>(r)]), k(c.ks[static_cast<std::size_t>(r)]),
-      v(c.vs[static_cast<std::size_t>(r)]);
-  test::device_buffer<T> out(
-      std::vector<T>(c.qs[static_cast<std::size_t>(r)].size(), test::poison<T>()));
-  test::device_buffer<float> lse(
-      std::vector<float>(static_cast<std::size_t>(n * a.q_heads), -7.0f));
-  const std::size_t bytes = attn.template device_workspace_bytes<T>();
-  test::device_buffer<std::byte> ws(bytes);
-  cudaStream_t stream;
-  RINGATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  const std::uint64_t before = comm.bytes_sent();
-  auto once = [&] {
-    attn.forward(thd_view<const T>(q.get(), n, a.q_heads, a.head_dim),
-                 thd_view<const T>(k.get(), n, a.kv_heads, a.head_dim),
-                 thd_view<const T>(v.get(), n, a.kv_heads, a.head_dim),
-                 thd_view<T>(out.get(), n, a.q_heads, a.head_dim), lse.get(), ws.get(), bytes,
-                 stream);
-    RINGATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
-    return typename test::sharded_case<P, T>::rank_output{out.download(), lse.download()};
-  };
-  const auto first = once();
-  const auto second = once();
-  RINGATTN_CUDA_CHECK(cudaStreamDestroy(stream));
-  CHECK(std::memcmp(first.out.data(), second.out.data(), first.out.size() * sizeof(T)) == 0);
-  std::uint64_t want = 0;
-  for (int t = 0; t + 1 < comm.size(); ++t)
-    want += attn.template block_bytes<T>((r - t + comm.size()) % comm.size());
-  CHECK(comm.bytes_sent() - before == 2 * want);
-  const auto part = c.rank_error(r, first, ref);
+  // One forward, then a second that must give the same bits; bytes against the plan.
+  const auto run = test::device_ring_rank<Mask>(c, r, comm, /*repeat=*/true);
+  CHECK(run.repeatable);
+  CHECK(run.sent == run.expected);
+  const auto part = c.rank_error(r, run.output, ref);
   double sums[2] = {part.num, part.den}, total[2] = {0.0, 0.0}, lse_err = 0.0;
   MPI_Allreduce(sums, total, 2, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
   MPI_Allreduce(&part.lse, &lse_err, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
