@@ -70,6 +70,37 @@ struct block_case {
   }
 };
 
+//! A block case with an output gradient, the oracle's forward (for lse and D) and backward.
+template <class T>
+struct block_backward_case : block_case<T> {
+  std::vector<T> dout;
+  std::vector<float> lse, delta; // [q_heads, tokens], from the oracle's exact forward
+  reference::backward_result ref;
+
+  block_backward_case(std::vector<std::int32_t> cu, attention_arguments a, band b,
+                      std::mt19937_64& rng)
+      : block_case<T>(std::move(cu), a, b, rng) {
+    const auto n = this->tokens();
+    dout = random_buffer<T>(static_cast<std::size_t>(n * a.q_heads * a.head_dim), rng);
+    const auto fwd = this->oracle();
+    lse.resize(static_cast<std::size_t>(n * a.q_heads));
+    delta.resize(lse.size());
+    for (std::int64_t t = 0; t < n; ++t)
+      for (int h = 0; h < a.q_heads; ++h) {
+        double s = 0.0;
+        for (int e = 0; e < a.head_dim; ++e)
+          s += to_float(doutv()(t, h, e)) * fwd.out(t, h, e);
+        lse[static_cast<std::size_t>(h * n + t)] = static_cast<float>(fwd.lse_at(h, t));
+        delta[static_cast<std::size_t>(h * n + t)] = static_cast<float>(s);
+      }
+    ref = reference::attention_backward(this->qv(), this->kv(), this->vv(), doutv(), this->cu,
+                                        this->args, this->window());
+  }
+  thd_view<const T> doutv() const {
+    return {dout.data(), this->tokens(), this->args.q_heads, this->args.head_dim};
+  }
+};
+
 //! Relative L2 error of an [tokens, heads, dim] result against the oracle's output.
 template <class Get>
 double out_error(const reference::forward_result& ref, Get get) {

@@ -30,6 +30,7 @@
 #include <ringattn/cuda_check.cuh>
 #include <ringattn/detail/nvtx.cuh>
 #include <ringattn/error.cuh>
+#include <ringattn/kernel/backward.cuh>
 #include <ringattn/kernel/block.cuh>
 #include <ringattn/kernel/forward.cuh>
 #include <ringattn/kernel/host_backward.cuh>
@@ -43,6 +44,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 #include <memory>
 #include <span>
 #include <string>
@@ -250,9 +252,12 @@ public:
                            &d->recv_done[0], &d->recv_done[1]})
       RINGATTN_CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
     const int p = comm_.size(), r = comm_.rank();
-    for (int t = 0; t < p; ++t)
+    for (int t = 0; t < p; ++t) {
       d->schedules.emplace_back(steps_[static_cast<std::size_t>(t)], local_tokens(),
                                 plan_.local_tokens((r - t + p) % p), args_.head_dim);
+      d->backward_schedules.emplace_back(steps_[static_cast<std::size_t>(t)], local_tokens(),
+                                         plan_.local_tokens((r - t + p) % p));
+    }
     device_ = std::move(d);
   }
   //! Device workspace of `forward` (the same layout as the host path's).
@@ -287,6 +292,54 @@ public:
       throw;
     }
   }
+
+  //! Device workspace of `backward` (the same layout as the host path's).
+  template <element T>
+  std::size_t device_backward_workspace_bytes() const {
+    return host_backward_workspace_bytes<T>();
+  }
+  //! The ring backward on device memory, asynchronous on `stream`: the arguments of
+  //! `backward_host` as device pointers, `workspace` device memory of
+  //! `device_backward_workspace_bytes<T>()`. Collective; deterministic (two calls give the same
+  //! bits); the host never waits for the device. Validation throws `invalid_argument` before
+  //! anything is enqueued (and aborts the group).
+  template <class T>
+  requires(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) void backward(
+      thd_view<const T> q, std::type_identity_t<thd_view<const T>> k,
+      std::type_identity_t<thd_view<const T>> v, std::type_identity_t<thd_view<const T>> out,
+      const float* lse, std::type_identity_t<thd_view<const T>> dout,
+      std::type_identity_t<thd_view<T>> dq, std::type_identity_t<thd_view<T>> dk,
+      std::type_identity_t<thd_view<T>> dv, void* workspace, std::size_t workspace_bytes,
+      cudaStream_t stream) {
+    error_rank_scope scope(comm_.rank());
+    validation ok = validate_backward(
+        q, k, v, out, lse, dout, dq, dk, dv,
+        std::span<const std::byte>(static_cast<const std::byte*>(workspace), workspace_bytes));
+    ok.require(device_ != nullptr, "prepare_device() must run before the device backward");
+    if (ok)
+      ok.require(validate_device_placement(stream,
+                                           {{q.data, "q"},
+                                            {k.data, "k"},
+                                            {v.data, "v"},
+                                            {out.data, "out"},
+                                            {lse, "lse"},
+                                            {dout.data, "dout"},
+                                            {dq.data, "dq"},
+                                            {dk.data, "dk"},
+                                            {dv.data, "dv"},
+                                            {workspace, "the workspace"}},
+                                           "backward"));
+    ok.require(reinterpret_cast<std::uintptr_t>(lse) % 4 == 0, "lse must be 4-byte aligned");
+    if (!ok) comm_.abort(ok.reason());
+    ok.throw_if_invalid();
+    try {
+      run_device_backward(q, k, v, out, lse, dout, dq, dk, dv, static_cast<std::byte*>(workspace),
+                          stream);
+    } catch (const std::exception& e) {
+      comm_.abort(e.what());
+      throw;
+    }
+  }
 #endif
 
 private:
@@ -315,10 +368,16 @@ private:
   // are the one prepare_device() ran on; every buffer is device memory there (or managed), so no
   // kernel ever dereferences a host pointer; q meets the kernels' 16-byte alignment, out the
   // finalise kernel's 4-byte pairs.
-  template <class T>
-  validation validate_device_call(thd_view<const T> q, thd_view<const T> k, thd_view<const T> v,
-                                  thd_view<T> out, const float* lse, const void* workspace,
-                                  cudaStream_t stream) const {
+  // The current device and the stream's are the one prepare_device() ran on, and every buffer is
+  // device memory there (or managed), so no kernel ever dereferences a host pointer. `call` names
+  // the entry point in messages.
+  struct named_buffer {
+    const void* data;
+    const char* name;
+  };
+  validation validate_device_placement(cudaStream_t stream,
+                                       std::initializer_list<named_buffer> buffers,
+                                       const char* call) const {
     validation r = validation::ok();
     const int want = device_->device;
     int current = -1;
@@ -331,29 +390,39 @@ private:
       r.require(on == want, "the stream belongs to device ", on, "; this rank runs on device ",
                 want);
     }
-    auto device_memory = [&](const void* p, const char* name) {
-      if (p == nullptr || !r) return;
+    for (const named_buffer& b : buffers) {
+      if (b.data == nullptr || !r) continue;
       cudaPointerAttributes a{};
-      const cudaError_t e = cudaPointerGetAttributes(&a, p);
+      const cudaError_t e = cudaPointerGetAttributes(&a, b.data);
       if (e != cudaSuccess) { // older drivers report unregistered host memory this way
         (void)cudaGetLastError();
-        r.require(false, name, " is not device memory (", cudaGetErrorName(e), ")");
-        return;
+        r.require(false, b.name, " is not device memory (", cudaGetErrorName(e), ")");
+        continue;
       }
       if (a.type == cudaMemoryTypeManaged || (a.type == cudaMemoryTypeDevice && a.device == want))
-        return; // (the messages below are built only on failure: a valid call allocates nothing)
+        continue; // (the messages below are built only on failure: a valid call allocates nothing)
       if (a.type == cudaMemoryTypeDevice)
-        r.require(false, name, " is device memory of another device (", a.device,
+        r.require(false, b.name, " is device memory of another device (", a.device,
                   "; this rank runs on device ", want, ")");
       else
-        r.require(false, name, " is host memory; the device forward takes device memory");
-    };
-    device_memory(q.data, "q");
-    device_memory(k.data, "k");
-    device_memory(v.data, "v");
-    device_memory(out.data, "out");
-    device_memory(lse, "lse");
-    device_memory(workspace, "the workspace");
+        r.require(false, b.name, " is host memory; the device ", call, " takes device memory");
+    }
+    return r;
+  }
+  // What the device forward needs on top of `validate_forward`: placement, and q meets the
+  // kernels' 16-byte alignment, out the finalise kernel's 4-byte pairs.
+  template <class T>
+  validation validate_device_call(thd_view<const T> q, thd_view<const T> k, thd_view<const T> v,
+                                  thd_view<T> out, const float* lse, const void* workspace,
+                                  cudaStream_t stream) const {
+    validation r = validate_device_placement(stream,
+                                             {{q.data, "q"},
+                                              {k.data, "k"},
+                                              {v.data, "v"},
+                                              {out.data, "out"},
+                                              {lse, "lse"},
+                                              {workspace, "the workspace"}},
+                                             "forward");
     auto vectors = [](const auto& x) {
       return reinterpret_cast<std::uintptr_t>(x.data) % 16 == 0 && x.token_stride % 8 == 0 &&
              x.head_stride % 8 == 0;
@@ -556,6 +625,7 @@ private:
     cudaEvent_t own_ready = nullptr, comm_end = nullptr;
     cudaEvent_t compute_done[2] = {}, recv_done[2] = {};
     std::vector<device_block_schedule> schedules;
+    std::vector<device_backward_schedule> backward_schedules;
     device_resources() = default;
     device_resources(const device_resources&) = delete;
     device_resources& operator=(const device_resources&) = delete;
@@ -592,20 +662,7 @@ private:
       return;
     }
     reset(state, stream);
-    // Own K/V into buffer 0, dense (the layout that travels): one copy when the input is dense
-    // too, else one 2D copy per head.
-    for (int which = 0; which < 2; ++which) {
-      const thd_view<const T>& x = which == 0 ? k : v;
-      T* dst = buf[0] + which * n * kvh * dim;
-      if (x.dense() && n > 0)
-        RINGATTN_CUDA_CHECK(cudaMemcpyAsync(dst, x.data, sizeof(T) * n * kvh * dim,
-                                            cudaMemcpyDeviceToDevice, stream));
-      else
-        for (int h = 0; h < kvh && n > 0; ++h)
-          RINGATTN_CUDA_CHECK(cudaMemcpy2DAsync(
-              dst + h * dim, sizeof(T) * kvh * dim, x.row(0, h), sizeof(T) * x.token_stride,
-              sizeof(T) * dim, static_cast<std::size_t>(n), cudaMemcpyDeviceToDevice, stream));
-    }
+    copy_own_block(k, v, buf[0], stream);
     RINGATTN_CUDA_CHECK(cudaEventRecord(d.own_ready, stream));
     RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(d.comm, d.own_ready, 0));
     for (int t = 0; t < p; ++t) {
@@ -631,6 +688,93 @@ private:
     finalize(state, out, stream);
     // Everything on the communication stream is done before later work on `stream` (a next
     // forward reuses the buffers).
+    RINGATTN_CUDA_CHECK(cudaEventRecord(d.comm_end, d.comm));
+    RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream, d.comm_end, 0));
+  }
+  // Own K/V into a ring buffer, dense (the layout that travels): one copy each when the input is
+  // dense too, else one 2D copy per head.
+  template <class T>
+  void copy_own_block(thd_view<const T> k, thd_view<const T> v, T* dst0,
+                      cudaStream_t stream) const {
+    const std::int64_t n = local_tokens();
+    const int kvh = args_.kv_heads, dim = args_.head_dim;
+    for (int which = 0; which < 2; ++which) {
+      const thd_view<const T>& x = which == 0 ? k : v;
+      T* dst = dst0 + which * n * kvh * dim;
+      if (x.dense() && n > 0)
+        RINGATTN_CUDA_CHECK(cudaMemcpyAsync(dst, x.data, sizeof(T) * n * kvh * dim,
+                                            cudaMemcpyDeviceToDevice, stream));
+      else
+        for (int h = 0; h < kvh && n > 0; ++h)
+          RINGATTN_CUDA_CHECK(cudaMemcpy2DAsync(
+              dst + h * dim, sizeof(T) * kvh * dim, x.row(0, h), sizeof(T) * x.token_stride,
+              sizeof(T) * dim, static_cast<std::size_t>(n), cudaMemcpyDeviceToDevice, stream));
+    }
+  }
+
+  // The backward on the device: the host path's steps (run_host_backward) with the block
+  // backward kernels on `stream` and the exchanges on the communication stream. A block's dK/dV
+  // leave only once this rank has added its share, so step t's exchange waits for step t's
+  // compute (the forward's overlap of exchange and compute is not there yet).
+  template <class T>
+  void run_device_backward(thd_view<const T> q, thd_view<const T> k, thd_view<const T> v,
+                           thd_view<const T> out, const float* lse, thd_view<const T> dout,
+                           thd_view<T> dq, thd_view<T> dk, thd_view<T> dv, std::byte* workspace,
+                           cudaStream_t stream) {
+    device_resources& d = *device_;
+    const int p = comm_.size(), r = comm_.rank();
+    const std::int64_t n = local_tokens();
+    const int kvh = args_.kv_heads, dim = args_.head_dim, qh = args_.q_heads;
+    const std::size_t slot = backward_slot<T>();
+    std::byte* buf[2] = {workspace, workspace + slot};
+    float* dq_acc = reinterpret_cast<float*>(workspace + 2 * slot);
+    float* delta = reinterpret_cast<float*>(
+        workspace + 2 * slot + align(static_cast<std::size_t>(n) * qh * dim * sizeof(float)));
+    compute_delta<T>(out, dout, delta, stream);
+    if (n > 0) {
+      RINGATTN_CUDA_CHECK(cudaMemsetAsync(
+          dq_acc, 0, sizeof(float) * static_cast<std::size_t>(n) * qh * dim, stream));
+      const backward_block<T> own = backward_views<T>(buf[0], n);
+      copy_own_block(k, v, own.k.data, stream);
+      RINGATTN_CUDA_CHECK(cudaMemsetAsync(
+          own.dk, 0, 2 * sizeof(float) * static_cast<std::size_t>(n) * kvh * dim, stream));
+    }
+    RINGATTN_CUDA_CHECK(cudaEventRecord(d.own_ready, stream));
+    RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(d.comm, d.own_ready, 0));
+    for (int t = 0; t < p; ++t) {
+      detail::nvtx_range range("backward step", t, r);
+      const int src = (r - t + p) % p;
+      const backward_block<T> b = backward_views<T>(buf[t % 2], plan_.local_tokens(src));
+      if (t > 0) RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream, d.recv_done[t % 2], 0));
+      if (!steps_[static_cast<std::size_t>(t)].empty())
+        block_backward<T>({q, b.k, b.v, dout, lse, delta, args_, {dq_acc, b.dk, b.dv}},
+                          d.backward_schedules[static_cast<std::size_t>(t)], stream);
+      RINGATTN_CUDA_CHECK(cudaEventRecord(d.compute_done[t % 2], stream));
+      if (t + 1 < p) {
+        const int next = (r - t - 1 + p) % p;
+        RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(d.comm, d.compute_done[t % 2], 0));
+        comm_.exchange_async(buf[t % 2], backward_block_bytes<T>(src), (r + 1) % p,
+                             buf[(t + 1) % 2], backward_block_bytes<T>(next), (r - 1 + p) % p, t,
+                             d.comm);
+        RINGATTN_CUDA_CHECK(cudaEventRecord(d.recv_done[(t + 1) % 2], d.comm));
+      }
+    }
+    const float* own_dk = backward_views<T>(buf[0], n).dk;
+    if (p > 1) {
+      const int held = (r + 1) % p; // the block of step P - 1, complete: its dK/dV go home
+      const backward_block<T> b = backward_views<T>(buf[(p - 1) % 2], plan_.local_tokens(held));
+      const std::size_t grads = 2 * static_cast<std::size_t>(kvh) * dim * sizeof(float);
+      float* home = reinterpret_cast<float*>(buf[p % 2]);
+      RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(d.comm, d.compute_done[(p - 1) % 2], 0));
+      comm_.exchange_async(b.dk, grads * static_cast<std::size_t>(plan_.local_tokens(held)), held,
+                           home, grads * static_cast<std::size_t>(n), (r - 1 + p) % p, p, d.comm);
+      RINGATTN_CUDA_CHECK(cudaEventRecord(d.recv_done[p % 2], d.comm));
+      RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream, d.recv_done[p % 2], 0));
+      own_dk = home;
+    }
+    write_gradient<T>(dq_acc, dq, stream);
+    write_gradient<T>(own_dk, dk, stream);
+    write_gradient<T>(own_dk + n * kvh * dim, dv, stream);
     RINGATTN_CUDA_CHECK(cudaEventRecord(d.comm_end, d.comm));
     RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream, d.comm_end, 0));
   }

@@ -8,42 +8,13 @@
 using namespace ringattn;
 
 namespace {
-//! A block case with an output gradient, the oracle's forward (for lse and D) and backward.
-template <class T>
-struct backward_case : test::block_case<T> {
-  std::vector<T> dout;
-  std::vector<float> lse, delta; // [q_heads, tokens], from the oracle's exact forward
-  reference::backward_result ref;
-
-  backward_case(std::vector<std::int32_t> cu, attention_arguments a, band b, std::mt19937_64& rng)
-      : test::block_case<T>(std::move(cu), a, b, rng) {
-    const auto n = this->tokens();
-    dout = test::random_buffer<T>(static_cast<std::size_t>(n * a.q_heads * a.head_dim), rng);
-    const auto fwd = this->oracle();
-    lse.resize(static_cast<std::size_t>(n * a.q_heads));
-    delta.resize(lse.size());
-    for (std::int64_t t = 0; t < n; ++t)
-      for (int h = 0; h < a.q_heads; ++h) {
-        double s = 0.0;
-        for (int e = 0; e < a.head_dim; ++e)
-          s += to_float(doutv()(t, h, e)) * fwd.out(t, h, e);
-        lse[static_cast<std::size_t>(h * n + t)] = static_cast<float>(fwd.lse_at(h, t));
-        delta[static_cast<std::size_t>(h * n + t)] = static_cast<float>(s);
-      }
-    ref = reference::attention_backward(this->qv(), this->kv(), this->vv(), doutv(), this->cu,
-                                        this->args, this->window());
-  }
-  thd_view<const T> doutv() const {
-    return {dout.data(), this->tokens(), this->args.q_heads, this->args.head_dim};
-  }
-};
-
 struct grads {
   std::vector<float> dq, dk, dv;
 };
 
 template <class T>
-grads run(const backward_case<T>& c, const std::vector<std::vector<block_group>>& calls) {
+grads run(const test::block_backward_case<T>& c,
+          const std::vector<std::vector<block_group>>& calls) {
   const auto n = static_cast<std::size_t>(c.tokens());
   grads g{std::vector<float>(n * c.args.q_heads * c.args.head_dim, 0.0f),
           std::vector<float>(n * c.args.kv_heads * c.args.head_dim, 0.0f),
@@ -95,7 +66,8 @@ TEST_CASE("host block backward equals the oracle: bands x GQA x head_dim x packe
         CAPTURE(b.lo);
         CAPTURE(b.hi);
         const attention_arguments a{8, 8 / group, d, 0.0f};
-        backward_case<__nv_bfloat16> c(test::random_cu_seqlens(3, 1, 37, rng), a, b, rng);
+        test::block_backward_case<__nv_bfloat16> c(test::random_cu_seqlens(3, 1, 37, rng), a, b,
+                                                   rng);
         const grads g = run(c, c.calls(1));
         CHECK(rel_error(g.dq, c.ref.dq) < 1e-5);
         CHECK(rel_error(g.dk, c.ref.dk) < 1e-5);
@@ -109,7 +81,7 @@ TEST_CASE("host block backward: K/V split into 1..8 blocks sums to the single-bl
   std::mt19937_64 rng(seed);
   const attention_arguments a{4, 2, 64, 0.0f};
   for (const band& b : test::test_bands(rng)) {
-    backward_case<__half> c(test::random_cu_seqlens(2, 9, 61, rng), a, b, rng);
+    test::block_backward_case<__half> c(test::random_cu_seqlens(2, 9, 61, rng), a, b, rng);
     const grads one = run(c, c.calls(1));
     for (int pieces = 2; pieces <= 8; ++pieces)
       for (bool together : {false, true}) {
@@ -128,7 +100,7 @@ TEST_CASE("host block backward: rows that see no key give no gradient and never 
   std::mt19937_64 rng(test::fresh_seed());
   // Keys strictly after the query (1 <= j - i <= 7): the last row of each sequence sees nothing
   // (lse = -inf) and contributes nothing.
-  backward_case<__nv_bfloat16> c({0, 5, 12}, {2, 1, 64, 0.0f}, band{1, 7}, rng);
+  test::block_backward_case<__nv_bfloat16> c({0, 5, 12}, {2, 1, 64, 0.0f}, band{1, 7}, rng);
   const grads g = run(c, c.calls(3));
   for (int h = 0; h < 2; ++h)
     for (std::int64_t t : {4, 11})
@@ -144,7 +116,7 @@ TEST_CASE("host block backward: rows that see no key give no gradient and never 
 TEST_CASE("host block backward validates before writing anything") {
   std::mt19937_64 rng(test::fresh_seed());
   const attention_arguments a{4, 2, 64, 0.0f};
-  backward_case<__nv_bfloat16> c({0, 20}, a, band{}, rng);
+  test::block_backward_case<__nv_bfloat16> c({0, 20}, a, band{}, rng);
   std::vector<float> dq(20 * 4 * 64, -7.0f), dk(20 * 2 * 64, -7.0f), dv(dk);
   const auto groups = c.calls(1)[0];
   auto args = [&] {

@@ -4,13 +4,15 @@
 // all ranks' outputs against the float64 oracle. Shared by the one-GPU suite (virtual ranks) and
 // the multi-GPU suite (ranks on several GPUs, in-process or NCCL).
 #include "../ranks.hpp"
-#include "../sharded_case.hpp"
+#include "../sharded_backward_case.hpp"
 #include "device_buffer.cuh"
 
 #include <ringattn/ring_attention.cuh>
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <array>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -106,6 +108,119 @@ void check_device_ring(const sharded_case<P, T>& c,
   }
   CHECK(std::sqrt(num / den) < 8e-3);
   CHECK(lse < 2e-3);
+}
+
+template <class P, class T>
+struct device_backward_run {
+  typename sharded_backward_case<P, T>::rank_grads grads;
+  bool repeatable = true;     // two backwards gave the same bits (when asked for)
+  std::uint64_t sent = 0;     // bytes this rank sent in one backward
+  std::uint64_t expected = 0; // the blocks with their dK/dV, then one block's dK/dV home
+};
+
+//! Rank r's device forward, then its device backward from that forward's out and lse (twice
+//! when `repeat`), on the current device, into poisoned gradients.
+template <class Mask, class P, class T, class Comm>
+device_backward_run<P, T> device_backward_rank(const sharded_backward_case<P, T>& c, int r,
+                                               Comm& comm, bool repeat) {
+  const attention_arguments a = c.args;
+  const int ranks = c.plan.ranks();
+  const auto at = static_cast<std::size_t>(r);
+  ring_attention<P, Comm, Mask> attn(comm, a, c.plan.cu_seqlens());
+  attn.prepare_device();
+  const std::int64_t n = attn.local_tokens();
+  const int qh = a.q_heads, kvh = a.kv_heads, d = a.head_dim;
+  device_buffer<T> q(c.qs[at]), k(c.ks[at]), v(c.vs[at]), dout(c.douts[at]);
+  device_buffer<T> out(std::vector<T>(c.qs[at].size(), poison<T>()));
+  device_buffer<float> lse(std::vector<float>(static_cast<std::size_t>(n * qh), -7.0f));
+  device_buffer<T> dq(c.qs[at].size()), dk(c.ks[at].size()), dv(c.vs[at].size());
+  const std::size_t bytes = std::max(attn.template device_workspace_bytes<T>(),
+                                     attn.template device_backward_workspace_bytes<T>());
+  device_buffer<std::byte> ws(bytes);
+  cudaStream_t stream;
+  RINGATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  auto join = [&] {
+    if constexpr (requires { comm.wait(stream); })
+      comm.wait(stream);
+    else
+      RINGATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
+  };
+  attn.forward(thd_view<const T>(q.get(), n, qh, d), thd_view<const T>(k.get(), n, kvh, d),
+               thd_view<const T>(v.get(), n, kvh, d), thd_view<T>(out.get(), n, qh, d), lse.get(),
+               ws.get(), bytes, stream);
+  join();
+  const std::uint64_t before = comm.bytes_sent();
+  auto once = [&] {
+    dq.upload(std::vector<T>(dq.size(), poison<T>()));
+    dk.upload(std::vector<T>(dk.size(), poison<T>()));
+    dv.upload(std::vector<T>(dv.size(), poison<T>()));
+    attn.backward(thd_view<const T>(q.get(), n, qh, d), thd_view<const T>(k.get(), n, kvh, d),
+                  thd_view<const T>(v.get(), n, kvh, d), thd_view<const T>(out.get(), n, qh, d),
+                  lse.get(), thd_view<const T>(dout.get(), n, qh, d),
+                  thd_view<T>(dq.get(), n, qh, d), thd_view<T>(dk.get(), n, kvh, d),
+                  thd_view<T>(dv.get(), n, kvh, d), ws.get(), bytes, stream);
+    join();
+    return typename sharded_backward_case<P, T>::rank_grads{dq.download(), dk.download(),
+                                                            dv.download()};
+  };
+  device_backward_run<P, T> res;
+  res.grads = once();
+  if (repeat) {
+    const auto again = once();
+    for (int i = 0; i < 3; ++i) {
+      const auto& x = i == 0 ? res.grads.dq : i == 1 ? res.grads.dk : res.grads.dv;
+      const auto& y = i == 0 ? again.dq : i == 1 ? again.dk : again.dv;
+      res.repeatable = res.repeatable && std::memcmp(x.data(), y.data(), x.size() * sizeof(T)) == 0;
+    }
+  }
+  RINGATTN_CUDA_CHECK(cudaStreamDestroy(stream));
+  res.sent = (comm.bytes_sent() - before) / (repeat ? 2 : 1);
+  for (int t = 0; t + 1 < ranks; ++t)
+    res.expected += attn.template backward_block_bytes<T>((r - t + ranks) % ranks);
+  if (ranks > 1)
+    res.expected += 2 * sizeof(float) *
+                    static_cast<std::size_t>(c.plan.local_tokens((r + 1) % ranks)) * kvh * d;
+  return res;
+}
+
+//! Every rank's device backward (in-process group, rank r on device r % `devices`).
+template <class Mask, class P, class T>
+std::vector<device_backward_run<P, T>>
+device_backward_in_process(const sharded_backward_case<P, T>& c, int devices, bool repeat) {
+  std::vector<device_backward_run<P, T>> runs(static_cast<std::size_t>(c.plan.ranks()));
+  in_process_group group(c.plan.ranks(), std::chrono::seconds(60));
+  const auto errors = on_ranks(group, [&](int r, in_process_communicator& comm) {
+    RINGATTN_CUDA_CHECK(cudaSetDevice(r % devices));
+    runs[static_cast<std::size_t>(r)] = device_backward_rank<Mask>(c, r, comm, repeat);
+  });
+  for (const auto& e : errors)
+    REQUIRE(message(e) == "");
+  return runs;
+}
+
+//! All ranks' gradients against the oracle's backward: bf16 1e-2 relative L2 for each of dq, dk,
+//! dv (the forward's bf16 output, from the CUDA kernel, enters through D; the gradients are
+//! rounded to bf16); bytes against the plan; repeatability.
+template <class P, class T>
+std::array<double, 3> check_device_backward(const sharded_backward_case<P, T>& c,
+                                            const std::vector<device_backward_run<P, T>>& runs) {
+  const auto ref = c.oracle_backward();
+  std::array<double, 3> num{}, den{}, err{};
+  for (int r = 0; r < c.plan.ranks(); ++r) {
+    CAPTURE(r);
+    const auto& run = runs[static_cast<std::size_t>(r)];
+    const auto e = c.rank_grad_error(r, run.grads, ref);
+    for (std::size_t i = 0; i < 3; ++i)
+      num[i] += e.num[i], den[i] += e.den[i];
+    CHECK(run.repeatable);
+    CHECK(run.sent == run.expected);
+  }
+  for (std::size_t i = 0; i < 3; ++i) {
+    CAPTURE(i);
+    err[i] = std::sqrt(num[i] / den[i]);
+    CHECK(err[i] < 1e-2);
+  }
+  return err;
 }
 
 } // namespace ringattn::test

@@ -37,3 +37,31 @@ TEST_CASE_TEMPLATE("device ring, virtual ranks on one GPU, equals the oracle", P
   check<P, full>();
   check<P, causal>();
 }
+
+template <class P, class Mask>
+void check_backward() {
+  const auto seed = test::fresh_seed();
+  CAPTURE(seed);
+  const bool small = std::getenv("RINGATTN_TEST_SMALL") != nullptr;
+  std::mt19937_64 draw(seed);
+  const auto cu = test::random_cu_seqlens(3, 1, small ? 120 : 400, draw); // the same at every P
+  std::array<double, 3> at_p1{};
+  for (int ranks : {1, 2, 3, 4, 8}) {
+    CAPTURE(ranks);
+    std::mt19937_64 rng(seed + 1);
+    test::sharded_backward_case<P, T> c(cu, ranks, {8, 2, 128, 0.0f}, Mask::mask, rng);
+    const auto err = test::check_device_backward(
+        c, test::device_backward_in_process<Mask>(c, /*devices=*/1, /*repeat=*/ranks == 3));
+    MESSAGE(ranks, " ranks: dq ", err[0], ", dk ", err[1], ", dv ", err[2]);
+    for (std::size_t i = 0; i < 3; ++i) {
+      if (ranks == 1) at_p1[i] = err[i];
+      if (ranks == 8) CHECK(err[i] <= 1.2 * at_p1[i]);
+    }
+  }
+}
+
+TEST_CASE_TEMPLATE("device ring backward, virtual ranks on one GPU, equals the oracle", P,
+                   contiguous, round_robin, zigzag) {
+  check_backward<P, full>();
+  check_backward<P, causal>();
+}

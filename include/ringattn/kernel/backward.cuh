@@ -1,0 +1,244 @@
+#pragma once
+//! \file
+//! The CUDA block backward: the contract of backward_args.cuh on the device, deterministic (no
+//! atomics: every fp32 accumulator element has one writer per call, adding in a fixed order).
+//!
+//! \code
+//! ringattn::device_backward_schedule sched(groups, q_tokens, kv_tokens);   // plan time
+//! ringattn::compute_delta(out, dout, delta, stream);                        // once per rank
+//! ringattn::block_backward<T>({q, k, v, dout, lse, delta, args, {dq, dk, dv}}, sched, stream);
+//! ringattn::write_gradient(dq_fp32, dq_view, stream);                      // fp32 -> T
+//! \endcode
+//!
+//! Two kernels per call: one warp per (key column, kv head) accumulates dK and dV over the query
+//! rows that see the column; one warp per (query row, query head) accumulates dQ over the keys
+//! it sees. Both recompute P from the forward's LSE. The schedule lists, for every run of key
+//! columns, the (group, key segment) pairs that cover it, and every query row of every group.
+//! Status: correct and deterministic, on the CUDA cores — the tensor-core version is to come
+//! (docs/kernels.md).
+
+#include <ringattn/cuda_check.cuh>
+#include <ringattn/detail/backward_kernel.cuh>
+#include <ringattn/kernel/backward_args.cuh>
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <span>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace ringattn {
+
+//! The device side of one call's groups for the backward kernels; made at plan time (it
+//! allocates and copies), used by any number of calls with the same groups and sizes.
+class device_backward_schedule {
+public:
+  device_backward_schedule(std::span<const block_group> groups, std::int64_t q_tokens,
+                           std::int64_t kv_tokens)
+      : q_tokens_(q_tokens), kv_tokens_(kv_tokens), group_count_(groups.size()) {
+    validate_groups(groups, q_tokens, kv_tokens).throw_if_invalid();
+    // Key columns: split at every segment boundary; each elementary run lists its covers.
+    std::vector<std::int64_t> cuts;
+    for (const block_group& g : groups)
+      for (int b = 0; b < g.count; ++b)
+        if (g.kv[b].kv_count > 0 && g.q_count > 0) {
+          cuts.push_back(g.kv[b].kv_begin);
+          cuts.push_back(g.kv[b].kv_begin + g.kv[b].kv_count);
+        }
+    std::sort(cuts.begin(), cuts.end());
+    cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+    std::vector<kernels::key_interval> intervals;
+    std::vector<kernels::key_cover> covers;
+    for (std::size_t c = 0; c + 1 < cuts.size(); ++c) {
+      kernels::key_interval in{cuts[c], cuts[c + 1], key_items_,
+                               static_cast<std::int32_t>(covers.size()), 0};
+      for (std::size_t gi = 0; gi < groups.size(); ++gi)
+        for (int b = 0; b < groups[gi].count; ++b) {
+          const kv_block& kb = groups[gi].kv[b];
+          if (groups[gi].q_count > 0 && kb.kv_begin <= in.begin &&
+              in.end <= kb.kv_begin + kb.kv_count)
+            covers.push_back({static_cast<std::int32_t>(gi), b});
+        }
+      in.cover_count = static_cast<std::int32_t>(covers.size()) - in.cover_begin;
+      if (in.cover_count == 0) continue;
+      key_items_ += in.end - in.begin;
+      intervals.push_back(in);
+    }
+    std::vector<kernels::query_row> rows;
+    for (std::size_t gi = 0; gi < groups.size(); ++gi)
+      for (std::int64_t i = 0; i < groups[gi].q_count; ++i)
+        rows.push_back({static_cast<std::int32_t>(gi), static_cast<std::int32_t>(i)});
+    row_items_ = static_cast<std::int64_t>(rows.size());
+    interval_count_ = static_cast<std::int32_t>(intervals.size());
+    // One allocation: groups, intervals, covers, rows (each 16-byte aligned).
+    auto round = [](std::size_t n) { return (n + 15) / 16 * 16; };
+    const std::size_t gb = round(groups.size() * sizeof(block_group)),
+                      ib = round(intervals.size() * sizeof(kernels::key_interval)),
+                      cb = round(covers.size() * sizeof(kernels::key_cover)),
+                      rb = round(rows.size() * sizeof(kernels::query_row));
+    RINGATTN_CUDA_CHECK(cudaMalloc(&memory_, std::max<std::size_t>(gb + ib + cb + rb, 16)));
+    char* m = static_cast<char*>(memory_);
+    groups_ = reinterpret_cast<block_group*>(m);
+    intervals_ = reinterpret_cast<kernels::key_interval*>(m + gb);
+    covers_ = reinterpret_cast<kernels::key_cover*>(m + gb + ib);
+    rows_ = reinterpret_cast<kernels::query_row*>(m + gb + ib + cb);
+    cudaError_t e = cudaSuccess;
+    auto up = [&](void* dst, const void* src, std::size_t n) {
+      if (e == cudaSuccess && n) e = cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice);
+    };
+    up(groups_, groups.data(), groups.size() * sizeof(block_group));
+    up(intervals_, intervals.data(), intervals.size() * sizeof(kernels::key_interval));
+    up(covers_, covers.data(), covers.size() * sizeof(kernels::key_cover));
+    up(rows_, rows.data(), rows.size() * sizeof(kernels::query_row));
+    if (e != cudaSuccess) {
+      cudaFree(memory_);
+      RINGATTN_CUDA_CHECK(e);
+    }
+  }
+  ~device_backward_schedule() {
+    if (memory_) cudaFree(memory_);
+  }
+  device_backward_schedule(device_backward_schedule&& o) noexcept
+      : q_tokens_(o.q_tokens_), kv_tokens_(o.kv_tokens_), group_count_(o.group_count_),
+        key_items_(o.key_items_), row_items_(o.row_items_), interval_count_(o.interval_count_),
+        memory_(std::exchange(o.memory_, nullptr)), groups_(o.groups_), intervals_(o.intervals_),
+        covers_(o.covers_), rows_(o.rows_) {}
+  device_backward_schedule(const device_backward_schedule&) = delete;
+  device_backward_schedule& operator=(const device_backward_schedule&) = delete;
+  device_backward_schedule& operator=(device_backward_schedule&&) = delete;
+
+  std::int64_t q_tokens() const noexcept { return q_tokens_; }
+  std::int64_t kv_tokens() const noexcept { return kv_tokens_; }
+  bool empty() const noexcept { return key_items_ == 0; }
+
+  template <class T>
+  kernels::backward_params<T> params(const block_backward_args<T>& a) const {
+    return {a.q.data,
+            a.k.data,
+            a.v.data,
+            a.dout.data,
+            a.q.token_stride,
+            a.q.head_stride,
+            a.k.token_stride,
+            a.k.head_stride,
+            a.v.token_stride,
+            a.v.head_stride,
+            a.dout.token_stride,
+            a.dout.head_stride,
+            a.lse,
+            a.delta,
+            a.grad.dq,
+            a.grad.dk,
+            a.grad.dv,
+            groups_,
+            intervals_,
+            covers_,
+            rows_,
+            key_items_,
+            interval_count_,
+            row_items_,
+            a.q.tokens,
+            a.args.q_heads,
+            a.args.kv_heads,
+            a.args.group_size(),
+            static_cast<float>(a.args.scale())};
+  }
+
+private:
+  std::int64_t q_tokens_ = 0, kv_tokens_ = 0;
+  std::size_t group_count_ = 0;
+  std::int64_t key_items_ = 0, row_items_ = 0;
+  std::int32_t interval_count_ = 0;
+  void* memory_ = nullptr;
+  block_group* groups_ = nullptr;
+  kernels::key_interval* intervals_ = nullptr;
+  kernels::key_cover* covers_ = nullptr;
+  kernels::query_row* rows_ = nullptr;
+};
+
+#if defined(__CUDACC__)
+
+namespace detail {
+inline unsigned warp_blocks(std::int64_t warps) {
+  return static_cast<unsigned>((warps + 7) / 8); // 8 warps a block
+}
+template <class T, int D>
+void launch_block_backward(const kernels::backward_params<T>& p, cudaStream_t stream) {
+  if (p.key_items > 0) {
+    kernels::dkdv_kernel<T, D><<<warp_blocks(p.key_items * p.kv_heads), 256, 0, stream>>>(p);
+    RINGATTN_CUDA_CHECK_LAUNCH();
+  }
+  if (p.row_items > 0) {
+    kernels::dq_kernel<T, D><<<warp_blocks(p.row_items * p.q_heads), 256, 0, stream>>>(p);
+    RINGATTN_CUDA_CHECK_LAUNCH();
+  }
+}
+} // namespace detail
+
+//! Adds one K/V block's share of dQ, dK, dV to `a.grad` (fp32, device memory), asynchronously on
+//! `stream`. Validation (host, before any launch) throws `invalid_argument`.
+template <class T>
+requires(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) void block_backward(
+    const block_backward_args<T>& a, const device_backward_schedule& s, cudaStream_t stream) {
+  validation r = validate_block_backward<T>(a, {});
+  r.require(s.q_tokens() == a.q.tokens && s.kv_tokens() == a.k.tokens, "the schedule was made for ",
+            s.q_tokens(), " query and ", s.kv_tokens(), " key tokens, the call has ", a.q.tokens,
+            " and ", a.k.tokens);
+  r.throw_if_invalid();
+  if (s.empty()) return;
+  const auto p = s.params(a);
+  switch (a.args.head_dim) {
+  case 64: detail::launch_block_backward<T, 64>(p, stream); break;
+  case 128: detail::launch_block_backward<T, 128>(p, stream); break;
+  default: detail::launch_block_backward<T, 256>(p, stream); break;
+  }
+}
+
+//! `delta[h, t] = dout(t, h) . out(t, h)` (fp32, `[heads, tokens]`), asynchronously on `stream`.
+template <class T>
+requires(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) void compute_delta(
+    thd_view<const T> out, thd_view<const T> dout, float* delta, cudaStream_t stream) {
+  validation r = validate_view(out, "out");
+  r.require(validate_view(dout, "dout"));
+  r.require(out.tokens == dout.tokens && out.heads == dout.heads && out.head_dim == dout.head_dim,
+            "out and dout differ in shape");
+  r.require(out.tokens == 0 || delta != nullptr, "delta is a null pointer");
+  r.require(out.head_dim == 64 || out.head_dim == 128 || out.head_dim == 256, "head_dim ",
+            out.head_dim, " is not supported (supported: 64, 128, 256)");
+  r.throw_if_invalid();
+  const std::int64_t warps = out.tokens * out.heads;
+  if (warps == 0) return;
+  auto launch = [&](auto kernel) {
+    kernel<<<detail::warp_blocks(warps), 256, 0, stream>>>(
+        out.data, out.token_stride, out.head_stride, dout.data, dout.token_stride, dout.head_stride,
+        delta, out.tokens, out.heads);
+    RINGATTN_CUDA_CHECK_LAUNCH();
+  };
+  switch (out.head_dim) {
+  case 64: launch(kernels::delta_kernel<T, 64>); break;
+  case 128: launch(kernels::delta_kernel<T, 128>); break;
+  default: launch(kernels::delta_kernel<T, 256>); break;
+  }
+}
+
+//! Writes a dense fp32 `[tokens, heads, head_dim]` accumulator into `out` (T, any strides),
+//! asynchronously on `stream`.
+template <class T>
+requires(std::is_same_v<T, __half> ||
+         std::is_same_v<T, __nv_bfloat16>) void write_gradient(const float* x, thd_view<T> out,
+                                                               cudaStream_t stream) {
+  validate_view(out, "the gradient").throw_if_invalid();
+  const std::int64_t n = out.tokens * out.heads * out.head_dim;
+  if (n == 0) return;
+  const unsigned blocks = static_cast<unsigned>(std::min<std::int64_t>((n + 255) / 256, 4096));
+  kernels::convert_kernel<T><<<blocks, 256, 0, stream>>>(
+      x, out.data, out.tokens, out.heads, out.head_dim, out.token_stride, out.head_stride);
+  RINGATTN_CUDA_CHECK_LAUNCH();
+}
+
+#endif // __CUDACC__
+
+} // namespace ringattn
