@@ -82,3 +82,39 @@ TEST_CASE("the CUDA block kernel refuses fp32 inputs and a schedule made for oth
                        invalid_argument);
   CHECK(detail::kernel_launches.load() == launches);
 }
+
+TEST_CASE("bad device backward inputs: a clear error, no kernel launched, nothing sent") {
+  const std::vector<std::int32_t> cu{0, 100, 300};
+  const attention_arguments a{8, 2, 64, 0.0f};
+  const std::int64_t n = 300;
+  in_process_group group(1);
+  auto comm = group.communicator(0);
+  ring_attention<zigzag, in_process_communicator, causal> attn(comm, a, cu);
+  test::device_buffer<T> q(n * 8 * 64), k(n * 2 * 64), v(n * 2 * 64), out(n * 8 * 64),
+      dout(n * 8 * 64), dq(n * 8 * 64), dk(n * 2 * 64), dv(n * 2 * 64);
+  test::device_buffer<float> lse(n * 8);
+  const std::size_t bytes = attn.device_backward_workspace_bytes<T>();
+  test::device_buffer<std::byte> ws(bytes);
+  std::vector<T> host_dq(static_cast<std::size_t>(n * 8 * 64));
+  auto backward = [&](T* dq_ptr, std::size_t ws_bytes) -> std::string {
+    const std::uint64_t launches = detail::kernel_launches.load();
+    std::string what;
+    try {
+      attn.backward<T>({q.get(), n, 8, 64}, {k.get(), n, 2, 64}, {v.get(), n, 2, 64},
+                       {out.get(), n, 8, 64}, lse.get(), {dout.get(), n, 8, 64}, {dq_ptr, n, 8, 64},
+                       {dk.get(), n, 2, 64}, {dv.get(), n, 2, 64}, ws.get(), ws_bytes, nullptr);
+    } catch (const invalid_argument& e) {
+      what = e.what();
+    }
+    CHECK(detail::kernel_launches.load() == launches);
+    CHECK(comm.bytes_sent() == 0);
+    return what;
+  };
+  CHECK(backward(dq.get(), bytes).find("prepare_device() must run before the device backward") !=
+        std::string::npos);
+  attn.prepare_device();
+  CHECK(backward(host_dq.data(), bytes)
+            .find("dq is host memory; the device backward takes device memory") !=
+        std::string::npos);
+  CHECK(backward(dq.get(), bytes - 4).find("the workspace has") != std::string::npos);
+}
