@@ -77,4 +77,9 @@ if [ -x $BUILD/bench/bench_ring_forward ]; then
   $BUILD/bench/bench_ring_forward --benchmark_out="$OUT/ring_forward.json" \
     --benchmark_out_format=json --benchmark_counters_tabular=true 2>&1 | grep -v "^\*\*\*" | tee "$OUT/ring.txt" | cut -c1-150
 fi
+if [ -x $BUILD/bench/bench_block_backward ]; then
+  $BUILD/bench/bench_block_backward --benchmark_out="$OUT/block_backward.json" \
+    --benchmark_out_format=json 2>&1 | grep -E "^block" | cut -c1-150
+fi
 python3 bench/sdpa_baseline.py "$OUT/sdpa.json" 2>&1 | tail -50
+python3 bench/sdpa_baseline.py "$OUT/sdpa_backward.json" --backward 2>&1 | tail -20

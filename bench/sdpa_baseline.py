@@ -1,8 +1,13 @@
 #!/usr/bin/env python3
-"""PyTorch SDPA baseline (cuDNN and flash backends) at the block-forward benchmark's shapes.
+"""PyTorch SDPA baseline (cuDNN and flash backends) at the block benchmarks' shapes.
 
-Run in the same device session as bench_block_forward so ratios compare one machine state.
-Writes JSON (list of records) to the path given as the first argument.
+usage: sdpa_baseline.py OUT.json [--backward]
+
+Forward (default): bench_block_forward's shapes. --backward: bench_block_backward's shapes (bf16,
+32 q heads with 32 and 8 kv heads, head_dim 128, 8K and 32K tokens, full and causal); the time of
+the backward alone is that of forward + backward minus that of the forward (medians), FLOPs 2.5x
+the forward's. Run in the same device session as our benchmark so ratios compare one machine
+state. Writes JSON (list of records) to OUT.json.
 """
 import json
 import sys
@@ -26,6 +31,46 @@ def time_ms(fn, iters=20, warmup=3):
         times.append(a.elapsed_time(b))
     times.sort()
     return times[len(times) // 2]
+
+
+def backward(path):
+    out = []
+    torch.manual_seed(0)
+    for backend, name in ((SDPBackend.CUDNN_ATTENTION, "cudnn"), (SDPBackend.FLASH_ATTENTION, "flash")):
+        for s in (8192, 32768):
+            for kvh in (32, 8):
+                for causal in (False, True):
+                    rec = dict(backend=name, tokens=s, kv_heads=kvh, head_dim=128, causal=causal,
+                               pass_="backward")
+                    q = torch.randn(1, 32, s, 128, device="cuda", dtype=torch.bfloat16,
+                                    requires_grad=True)
+                    k = torch.randn(1, kvh, s, 128, device="cuda", dtype=torch.bfloat16,
+                                    requires_grad=True)
+                    v = torch.randn(1, kvh, s, 128, device="cuda", dtype=torch.bfloat16,
+                                    requires_grad=True)
+                    dout = torch.randn(1, 32, s, 128, device="cuda", dtype=torch.bfloat16)
+                    try:
+                        with sdpa_kernel(backend):
+                            fwd = lambda: F.scaled_dot_product_attention(
+                                q, k, v, is_causal=causal, enable_gqa=kvh != 32)
+                            both = lambda: fwd().backward(dout)
+                            ms_fwd = time_ms(lambda: fwd().detach())
+                            ms_both = time_ms(both)
+                        rec["gqa"] = "native"
+                    except RuntimeError as e:
+                        rec["error"] = str(e)[:200]
+                        out.append(rec)
+                        continue
+                    ms = ms_both - ms_fwd
+                    flops = 2.5 * 4 * 32 * s * s * 128 / (2 if causal else 1)
+                    rec.update(ms=ms, ms_forward_backward=ms_both, tflops=flops / ms / 1e9)
+                    out.append(rec)
+                    print(f"{name:6s} backward s={s:6d} kvh={kvh:2d} causal={causal!s:5s} "
+                          f"{ms:8.3f} ms {rec['tflops']:7.1f} TFLOP/s", flush=True)
+                    del q, k, v, dout
+    with open(path, "w") as f:
+        json.dump(dict(torch=torch.__version__, cudnn=torch.backends.cudnn.version(),
+                       device=torch.cuda.get_device_name(), results=out), f, indent=1)
 
 
 def main(path):
@@ -71,4 +116,7 @@ def main(path):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    if "--backward" in sys.argv[2:]:
+        backward(sys.argv[1])
+    else:
+        main(sys.argv[1])
