@@ -62,6 +62,38 @@ def block_local(files):
     return res
 
 
+def training_results(files):
+    """Forward + backward rows: (P, layout, tokens/GPU, causal) -> (ms, TFLOP/s per GPU)."""
+    rows = {}
+    for name, data in files.items():
+        m = re.match(r"ring_nccl_(\d+)\.json", name)
+        if not m:
+            continue
+        for b in data["benchmarks"]:
+            t = re.match(r"ring_nccl_training<ringattn::(\w+)>/tokens_per_gpu:(\d+)/causal:(\d)",
+                         b["name"])
+            if t and "TFLOP/s/GPU" in b:
+                rows[(int(m.group(1)), t.group(1), int(t.group(2)), t.group(3) == "1")] = (
+                    b["real_time"], b["TFLOP/s/GPU"] / 1e12)
+    return rows
+
+
+def block_training_local(files, forward):
+    """Our block kernel's forward + backward TFLOP/s at the local size (3.5x the forward's FLOPs
+    over the forward's time plus the backward's)."""
+    res = {}
+    data = files.get("block_backward_local.json")
+    if not data:
+        return res
+    for b in data["benchmarks"]:
+        m = re.search(r"tokens:(\d+)/kv_heads:8/causal:(\d)", b["name"])
+        if m and "TFLOP/s" in b:
+            key = (int(m.group(1)), m.group(2) == "1")
+            if key in forward:
+                res[key] = 3.5 / (1.0 / forward[key] + 2.5 / b["TFLOP/s"])
+    return res
+
+
 def torch_cp(files):
     res = {}
     runs = files.get("torch_cp.json", {}).get("runs", {})
@@ -102,6 +134,22 @@ def main(out, plot=None, bundle=None):
         curves.setdefault((part, tok, causal), {})[p] = eff
         if part == "zigzag":
             curves.setdefault(("pytorch", tok, causal), {})[p] = ceff
+    training = training_results(files)
+    if training:
+        single_t = block_training_local(files, single)
+        cp_t = {}
+        for p, run in files.get("torch_cp.json", {}).get("runs", {}).items():
+            for r in run["results"]:
+                if "tflops_per_gpu_forward_backward" in r:
+                    cp_t[(int(p), r["tokens_per_gpu"], r["causal"])] = r["tflops_per_gpu_forward_backward"]
+        print()
+        print("| P | layout | mask | tokens/GPU | forward+backward TFLOP/s/GPU | efficiency | PyTorch CP TFLOP/s/GPU |")
+        print("|---|---|---|---|---|---|---|")
+        for (p, part, tok, causal), (ms, tf) in sorted(training.items()):
+            eff = tf / single_t[(tok, causal)] if (tok, causal) in single_t else None
+            c = cp_t.get((p, tok, causal))
+            print(f"| {p} | {part} | {'causal' if causal else 'full'} | {tok} | {tf:.0f} | "
+                  f"{'-' if eff is None else f'{eff:.3f}'} | {'-' if c is None else f'{c:.0f}'} |")
     for (p, tok), g in sorted(bw.items()):
         print(f"ring send/recv, P = {p}, {tok} tokens/GPU block: {g:.1f} GB/s per rank")
     if plot:

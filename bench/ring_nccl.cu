@@ -26,6 +26,7 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <string>
@@ -160,6 +161,82 @@ void ring_nccl(benchmark::State& state) {
   }
 }
 
+// range: tokens per GPU, causal. Forward + backward of the ring over NCCL (the backward from the
+// forward's out and lse and a random dO), slowest rank's CUDA-event time of the pair. Counter:
+// TFLOP/s per GPU counting 3.5x the forward's FLOPs (forward 1, backward 2.5).
+template <class P>
+void ring_nccl_training(benchmark::State& state) {
+  const std::int64_t per_gpu = state.range(0);
+  const bool causal = state.range(1) != 0;
+  const std::int64_t tokens = per_gpu * world_size;
+  const std::vector<std::int32_t> cu = {0, static_cast<std::int32_t>(tokens)};
+  const ringattn::attention_arguments args{q_heads, kv_heads, head_dim, 0.0f};
+  auto run = [&]<class Mask>(Mask) {
+    ringattn::ring_attention<P, ringattn::nccl_communicator, Mask> attn(*comm, args, cu);
+    attn.prepare_device();
+    const std::int64_t n = attn.local_tokens();
+    const std::size_t nq = sizeof(T) * n * q_heads * head_dim,
+                      nk = sizeof(T) * n * kv_heads * head_dim;
+    device_array q(nq), k(nk), v(nk), out(nq), dout(nq), dq(nq), dk(nk), dv(nk),
+        lse(sizeof(float) * n * q_heads);
+    const std::size_t ws_bytes = std::max(attn.template device_workspace_bytes<T>(),
+                                          attn.template device_backward_workspace_bytes<T>());
+    device_array ws(ws_bytes);
+    ringattn::bench::fill_uniform(q.as<T>(), n * q_heads * head_dim, 1 + 5 * world_rank);
+    ringattn::bench::fill_uniform(k.as<T>(), n * kv_heads * head_dim, 2 + 5 * world_rank);
+    ringattn::bench::fill_uniform(v.as<T>(), n * kv_heads * head_dim, 3 + 5 * world_rank);
+    ringattn::bench::fill_uniform(dout.as<T>(), n * q_heads * head_dim, 4 + 5 * world_rank);
+    cudaStream_t stream;
+    cudaEvent_t start, stop;
+    RINGATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    RINGATTN_CUDA_CHECK(cudaEventCreate(&start));
+    RINGATTN_CUDA_CHECK(cudaEventCreate(&stop));
+    using ringattn::thd_view;
+    auto step = [&] {
+      attn.forward(thd_view<const T>(q.as<T>(), n, q_heads, head_dim),
+                   thd_view<const T>(k.as<T>(), n, kv_heads, head_dim),
+                   thd_view<const T>(v.as<T>(), n, kv_heads, head_dim),
+                   thd_view<T>(out.as<T>(), n, q_heads, head_dim), lse.as<float>(), ws.p, ws_bytes,
+                   stream);
+      attn.backward(thd_view<const T>(q.as<T>(), n, q_heads, head_dim),
+                    thd_view<const T>(k.as<T>(), n, kv_heads, head_dim),
+                    thd_view<const T>(v.as<T>(), n, kv_heads, head_dim),
+                    thd_view<const T>(out.as<T>(), n, q_heads, head_dim), lse.as<float>(),
+                    thd_view<const T>(dout.as<T>(), n, q_heads, head_dim),
+                    thd_view<T>(dq.as<T>(), n, q_heads, head_dim),
+                    thd_view<T>(dk.as<T>(), n, kv_heads, head_dim),
+                    thd_view<T>(dv.as<T>(), n, kv_heads, head_dim), ws.p, ws_bytes, stream);
+    };
+    step(); // warm-up
+    comm->wait(stream);
+    comm->barrier();
+    for (auto _ : state) {
+      RINGATTN_CUDA_CHECK(cudaEventRecord(start, stream));
+      step();
+      RINGATTN_CUDA_CHECK(cudaEventRecord(stop, stream));
+      comm->wait(stream);
+      float ms = 0.0f;
+      RINGATTN_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+      state.SetIterationTime(slowest(ms) / 1e3);
+    }
+    std::int64_t work = 0;
+    for (int r = 0; r < world_size; ++r)
+      work += attn.plan().work(r, ringattn::position_window::of(Mask::mask));
+    state.counters["TFLOP/s/GPU"] =
+        benchmark::Counter(3.5 * 4.0 * q_heads * static_cast<double>(work) * head_dim / world_size,
+                           benchmark::Counter::kIsIterationInvariantRate);
+    state.counters["GPUs"] = world_size;
+    state.SetLabel(std::string(P::name) + (causal ? " causal" : " full") + ", forward + backward");
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    cudaStreamDestroy(stream);
+  };
+  if (causal)
+    run(ringattn::causal{});
+  else
+    run(ringattn::full{});
+}
+
 // range: tokens per GPU; one step's K/V block (2 x tokens x kv_heads x head_dim bf16) to the
 // next rank, from the previous one.
 void ring_exchange(benchmark::State& state) {
@@ -207,6 +284,20 @@ BENCHMARK(ring_nccl<ringattn::contiguous>)
     ->ArgsProduct({{8192, 32768}, {1, 0}, {1, 0}})
     ->UseManualTime()
     ->Iterations(iterations)
+    ->Unit(benchmark::kMillisecond);
+// Forward + backward: 8K tokens per GPU only while the block backward runs on the CUDA cores
+// (docs/kernels.md); 32K joins with the tensor-core kernel.
+BENCHMARK(ring_nccl_training<ringattn::zigzag>)
+    ->ArgNames({"tokens_per_gpu", "causal"})
+    ->ArgsProduct({{8192}, {1, 0}})
+    ->UseManualTime()
+    ->Iterations(3)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(ring_nccl_training<ringattn::contiguous>)
+    ->ArgNames({"tokens_per_gpu", "causal"})
+    ->ArgsProduct({{8192}, {0}})
+    ->UseManualTime()
+    ->Iterations(3)
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(ring_exchange)
     ->ArgNames({"tokens_per_gpu"})

@@ -86,3 +86,8 @@ echo "== one GPU: our block kernel at the local sizes" | tee -a "$OUT/log.txt"
   --benchmark_filter='tokens:(8192|32768)/kv_heads:8/head_dim:128/causal:./merge:1/path:1' \
   --benchmark_out="$OUT/block_local.json" --benchmark_out_format=json 2>&1 | grep -E "^block" |
   cut -c1-150 | tee -a "$OUT/log.txt"
+if [ -x "$BUILD/bench/bench_block_backward" ]; then
+  "$BUILD/bench/bench_block_backward" --benchmark_filter='tokens:8192/kv_heads:8/' \
+    --benchmark_out="$OUT/block_backward_local.json" --benchmark_out_format=json 2>&1 |
+    grep -E "^block" | cut -c1-150 | tee -a "$OUT/log.txt"
+fi

@@ -8,7 +8,8 @@ One sequence of P x tokens_per_gpu tokens, bf16, 32 query heads, head_dim 128, c
 F.scaled_dot_product_attention with the cuDNN backend (ring attention over NCCL, load-balanced
 sharding for causal). K and V have 32 heads (repeated from 8): context parallel's SDPA does not
 take GQA, so its bytes per step are 4x ours; both counts go into the JSON. Time: the slowest
-rank's median of 10 event-timed calls after 3 warm-ups. Load balancing on for causal, off for
+rank's median of 10 event-timed calls after 3 warm-ups; forward + backward (3.5x the forward's
+FLOPs) the median of 5 after 3. Load balancing on for causal, off for
 full (it refuses full masks). FLOPs per GPU: 4 h s^2 d / P (half for
 causal). Rank 0 writes OUT.json. Run with NCCL_NVLS_ENABLE=0 on machines that require it.
 """
@@ -70,11 +71,33 @@ def main(path):
                             b.synchronize()
                             if i >= 3:
                                 times.append(a.elapsed_time(b))
+                        # Forward + backward on this rank's shards (leaf copies that need grad).
+                        both = []
+                        try:
+                            qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
+                            for i in range(8):
+                                a = torch.cuda.Event(enable_timing=True)
+                                b = torch.cuda.Event(enable_timing=True)
+                                a.record()
+                                o = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
+                                o.backward(torch.ones_like(o))
+                                b.record()
+                                b.synchronize()
+                                if i >= 3:
+                                    both.append(a.elapsed_time(b))
+                        except Exception as e:  # reported; the forward still counts
+                            rec["backward_error"] = str(e)[:300]
+                            both = []
                 times.sort()
-                ms = torch.tensor([times[len(times) // 2]], device="cuda")
+                both.sort()
+                ms = torch.tensor([times[len(times) // 2], both[len(both) // 2] if both else 0.0],
+                                  device="cuda")
                 dist.all_reduce(ms, op=dist.ReduceOp.MAX)
                 flops = 4 * heads * s * s * dim / (2 if causal else 1) / world
-                rec.update(ms=ms.item(), tflops_per_gpu=flops / ms.item() / 1e9)
+                rec.update(ms=ms[0].item(), tflops_per_gpu=flops / ms[0].item() / 1e9)
+                if both:
+                    rec.update(ms_forward_backward=ms[1].item(),
+                               tflops_per_gpu_forward_backward=3.5 * flops / ms[1].item() / 1e9)
             except Exception as e:  # an unsupported combination is reported, not fatal
                 rec["error"] = str(e)[:300]
             out.append(rec)
