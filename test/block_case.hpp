@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <span>
 #include <vector>
 
 namespace ringattn::test {
@@ -100,6 +101,23 @@ struct block_backward_case : block_case<T> {
     return {dout.data(), this->tokens(), this->args.q_heads, this->args.head_dim};
   }
 };
+
+//! fp32 gradient accumulators of a block-backward test.
+struct block_grads {
+  std::vector<float> dq, dk, dv;
+};
+
+//! Relative L2 error of fp32 gradients against the oracle's; where the oracle's are exactly zero
+//! (every row sees at most one key: then dS = P (dP - D) = 0), the absolute L2 norm instead.
+inline double grad_error(const std::vector<float>& got, std::span<const double> want) {
+  double num = 0.0, den = 0.0;
+  for (std::size_t i = 0; i < got.size() && i < want.size(); ++i) {
+    num += (got[i] - want[i]) * (got[i] - want[i]);
+    den += want[i] * want[i];
+  }
+  if (got.size() != want.size()) return std::numeric_limits<double>::infinity();
+  return den == 0.0 ? std::sqrt(num) : std::sqrt(num / den);
+}
 
 //! Relative L2 error of an [tokens, heads, dim] result against the oracle's output.
 template <class Get>

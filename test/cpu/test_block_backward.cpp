@@ -8,17 +8,14 @@
 using namespace ringattn;
 
 namespace {
-struct grads {
-  std::vector<float> dq, dk, dv;
-};
 
 template <class T>
-grads run(const test::block_backward_case<T>& c,
-          const std::vector<std::vector<block_group>>& calls) {
+test::block_grads run(const test::block_backward_case<T>& c,
+                      const std::vector<std::vector<block_group>>& calls) {
   const auto n = static_cast<std::size_t>(c.tokens());
-  grads g{std::vector<float>(n * c.args.q_heads * c.args.head_dim, 0.0f),
-          std::vector<float>(n * c.args.kv_heads * c.args.head_dim, 0.0f),
-          std::vector<float>(n * c.args.kv_heads * c.args.head_dim, 0.0f)};
+  test::block_grads g{std::vector<float>(n * c.args.q_heads * c.args.head_dim, 0.0f),
+                      std::vector<float>(n * c.args.kv_heads * c.args.head_dim, 0.0f),
+                      std::vector<float>(n * c.args.kv_heads * c.args.head_dim, 0.0f)};
   for (const auto& groups : calls)
     host_block_backward<T>({c.qv(),
                             c.kv(),
@@ -32,23 +29,11 @@ grads run(const test::block_backward_case<T>& c,
   return g;
 }
 
-// Relative L2 error; where the oracle's gradient is exactly zero (every row sees at most one key:
-// then dS = P (dP - D) = 0), the absolute L2 norm of what was computed instead.
-double rel_error(const std::vector<float>& got, std::span<const double> want) {
-  double num = 0.0, den = 0.0;
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    num += (got[i] - want[i]) * (got[i] - want[i]);
-    den += want[i] * want[i];
-  }
-  REQUIRE(got.size() == want.size());
-  return den == 0.0 ? std::sqrt(num) : std::sqrt(num / den);
+double grad_err(const std::vector<float>& got, const reference::tensor& want) {
+  return test::grad_error(got, want.data);
 }
-double rel_error(const std::vector<float>& got, const reference::tensor& want) {
-  return rel_error(got, std::span<const double>(want.data));
-}
-double rel_error(const std::vector<float>& got, const std::vector<float>& want) {
-  const std::vector<double> w(want.begin(), want.end());
-  return rel_error(got, std::span<const double>(w));
+double grad_err(const std::vector<float>& got, const std::vector<float>& want) {
+  return test::grad_error(got, std::vector<double>(want.begin(), want.end()));
 }
 } // namespace
 
@@ -68,10 +53,10 @@ TEST_CASE("host block backward equals the oracle: bands x GQA x head_dim x packe
         const attention_arguments a{8, 8 / group, d, 0.0f};
         test::block_backward_case<__nv_bfloat16> c(test::random_cu_seqlens(3, 1, 37, rng), a, b,
                                                    rng);
-        const grads g = run(c, c.calls(1));
-        CHECK(rel_error(g.dq, c.ref.dq) < 1e-5);
-        CHECK(rel_error(g.dk, c.ref.dk) < 1e-5);
-        CHECK(rel_error(g.dv, c.ref.dv) < 1e-5);
+        const test::block_grads g = run(c, c.calls(1));
+        CHECK(grad_err(g.dq, c.ref.dq) < 1e-5);
+        CHECK(grad_err(g.dk, c.ref.dk) < 1e-5);
+        CHECK(grad_err(g.dv, c.ref.dv) < 1e-5);
       }
 }
 
@@ -82,16 +67,16 @@ TEST_CASE("host block backward: K/V split into 1..8 blocks sums to the single-bl
   const attention_arguments a{4, 2, 64, 0.0f};
   for (const band& b : test::test_bands(rng)) {
     test::block_backward_case<__half> c(test::random_cu_seqlens(2, 9, 61, rng), a, b, rng);
-    const grads one = run(c, c.calls(1));
+    const test::block_grads one = run(c, c.calls(1));
     for (int pieces = 2; pieces <= 8; ++pieces)
       for (bool together : {false, true}) {
         CAPTURE(pieces);
         CAPTURE(together);
-        const grads split = run(c, c.calls(pieces, together));
+        const test::block_grads split = run(c, c.calls(pieces, together));
         // dq sums the pieces in another order (fp32); dk and dv of a key come from one piece.
-        CHECK(rel_error(split.dq, one.dq) < 1e-6);
-        CHECK(rel_error(split.dk, one.dk) < 1e-6);
-        CHECK(rel_error(split.dv, one.dv) < 1e-6);
+        CHECK(grad_err(split.dq, one.dq) < 1e-6);
+        CHECK(grad_err(split.dk, one.dk) < 1e-6);
+        CHECK(grad_err(split.dv, one.dv) < 1e-6);
       }
   }
 }
@@ -101,7 +86,7 @@ TEST_CASE("host block backward: rows that see no key give no gradient and never 
   // Keys strictly after the query (1 <= j - i <= 7): the last row of each sequence sees nothing
   // (lse = -inf) and contributes nothing.
   test::block_backward_case<__nv_bfloat16> c({0, 5, 12}, {2, 1, 64, 0.0f}, band{1, 7}, rng);
-  const grads g = run(c, c.calls(3));
+  const test::block_grads g = run(c, c.calls(3));
   for (int h = 0; h < 2; ++h)
     for (std::int64_t t : {4, 11})
       for (int e = 0; e < 64; ++e)
@@ -109,8 +94,8 @@ TEST_CASE("host block backward: rows that see no key give no gradient and never 
   for (const auto* x : {&g.dq, &g.dk, &g.dv})
     for (float y : *x)
       CHECK(std::isfinite(y));
-  CHECK(rel_error(g.dq, c.ref.dq) < 1e-5);
-  CHECK(rel_error(g.dk, c.ref.dk) < 1e-5);
+  CHECK(grad_err(g.dq, c.ref.dq) < 1e-5);
+  CHECK(grad_err(g.dk, c.ref.dk) < 1e-5);
 }
 
 TEST_CASE("host block backward validates before writing anything") {

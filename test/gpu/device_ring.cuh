@@ -73,20 +73,30 @@ device_rank_run<P, T> device_ring_rank(const sharded_case<P, T>& c, int r, Comm&
   return res;
 }
 
-//! Every rank of an in-process group of `c.plan.ranks()` ranks on its own thread, rank r on device
-//! r % `devices` (1: virtual ranks sharing one GPU).
-template <class Mask, class P, class T>
-std::vector<device_rank_run<P, T>> device_ring_in_process(const sharded_case<P, T>& c, int devices,
-                                                          bool repeat) {
-  std::vector<device_rank_run<P, T>> runs(static_cast<std::size_t>(c.plan.ranks()));
-  in_process_group group(c.plan.ranks(), std::chrono::seconds(60));
+//! Runs `rank_run(r, comm)` for every rank of an in-process group of `ranks` ranks, each on its
+//! own thread with device r % `devices` current (1: virtual ranks sharing one GPU); returns what
+//! each returned (a rank that throws fails the test).
+template <class Run, class RankRun>
+std::vector<Run> on_device_ranks(int ranks, int devices, RankRun rank_run) {
+  std::vector<Run> runs(static_cast<std::size_t>(ranks));
+  in_process_group group(ranks, std::chrono::seconds(60));
   const auto errors = on_ranks(group, [&](int r, in_process_communicator& comm) {
     RINGATTN_CUDA_CHECK(cudaSetDevice(r % devices));
-    runs[static_cast<std::size_t>(r)] = device_ring_rank<Mask>(c, r, comm, repeat);
+    runs[static_cast<std::size_t>(r)] = rank_run(r, comm);
   });
   for (const auto& e : errors)
     REQUIRE(message(e) == "");
   return runs;
+}
+
+//! Every rank's device forward (in-process group, rank r on device r % `devices`).
+template <class Mask, class P, class T>
+std::vector<device_rank_run<P, T>> device_ring_in_process(const sharded_case<P, T>& c, int devices,
+                                                          bool repeat) {
+  return on_device_ranks<device_rank_run<P, T>>(c.plan.ranks(), devices,
+                                                [&](int r, in_process_communicator& comm) {
+                                                  return device_ring_rank<Mask>(c, r, comm, repeat);
+                                                });
 }
 
 //! All ranks' outputs against the oracle (the block kernel's bf16 tolerances, see
@@ -187,15 +197,10 @@ device_backward_run<P, T> device_backward_rank(const sharded_backward_case<P, T>
 template <class Mask, class P, class T>
 std::vector<device_backward_run<P, T>>
 device_backward_in_process(const sharded_backward_case<P, T>& c, int devices, bool repeat) {
-  std::vector<device_backward_run<P, T>> runs(static_cast<std::size_t>(c.plan.ranks()));
-  in_process_group group(c.plan.ranks(), std::chrono::seconds(60));
-  const auto errors = on_ranks(group, [&](int r, in_process_communicator& comm) {
-    RINGATTN_CUDA_CHECK(cudaSetDevice(r % devices));
-    runs[static_cast<std::size_t>(r)] = device_backward_rank<Mask>(c, r, comm, repeat);
-  });
-  for (const auto& e : errors)
-    REQUIRE(message(e) == "");
-  return runs;
+  return on_device_ranks<device_backward_run<P, T>>(
+      c.plan.ranks(), devices, [&](int r, in_process_communicator& comm) {
+        return device_backward_rank<Mask>(c, r, comm, repeat);
+      });
 }
 
 //! All ranks' gradients against the oracle's backward: bf16 1e-2 relative L2 for each of dq, dk,

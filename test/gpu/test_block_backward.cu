@@ -12,13 +12,10 @@
 using namespace ringattn;
 
 namespace {
-struct grads {
-  std::vector<float> dq, dk, dv;
-};
 
 template <class T>
-grads run(const test::block_backward_case<T>& c,
-          const std::vector<std::vector<block_group>>& calls) {
+test::block_grads run(const test::block_backward_case<T>& c,
+                      const std::vector<std::vector<block_group>>& calls) {
   const auto n = static_cast<std::size_t>(c.tokens());
   const attention_arguments& a = c.args;
   test::device_buffer<T> q(c.q), k(c.k), v(c.v), dout(c.dout);
@@ -43,15 +40,6 @@ grads run(const test::block_backward_case<T>& c,
   return {dq.download(), dk.download(), dv.download()};
 }
 
-double rel_error(const std::vector<float>& got, std::span<const double> want) {
-  double num = 0.0, den = 0.0;
-  REQUIRE(got.size() == want.size());
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    num += (got[i] - want[i]) * (got[i] - want[i]);
-    den += want[i] * want[i];
-  }
-  return den == 0.0 ? std::sqrt(num) : std::sqrt(num / den);
-}
 } // namespace
 
 // Tolerance: fp32 dot products and accumulators, P from the fp32 lse with the fast exponential:
@@ -70,15 +58,15 @@ TEST_CASE_TEMPLATE("CUDA block backward equals the oracle: bands x GQA x head_di
         CAPTURE(b.hi);
         const attention_arguments a{8, 8 / group, d, 0.0f};
         test::block_backward_case<T> c(test::random_cu_seqlens(3, 1, 45, rng), a, b, rng);
-        const grads g = run(c, c.calls(1));
-        CHECK(rel_error(g.dq, c.ref.dq.data) < 1e-4);
-        CHECK(rel_error(g.dk, c.ref.dk.data) < 1e-4);
-        CHECK(rel_error(g.dv, c.ref.dv.data) < 1e-4);
+        const test::block_grads g = run(c, c.calls(1));
+        CHECK(test::grad_error(g.dq, c.ref.dq.data) < 1e-4);
+        CHECK(test::grad_error(g.dk, c.ref.dk.data) < 1e-4);
+        CHECK(test::grad_error(g.dv, c.ref.dv.data) < 1e-4);
         // The same K/V in three calls (the first two pieces as two key segments of one group).
-        const grads split = run(c, c.calls(3, true));
-        CHECK(rel_error(split.dq, c.ref.dq.data) < 1e-4);
-        CHECK(rel_error(split.dk, c.ref.dk.data) < 1e-4);
-        const grads again = run(c, c.calls(3, true));
+        const test::block_grads split = run(c, c.calls(3, true));
+        CHECK(test::grad_error(split.dq, c.ref.dq.data) < 1e-4);
+        CHECK(test::grad_error(split.dk, c.ref.dk.data) < 1e-4);
+        const test::block_grads again = run(c, c.calls(3, true));
         CHECK(std::memcmp(again.dq.data(), split.dq.data(), split.dq.size() * 4) == 0);
         CHECK(std::memcmp(again.dk.data(), split.dk.data(), split.dk.size() * 4) == 0);
         CHECK(std::memcmp(again.dv.data(), split.dv.data(), split.dv.size() * 4) == 0);
