@@ -1,7 +1,12 @@
 // The host block backward against the float64 oracle's backward, and the sum of split K/V ranges.
 #include "../block_case.hpp"
 
+#include <ringattn/kernel/backward.cuh>
 #include <ringattn/kernel/host_backward.cuh>
+#include <ringattn/partition/contiguous.cuh>
+#include <ringattn/partition/plan.cuh>
+#include <ringattn/partition/round_robin.cuh>
+#include <ringattn/partition/zigzag.cuh>
 
 #include <doctest/doctest.h>
 
@@ -128,4 +133,66 @@ TEST_CASE("host block backward validates before writing anything") {
   for (const auto* g : {&dq, &dk, &dv})
     for (float y : *g)
       REQUIRE(y == -7.0f);
+}
+
+// The device backward's work lists (planned on the host): for every rank and step of every
+// layout, each key column that a group sees lies in exactly one interval, whose covers are exactly
+// the (group, segment) pairs holding it; intervals are sorted, disjoint and count the columns;
+// every query row of every group is listed once.
+template <class P>
+void check_backward_plans(mask_kind m) {
+  std::mt19937_64 rng(test::fresh_seed());
+  for (int ranks : {1, 2, 3, 4, 8}) {
+    const auto cu = test::random_cu_seqlens(4, 1, 97, rng);
+    const partition_plan<P> plan(cu, ranks);
+    for (int r = 0; r < ranks; ++r)
+      for (int src = 0; src < ranks; ++src) {
+        CAPTURE(ranks);
+        CAPTURE(r);
+        CAPTURE(src);
+        const auto groups = group_blocks(plan.blocks(r, src, position_window::of(m)));
+        const backward_plan bp = plan_backward(groups);
+        std::int64_t columns = 0, last_end = -1;
+        for (const auto& in : bp.intervals) {
+          CHECK(in.begin >= last_end);
+          CHECK(in.end > in.begin);
+          CHECK(in.first_item == columns);
+          CHECK(in.cover_count > 0);
+          columns += in.end - in.begin;
+          last_end = in.end;
+          for (int c = 0; c < in.cover_count; ++c) {
+            const auto cv = bp.covers[static_cast<std::size_t>(in.cover_begin + c)];
+            const kv_block& kb = groups[static_cast<std::size_t>(cv.group)].kv[cv.segment];
+            CHECK(kb.kv_begin <= in.begin);
+            CHECK(in.end <= kb.kv_begin + kb.kv_count);
+          }
+        }
+        CHECK(columns == bp.key_items);
+        for (std::size_t gi = 0; gi < groups.size(); ++gi)
+          for (int b = 0; b < groups[gi].count; ++b) {
+            const kv_block& kb = groups[gi].kv[b];
+            if (groups[gi].q_count == 0) continue;
+            for (std::int64_t j = kb.kv_begin; j < kb.kv_begin + kb.kv_count; ++j) {
+              int found = 0;
+              for (const auto& in : bp.intervals)
+                if (in.begin <= j && j < in.end)
+                  for (int c = 0; c < in.cover_count; ++c) {
+                    const auto cv = bp.covers[static_cast<std::size_t>(in.cover_begin + c)];
+                    found += cv.group == static_cast<std::int32_t>(gi) && cv.segment == b;
+                  }
+              REQUIRE(found == 1);
+            }
+          }
+        std::int64_t rows = 0;
+        for (const block_group& g : groups)
+          rows += g.q_count;
+        CHECK(static_cast<std::int64_t>(bp.rows.size()) == rows);
+      }
+  }
+}
+
+TEST_CASE_TEMPLATE("the device backward's work lists cover every seen key once", P, contiguous,
+                   round_robin, zigzag) {
+  check_backward_plans<P>(mask_kind::causal);
+  check_backward_plans<P>(mask_kind::full);
 }

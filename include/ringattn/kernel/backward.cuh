@@ -32,6 +32,50 @@
 
 namespace ringattn {
 
+//! What the backward kernels walk, planned on the host from a call's groups: the key columns
+//! split at every key-segment boundary into runs covered by the same (group, segment) pairs
+//! (`intervals`, each listing its `covers`; runs no group sees are left out), and every query row
+//! of every group (`rows`). Each key column a group sees is in exactly one interval, and each
+//! interval lists every (group, segment) whose segment holds it; `key_items` counts the columns.
+struct backward_plan {
+  std::vector<kernels::key_interval> intervals;
+  std::vector<kernels::key_cover> covers;
+  std::vector<kernels::query_row> rows;
+  std::int64_t key_items = 0;
+};
+
+inline backward_plan plan_backward(std::span<const block_group> groups) {
+  backward_plan plan;
+  std::vector<std::int64_t> cuts;
+  for (const block_group& g : groups)
+    for (int b = 0; b < g.count; ++b)
+      if (g.kv[b].kv_count > 0 && g.q_count > 0) {
+        cuts.push_back(g.kv[b].kv_begin);
+        cuts.push_back(g.kv[b].kv_begin + g.kv[b].kv_count);
+      }
+  std::sort(cuts.begin(), cuts.end());
+  cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+  for (std::size_t c = 0; c + 1 < cuts.size(); ++c) {
+    kernels::key_interval in{cuts[c], cuts[c + 1], plan.key_items,
+                             static_cast<std::int32_t>(plan.covers.size()), 0};
+    for (std::size_t gi = 0; gi < groups.size(); ++gi)
+      for (int b = 0; b < groups[gi].count; ++b) {
+        const kv_block& kb = groups[gi].kv[b];
+        if (groups[gi].q_count > 0 && kb.kv_begin <= in.begin &&
+            in.end <= kb.kv_begin + kb.kv_count)
+          plan.covers.push_back({static_cast<std::int32_t>(gi), b});
+      }
+    in.cover_count = static_cast<std::int32_t>(plan.covers.size()) - in.cover_begin;
+    if (in.cover_count == 0) continue;
+    plan.key_items += in.end - in.begin;
+    plan.intervals.push_back(in);
+  }
+  for (std::size_t gi = 0; gi < groups.size(); ++gi)
+    for (std::int64_t i = 0; i < groups[gi].q_count; ++i)
+      plan.rows.push_back({static_cast<std::int32_t>(gi), static_cast<std::int32_t>(i)});
+  return plan;
+}
+
 //! The device side of one call's groups for the backward kernels; made at plan time (it
 //! allocates and copies), used by any number of calls with the same groups and sizes.
 class device_backward_schedule {
@@ -40,37 +84,11 @@ public:
                            std::int64_t kv_tokens)
       : q_tokens_(q_tokens), kv_tokens_(kv_tokens), group_count_(groups.size()) {
     validate_groups(groups, q_tokens, kv_tokens).throw_if_invalid();
-    // Key columns: split at every segment boundary; each elementary run lists its covers.
-    std::vector<std::int64_t> cuts;
-    for (const block_group& g : groups)
-      for (int b = 0; b < g.count; ++b)
-        if (g.kv[b].kv_count > 0 && g.q_count > 0) {
-          cuts.push_back(g.kv[b].kv_begin);
-          cuts.push_back(g.kv[b].kv_begin + g.kv[b].kv_count);
-        }
-    std::sort(cuts.begin(), cuts.end());
-    cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
-    std::vector<kernels::key_interval> intervals;
-    std::vector<kernels::key_cover> covers;
-    for (std::size_t c = 0; c + 1 < cuts.size(); ++c) {
-      kernels::key_interval in{cuts[c], cuts[c + 1], key_items_,
-                               static_cast<std::int32_t>(covers.size()), 0};
-      for (std::size_t gi = 0; gi < groups.size(); ++gi)
-        for (int b = 0; b < groups[gi].count; ++b) {
-          const kv_block& kb = groups[gi].kv[b];
-          if (groups[gi].q_count > 0 && kb.kv_begin <= in.begin &&
-              in.end <= kb.kv_begin + kb.kv_count)
-            covers.push_back({static_cast<std::int32_t>(gi), b});
-        }
-      in.cover_count = static_cast<std::int32_t>(covers.size()) - in.cover_begin;
-      if (in.cover_count == 0) continue;
-      key_items_ += in.end - in.begin;
-      intervals.push_back(in);
-    }
-    std::vector<kernels::query_row> rows;
-    for (std::size_t gi = 0; gi < groups.size(); ++gi)
-      for (std::int64_t i = 0; i < groups[gi].q_count; ++i)
-        rows.push_back({static_cast<std::int32_t>(gi), static_cast<std::int32_t>(i)});
+    backward_plan plan = plan_backward(groups);
+    key_items_ = plan.key_items;
+    const auto& intervals = plan.intervals;
+    const auto& covers = plan.covers;
+    const auto& rows = plan.rows;
     row_items_ = static_cast<std::int64_t>(rows.size());
     interval_count_ = static_cast<std::int32_t>(intervals.size());
     // One allocation: groups, intervals, covers, rows (each 16-byte aligned).
