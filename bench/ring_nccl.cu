@@ -83,6 +83,43 @@ float slowest(float ms) {
   return worst;
 }
 
+// Times `call(stream)`, a collective step every rank runs: `warmups` untimed calls, then per
+// iteration the slowest rank's CUDA-event time (joined through the communicator's bounded wait:
+// a lost peer is an error, not a hang). Reports TFLOP/s per GPU counting `flops_per_score` FLOPs
+// for each visible score of the plan.
+template <class Mask, class Attn, class Call>
+void time_ring(benchmark::State& state, const Attn& attn, int warmups, double flops_per_score,
+               Call call) {
+  cudaStream_t stream;
+  cudaEvent_t start, stop;
+  RINGATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  RINGATTN_CUDA_CHECK(cudaEventCreate(&start));
+  RINGATTN_CUDA_CHECK(cudaEventCreate(&stop));
+  for (int i = 0; i < warmups; ++i)
+    call(stream);
+  comm->wait(stream);
+  comm->barrier();
+  for (auto _ : state) {
+    RINGATTN_CUDA_CHECK(cudaEventRecord(start, stream));
+    call(stream);
+    RINGATTN_CUDA_CHECK(cudaEventRecord(stop, stream));
+    comm->wait(stream);
+    float ms = 0.0f;
+    RINGATTN_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    state.SetIterationTime(slowest(ms) / 1e3);
+  }
+  std::int64_t work = 0;
+  for (int r = 0; r < world_size; ++r)
+    work += attn.plan().work(r, ringattn::position_window::of(Mask::mask));
+  state.counters["TFLOP/s/GPU"] =
+      benchmark::Counter(flops_per_score * static_cast<double>(work) / world_size,
+                         benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["GPUs"] = world_size;
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cudaStreamDestroy(stream);
+}
+
 // range: tokens per GPU, causal, exchange on
 template <class P>
 void ring_nccl(benchmark::State& state) {
@@ -107,45 +144,18 @@ void ring_nccl(benchmark::State& state) {
     // compute on whatever the receive buffer holds, and tensor cores run faster (cooler) on
     // zeros than on data, which would flatter "comm 0".
     ringattn::bench::fill_uniform(ws.as<T>(), ws_bytes / sizeof(T), 4 + 3 * world_rank);
-    cudaStream_t stream;
-    cudaEvent_t start, stop;
-    RINGATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    RINGATTN_CUDA_CHECK(cudaEventCreate(&start));
-    RINGATTN_CUDA_CHECK(cudaEventCreate(&stop));
-    auto forward = [&] {
-      attn.forward(ringattn::thd_view<const T>(q.as<T>(), n, q_heads, head_dim),
-                   ringattn::thd_view<const T>(k.as<T>(), n, kv_heads, head_dim),
-                   ringattn::thd_view<const T>(v.as<T>(), n, kv_heads, head_dim),
-                   ringattn::thd_view<T>(out.as<T>(), n, q_heads, head_dim), lse.as<float>(), ws.p,
-                   ws_bytes, stream);
-    };
-    // Warm-up, the same count on every rank (forwards are collective): at least ~100 ms of work,
-    // so clocks have settled before the first timed forward.
-    for (int i = 0; i < (per_gpu <= 8192 ? 20 : 4); ++i)
-      forward();
-    comm->wait(stream);
-    comm->barrier();
-    for (auto _ : state) {
-      RINGATTN_CUDA_CHECK(cudaEventRecord(start, stream));
-      forward();
-      RINGATTN_CUDA_CHECK(cudaEventRecord(stop, stream));
-      comm->wait(stream); // bounded: a lost peer is an error, not a hang
-      float ms = 0.0f;
-      RINGATTN_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-      state.SetIterationTime(slowest(ms) / 1e3);
-    }
-    std::int64_t work = 0;
-    for (int r = 0; r < world_size; ++r)
-      work += attn.plan().work(r, ringattn::position_window::of(Mask::mask));
-    state.counters["TFLOP/s/GPU"] =
-        benchmark::Counter(4.0 * q_heads * static_cast<double>(work) * head_dim / world_size,
-                           benchmark::Counter::kIsIterationInvariantRate);
-    state.counters["GPUs"] = world_size;
+    // Warm-up of at least ~100 ms of work, so clocks have settled before the first timed
+    // forward.
+    time_ring<Mask>(state, attn, per_gpu <= 8192 ? 20 : 4, 4.0 * q_heads * head_dim,
+                    [&](cudaStream_t stream) {
+                      attn.forward(ringattn::thd_view<const T>(q.as<T>(), n, q_heads, head_dim),
+                                   ringattn::thd_view<const T>(k.as<T>(), n, kv_heads, head_dim),
+                                   ringattn::thd_view<const T>(v.as<T>(), n, kv_heads, head_dim),
+                                   ringattn::thd_view<T>(out.as<T>(), n, q_heads, head_dim),
+                                   lse.as<float>(), ws.p, ws_bytes, stream);
+                    });
     state.SetLabel(std::string(P::name) + (causal ? " causal" : " full") +
                    (exchange ? "" : ", no exchange"));
-    cudaEventDestroy(start);
-    cudaEventDestroy(stop);
-    cudaStreamDestroy(stream);
   };
   if (exchange) {
     if (causal)
@@ -186,13 +196,8 @@ void ring_nccl_training(benchmark::State& state) {
     ringattn::bench::fill_uniform(k.as<T>(), n * kv_heads * head_dim, 2 + 5 * world_rank);
     ringattn::bench::fill_uniform(v.as<T>(), n * kv_heads * head_dim, 3 + 5 * world_rank);
     ringattn::bench::fill_uniform(dout.as<T>(), n * q_heads * head_dim, 4 + 5 * world_rank);
-    cudaStream_t stream;
-    cudaEvent_t start, stop;
-    RINGATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    RINGATTN_CUDA_CHECK(cudaEventCreate(&start));
-    RINGATTN_CUDA_CHECK(cudaEventCreate(&stop));
     using ringattn::thd_view;
-    auto step = [&] {
+    time_ring<Mask>(state, attn, 1, 3.5 * 4.0 * q_heads * head_dim, [&](cudaStream_t stream) {
       attn.forward(thd_view<const T>(q.as<T>(), n, q_heads, head_dim),
                    thd_view<const T>(k.as<T>(), n, kv_heads, head_dim),
                    thd_view<const T>(v.as<T>(), n, kv_heads, head_dim),
@@ -206,30 +211,8 @@ void ring_nccl_training(benchmark::State& state) {
                     thd_view<T>(dq.as<T>(), n, q_heads, head_dim),
                     thd_view<T>(dk.as<T>(), n, kv_heads, head_dim),
                     thd_view<T>(dv.as<T>(), n, kv_heads, head_dim), ws.p, ws_bytes, stream);
-    };
-    step(); // warm-up
-    comm->wait(stream);
-    comm->barrier();
-    for (auto _ : state) {
-      RINGATTN_CUDA_CHECK(cudaEventRecord(start, stream));
-      step();
-      RINGATTN_CUDA_CHECK(cudaEventRecord(stop, stream));
-      comm->wait(stream);
-      float ms = 0.0f;
-      RINGATTN_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-      state.SetIterationTime(slowest(ms) / 1e3);
-    }
-    std::int64_t work = 0;
-    for (int r = 0; r < world_size; ++r)
-      work += attn.plan().work(r, ringattn::position_window::of(Mask::mask));
-    state.counters["TFLOP/s/GPU"] =
-        benchmark::Counter(3.5 * 4.0 * q_heads * static_cast<double>(work) * head_dim / world_size,
-                           benchmark::Counter::kIsIterationInvariantRate);
-    state.counters["GPUs"] = world_size;
+    });
     state.SetLabel(std::string(P::name) + (causal ? " causal" : " full") + ", forward + backward");
-    cudaEventDestroy(start);
-    cudaEventDestroy(stop);
-    cudaStreamDestroy(stream);
   };
   if (causal)
     run(ringattn::causal{});

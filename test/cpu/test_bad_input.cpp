@@ -72,23 +72,36 @@ struct call {
   }
 };
 
-//! Runs `forward_host` after `breaks` spoilt one input; returns what it threw ("" if nothing).
-std::string forward_with(const std::function<void(call&)>& breaks, bool& clean) {
+using test_ring = ring_attention<zigzag, in_process_communicator, causal>;
+
+//! Makes a valid `Call` and its ring (P = 1) with a workspace of `bytes(ring)`, lets `breaks` spoil
+//! one input, runs `invoke(ring, call)`; returns what it threw ("" if nothing) and whether nothing
+//! was sent and the outputs kept their poison.
+template <class Call, class Bytes, class Invoke>
+std::string run_broken(const std::function<void(Call&)>& breaks, bool& clean, Bytes bytes,
+                       Invoke invoke) {
   std::mt19937_64 rng(test::fresh_seed());
-  call c(rng);
+  Call c(rng);
   in_process_group group(1);
   auto comm = group.communicator(0);
-  ring_attention<zigzag, in_process_communicator, causal> attn(comm, c.args, c.cu);
-  c.ws = c.workspace(attn.host_workspace_bytes<T>());
+  test_ring attn(comm, c.args, c.cu);
+  c.ws = c.workspace(bytes(attn));
   breaks(c);
   std::string what;
   try {
-    attn.forward_host<T>(c.qv, c.kv, c.vv, c.ov, c.lse_ptr, c.ws);
+    invoke(attn, c);
   } catch (const invalid_argument& e) {
     what = e.what();
   }
   clean = c.untouched() && comm.bytes_sent() == 0;
   return what;
+}
+
+//! `forward_host` after `breaks`.
+std::string forward_with(const std::function<void(call&)>& breaks, bool& clean) {
+  return run_broken<call>(
+      breaks, clean, [](const test_ring& a) { return a.host_workspace_bytes<T>(); },
+      [](test_ring& a, call& c) { a.forward_host<T>(c.qv, c.kv, c.vv, c.ov, c.lse_ptr, c.ws); });
 }
 
 //! Plans a ring (P = 1) on `cu` and `args`; returns what it threw.
@@ -166,23 +179,13 @@ struct backward_call : call {
   }
 };
 
-//! Runs `backward_host` after `breaks` spoilt one input; returns what it threw ("" if nothing).
+//! `backward_host` after `breaks`.
 std::string backward_with(const std::function<void(backward_call&)>& breaks, bool& clean) {
-  std::mt19937_64 rng(test::fresh_seed());
-  backward_call c(rng);
-  in_process_group group(1);
-  auto comm = group.communicator(0);
-  ring_attention<zigzag, in_process_communicator, causal> attn(comm, c.args, c.cu);
-  c.ws = c.workspace(attn.host_backward_workspace_bytes<T>());
-  breaks(c);
-  std::string what;
-  try {
-    attn.backward_host<T>(c.qv, c.kv, c.vv, c.fov, c.lse_ptr, c.dov, c.dqv, c.dkv, c.dvv, c.ws);
-  } catch (const invalid_argument& e) {
-    what = e.what();
-  }
-  clean = c.untouched() && comm.bytes_sent() == 0;
-  return what;
+  return run_broken<backward_call>(
+      breaks, clean, [](const test_ring& a) { return a.host_backward_workspace_bytes<T>(); },
+      [](test_ring& a, backward_call& c) {
+        a.backward_host<T>(c.qv, c.kv, c.vv, c.fov, c.lse_ptr, c.dov, c.dqv, c.dkv, c.dvv, c.ws);
+      });
 }
 
 struct backward_case {

@@ -82,7 +82,7 @@ class device_backward_schedule {
 public:
   device_backward_schedule(std::span<const block_group> groups, std::int64_t q_tokens,
                            std::int64_t kv_tokens)
-      : q_tokens_(q_tokens), kv_tokens_(kv_tokens), group_count_(groups.size()) {
+      : q_tokens_(q_tokens), kv_tokens_(kv_tokens) {
     validate_groups(groups, q_tokens, kv_tokens).throw_if_invalid();
     backward_plan plan = plan_backward(groups);
     key_items_ = plan.key_items;
@@ -120,7 +120,7 @@ public:
     if (memory_) cudaFree(memory_);
   }
   device_backward_schedule(device_backward_schedule&& o) noexcept
-      : q_tokens_(o.q_tokens_), kv_tokens_(o.kv_tokens_), group_count_(o.group_count_),
+      : q_tokens_(o.q_tokens_), kv_tokens_(o.kv_tokens_),
         key_items_(o.key_items_), row_items_(o.row_items_), interval_count_(o.interval_count_),
         memory_(std::exchange(o.memory_, nullptr)), groups_(o.groups_), intervals_(o.intervals_),
         covers_(o.covers_), rows_(o.rows_) {}
@@ -167,7 +167,6 @@ public:
 
 private:
   std::int64_t q_tokens_ = 0, kv_tokens_ = 0;
-  std::size_t group_count_ = 0;
   std::int64_t key_items_ = 0, row_items_ = 0;
   std::int32_t interval_count_ = 0;
   void* memory_ = nullptr;
