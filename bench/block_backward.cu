@@ -5,9 +5,8 @@
 // SDPA's backward at the same shapes: `bench/sdpa_baseline.py OUT.json --backward`, same device
 // run.
 //
-// The current kernels run on the CUDA cores (docs/kernels.md); 32K is left out of the default set
-// until the tensor-core kernel lands (one call would take seconds): pass
-// --benchmark_filter='tokens:32768' to run it anyway.
+// "tc": 1 the tensor-core kernels (the issue's 8K and 32K), 0 the CUDA-core ones (2K and 8K only:
+// one 32K call would take seconds).
 #include "harness.cuh"
 
 #include <ringattn/kernel/backward.cuh>
@@ -18,12 +17,12 @@
 namespace {
 using T = __nv_bfloat16;
 
-// range: tokens, kv_heads, causal
+// range: tokens, kv_heads, causal, tensor cores
 void block_backward(benchmark::State& state) {
   if (!ringattn::bench::require_gpu(state)) return;
   const std::int64_t s = state.range(0);
   const int q_heads = 32, kv_heads = static_cast<int>(state.range(1)), d = 128;
-  const bool causal = state.range(2) != 0;
+  const bool causal = state.range(2) != 0, tc = state.range(3) != 0;
   const auto nq = static_cast<std::size_t>(s * q_heads * d),
              nk = static_cast<std::size_t>(s * kv_heads * d);
   T* q = ringattn::bench::device_uniform<T>(nq, 1);
@@ -52,7 +51,9 @@ void block_backward(benchmark::State& state) {
     ringattn::compute_delta<T>({out, s, q_heads, d}, {dout, s, q_heads, d}, delta, nullptr);
     RINGATTN_CUDA_CHECK(cudaDeviceSynchronize());
   }
-  const ringattn::device_backward_schedule sched(groups, s, s);
+  const ringattn::device_backward_schedule sched(groups, s, s,
+                                                 tc ? ringattn::backward_path::tensor_cores
+                                                    : ringattn::backward_path::cuda_cores);
   const ringattn::block_backward_args<T> a{{q, s, q_heads, d},
                                            {k, s, kv_heads, d},
                                            {v, s, kv_heads, d},
@@ -66,13 +67,15 @@ void block_backward(benchmark::State& state) {
       state, [&](cudaStream_t stream) { ringattn::block_backward(a, sched, stream); }, 1);
   ringattn::bench::report_flops(
       state, 2.5 * ringattn::bench::attention_forward_flops(1, q_heads, s, s, d, causal));
-  state.SetLabel(std::string("cuda-core backward") + (causal ? " causal" : " full"));
+  state.SetLabel(std::string(tc ? "tensor-core" : "cuda-core") + " backward" +
+                 (causal ? " causal" : " full"));
   cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(dout), cudaFree(out);
   cudaFree(lse), cudaFree(delta), cudaFree(dq), cudaFree(dk), cudaFree(dv);
 }
 BENCHMARK(block_backward)
-    ->ArgNames({"tokens", "kv_heads", "causal"})
-    ->ArgsProduct({{2048, 8192}, {32, 8}, {0, 1}})
+    ->ArgNames({"tokens", "kv_heads", "causal", "tc"})
+    ->ArgsProduct({{8192, 32768}, {32, 8}, {0, 1}, {1}})
+    ->ArgsProduct({{2048, 8192}, {8}, {0, 1}, {0}})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond)
     ->MinTime(0.2);

@@ -15,7 +15,7 @@ namespace {
 
 template <class T>
 test::block_grads run(const test::block_backward_case<T>& c,
-                      const std::vector<std::vector<block_group>>& calls) {
+                      const std::vector<std::vector<block_group>>& calls, backward_path path) {
   const auto n = static_cast<std::size_t>(c.tokens());
   const attention_arguments& a = c.args;
   test::device_buffer<T> q(c.q), k(c.k), v(c.v), dout(c.dout);
@@ -25,7 +25,7 @@ test::block_grads run(const test::block_backward_case<T>& c,
       dv(std::vector<float>(n * a.kv_heads * a.head_dim, 0.0f));
   const auto t = c.tokens();
   for (const auto& groups : calls) {
-    const device_backward_schedule s(groups, t, t);
+    const device_backward_schedule s(groups, t, t, path);
     block_backward<T>({{q.get(), t, a.q_heads, a.head_dim},
                        {k.get(), t, a.kv_heads, a.head_dim},
                        {v.get(), t, a.kv_heads, a.head_dim},
@@ -42,13 +42,16 @@ test::block_grads run(const test::block_backward_case<T>& c,
 
 } // namespace
 
-// Tolerance: fp32 dot products and accumulators, P from the fp32 lse with the fast exponential:
-// within 1e-4 relative of the float64 oracle (the host twin, with fp64 terms, is at 1e-5).
-TEST_CASE_TEMPLATE("CUDA block backward equals the oracle: bands x GQA x head_dim", T, __half,
-                   __nv_bfloat16) {
+// Tolerances. CUDA cores: fp32 dot products and accumulators, P from the fp32 lse with the fast
+// exponential: within 1e-4 relative of the float64 oracle (the host twin, with fp64 terms, is at
+// 1e-5). Tensor cores: P and dS are rounded to the input type before their products (fp32
+// accumulation), as in FlashAttention: 1e-2 relative for bf16 (8 mantissa bits), 4e-3 for fp16.
+TEST_CASE_TEMPLATE("CUDA block backward equals the oracle: bands x GQA x head_dim x kernels", T,
+                   __half, __nv_bfloat16) {
   const auto seed = test::fresh_seed();
   CAPTURE(seed);
   std::mt19937_64 rng(seed);
+  const double tc_tolerance = std::is_same_v<T, __nv_bfloat16> ? 1e-2 : 4e-3;
   for (int group : {1, 4, 8})
     for (int d : {64, 128, 256})
       for (const band& b : test::test_bands(rng)) {
@@ -57,19 +60,26 @@ TEST_CASE_TEMPLATE("CUDA block backward equals the oracle: bands x GQA x head_di
         CAPTURE(b.lo);
         CAPTURE(b.hi);
         const attention_arguments a{8, 8 / group, d, 0.0f};
-        test::block_backward_case<T> c(test::random_cu_seqlens(3, 1, 45, rng), a, b, rng);
-        const test::block_grads g = run(c, c.calls(1));
-        CHECK(test::grad_error(g.dq, c.ref.dq.data) < 1e-4);
-        CHECK(test::grad_error(g.dk, c.ref.dk.data) < 1e-4);
-        CHECK(test::grad_error(g.dv, c.ref.dv.data) < 1e-4);
-        // The same K/V in three calls (the first two pieces as two key segments of one group).
-        const test::block_grads split = run(c, c.calls(3, true));
-        CHECK(test::grad_error(split.dq, c.ref.dq.data) < 1e-4);
-        CHECK(test::grad_error(split.dk, c.ref.dk.data) < 1e-4);
-        const test::block_grads again = run(c, c.calls(3, true));
-        CHECK(std::memcmp(again.dq.data(), split.dq.data(), split.dq.size() * 4) == 0);
-        CHECK(std::memcmp(again.dk.data(), split.dk.data(), split.dk.size() * 4) == 0);
-        CHECK(std::memcmp(again.dv.data(), split.dv.data(), split.dv.size() * 4) == 0);
+        test::block_backward_case<T> c(test::random_cu_seqlens(3, 1, 150, rng), a, b, rng);
+        for (backward_path path : {backward_path::cuda_cores, backward_path::tensor_cores}) {
+          if (path == backward_path::tensor_cores && d > 128) continue;
+          const bool tc = path == backward_path::tensor_cores;
+          CAPTURE(tc);
+          const double tol = tc ? tc_tolerance : 1e-4;
+          const test::block_grads g = run(c, c.calls(1), path);
+          CHECK(test::grad_error(g.dq, c.ref.dq.data) < tol);
+          CHECK(test::grad_error(g.dk, c.ref.dk.data) < tol);
+          CHECK(test::grad_error(g.dv, c.ref.dv.data) < tol);
+          // The same K/V in three calls (the first two pieces as two key segments of one group).
+          const test::block_grads split = run(c, c.calls(3, true), path);
+          CHECK(test::grad_error(split.dq, c.ref.dq.data) < tol);
+          CHECK(test::grad_error(split.dk, c.ref.dk.data) < tol);
+          CHECK(test::grad_error(split.dv, c.ref.dv.data) < tol);
+          const test::block_grads again = run(c, c.calls(3, true), path);
+          CHECK(std::memcmp(again.dq.data(), split.dq.data(), split.dq.size() * 4) == 0);
+          CHECK(std::memcmp(again.dk.data(), split.dk.data(), split.dk.size() * 4) == 0);
+          CHECK(std::memcmp(again.dv.data(), split.dv.data(), split.dv.size() * 4) == 0);
+        }
       }
 }
 

@@ -30,6 +30,12 @@ struct key_interval {
 struct key_cover {
   std::int32_t group = 0, segment = 0;
 };
+//! One key tile of the tensor-core dK/dV kernel: columns [begin, begin + 64) of interval
+//! `interval` (fewer at the interval's end).
+struct key_tile {
+  std::int32_t interval = 0;
+  std::int64_t begin = 0;
+};
 //! One query row of a group: (group, row within the group).
 struct query_row {
   std::int32_t group = 0, row = 0;

@@ -19,6 +19,7 @@
 
 #include <ringattn/cuda_check.cuh>
 #include <ringattn/detail/backward_kernel.cuh>
+#include <ringattn/detail/backward_kernel_tc.cuh>
 #include <ringattn/kernel/backward_args.cuh>
 
 #include <cuda_runtime_api.h>
@@ -76,14 +77,27 @@ inline backward_plan plan_backward(std::span<const block_group> groups) {
   return plan;
 }
 
+//! Which kernels a block backward runs: the tensor-core ones (sm_80 and later, head_dim 64 and
+//! 128), the CUDA-core ones (any head_dim; the reference for the former), or the best available.
+enum class backward_path { automatic, cuda_cores, tensor_cores };
+
 //! The device side of one call's groups for the backward kernels; made at plan time (it
 //! allocates and copies), used by any number of calls with the same groups and sizes.
 class device_backward_schedule {
 public:
   device_backward_schedule(std::span<const block_group> groups, std::int64_t q_tokens,
-                           std::int64_t kv_tokens)
-      : q_tokens_(q_tokens), kv_tokens_(kv_tokens) {
+                           std::int64_t kv_tokens, backward_path path = backward_path::automatic)
+      : q_tokens_(q_tokens), kv_tokens_(kv_tokens), path_(path) {
     validate_groups(groups, q_tokens, kv_tokens).throw_if_invalid();
+    if (path_ != backward_path::cuda_cores) {
+      int device = 0, major = 0;
+      RINGATTN_CUDA_CHECK(cudaGetDevice(&device));
+      RINGATTN_CUDA_CHECK(
+          cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+      if (major < 8 && path_ == backward_path::tensor_cores)
+        throw invalid_argument("ringattn: the tensor-core block backward needs sm_80 or later");
+      tensor_cores_ok_ = major >= 8;
+    }
     backward_plan plan = plan_backward(groups);
     key_items_ = plan.key_items;
     const auto& intervals = plan.intervals;
@@ -91,18 +105,36 @@ public:
     const auto& rows = plan.rows;
     row_items_ = static_cast<std::int64_t>(rows.size());
     interval_count_ = static_cast<std::int32_t>(intervals.size());
+    // Tiles of the tensor-core kernels: 64 key columns of an interval; 64 query rows of a group.
+    constexpr int R = kernels::tc_backward_rows;
+    std::vector<kernels::key_tile> key_tiles;
+    for (std::size_t i = 0; i < intervals.size(); ++i)
+      for (std::int64_t b = intervals[i].begin; b < intervals[i].end; b += R)
+        key_tiles.push_back({static_cast<std::int32_t>(i), b});
+    std::vector<work_tile> row_tiles;
+    for (std::size_t gi = 0; gi < groups.size(); ++gi)
+      for (std::int64_t r = 0; r < groups[gi].q_count; r += R)
+        if (groups[gi].count > 0)
+          row_tiles.push_back({static_cast<std::int32_t>(gi), static_cast<std::int32_t>(r)});
+    key_tile_count_ = static_cast<std::int64_t>(key_tiles.size());
+    row_tile_count_ = static_cast<std::int64_t>(row_tiles.size());
     // One allocation: groups, intervals, covers, rows (each 16-byte aligned).
     auto round = [](std::size_t n) { return (n + 15) / 16 * 16; };
     const std::size_t gb = round(groups.size() * sizeof(block_group)),
                       ib = round(intervals.size() * sizeof(kernels::key_interval)),
                       cb = round(covers.size() * sizeof(kernels::key_cover)),
-                      rb = round(rows.size() * sizeof(kernels::query_row));
-    RINGATTN_CUDA_CHECK(cudaMalloc(&memory_, std::max<std::size_t>(gb + ib + cb + rb, 16)));
+                      rb = round(rows.size() * sizeof(kernels::query_row)),
+                      kb = round(key_tiles.size() * sizeof(kernels::key_tile)),
+                      tb = round(row_tiles.size() * sizeof(work_tile));
+    RINGATTN_CUDA_CHECK(
+        cudaMalloc(&memory_, std::max<std::size_t>(gb + ib + cb + rb + kb + tb, 16)));
     char* m = static_cast<char*>(memory_);
     groups_ = reinterpret_cast<block_group*>(m);
     intervals_ = reinterpret_cast<kernels::key_interval*>(m + gb);
     covers_ = reinterpret_cast<kernels::key_cover*>(m + gb + ib);
     rows_ = reinterpret_cast<kernels::query_row*>(m + gb + ib + cb);
+    key_tiles_ = reinterpret_cast<kernels::key_tile*>(m + gb + ib + cb + rb);
+    row_tiles_ = reinterpret_cast<work_tile*>(m + gb + ib + cb + rb + kb);
     cudaError_t e = cudaSuccess;
     auto up = [&](void* dst, const void* src, std::size_t n) {
       if (e == cudaSuccess && n) e = cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice);
@@ -111,6 +143,8 @@ public:
     up(intervals_, intervals.data(), intervals.size() * sizeof(kernels::key_interval));
     up(covers_, covers.data(), covers.size() * sizeof(kernels::key_cover));
     up(rows_, rows.data(), rows.size() * sizeof(kernels::query_row));
+    up(key_tiles_, key_tiles.data(), key_tiles.size() * sizeof(kernels::key_tile));
+    up(row_tiles_, row_tiles.data(), row_tiles.size() * sizeof(work_tile));
     if (e != cudaSuccess) {
       cudaFree(memory_);
       RINGATTN_CUDA_CHECK(e);
@@ -120,10 +154,12 @@ public:
     if (memory_) cudaFree(memory_);
   }
   device_backward_schedule(device_backward_schedule&& o) noexcept
-      : q_tokens_(o.q_tokens_), kv_tokens_(o.kv_tokens_),
-        key_items_(o.key_items_), row_items_(o.row_items_), interval_count_(o.interval_count_),
-        memory_(std::exchange(o.memory_, nullptr)), groups_(o.groups_), intervals_(o.intervals_),
-        covers_(o.covers_), rows_(o.rows_) {}
+      : q_tokens_(o.q_tokens_), kv_tokens_(o.kv_tokens_), path_(o.path_),
+        tensor_cores_ok_(o.tensor_cores_ok_), key_items_(o.key_items_), row_items_(o.row_items_),
+        interval_count_(o.interval_count_), key_tile_count_(o.key_tile_count_),
+        row_tile_count_(o.row_tile_count_), memory_(std::exchange(o.memory_, nullptr)),
+        groups_(o.groups_), intervals_(o.intervals_), covers_(o.covers_), rows_(o.rows_),
+        key_tiles_(o.key_tiles_), row_tiles_(o.row_tiles_) {}
   device_backward_schedule(const device_backward_schedule&) = delete;
   device_backward_schedule& operator=(const device_backward_schedule&) = delete;
   device_backward_schedule& operator=(device_backward_schedule&&) = delete;
@@ -131,6 +167,15 @@ public:
   std::int64_t q_tokens() const noexcept { return q_tokens_; }
   std::int64_t kv_tokens() const noexcept { return kv_tokens_; }
   bool empty() const noexcept { return key_items_ == 0; }
+  //! Whether calls with this head_dim run the tensor-core kernels.
+  bool tensor_cores(int head_dim) const noexcept {
+    return path_ != backward_path::cuda_cores && tensor_cores_ok_ && head_dim <= 128;
+  }
+
+  template <class T>
+  kernels::tc_backward_params<T> tc_params(const block_backward_args<T>& a) const {
+    return {params(a), key_tiles_, key_tile_count_, row_tiles_, row_tile_count_};
+  }
 
   template <class T>
   kernels::backward_params<T> params(const block_backward_args<T>& a) const {
@@ -167,13 +212,18 @@ public:
 
 private:
   std::int64_t q_tokens_ = 0, kv_tokens_ = 0;
+  backward_path path_ = backward_path::automatic;
+  bool tensor_cores_ok_ = false;
   std::int64_t key_items_ = 0, row_items_ = 0;
   std::int32_t interval_count_ = 0;
+  std::int64_t key_tile_count_ = 0, row_tile_count_ = 0;
   void* memory_ = nullptr;
   block_group* groups_ = nullptr;
   kernels::key_interval* intervals_ = nullptr;
   kernels::key_cover* covers_ = nullptr;
   kernels::query_row* rows_ = nullptr;
+  kernels::key_tile* key_tiles_ = nullptr;
+  work_tile* row_tiles_ = nullptr;
 };
 
 #if defined(__CUDACC__)
@@ -193,6 +243,26 @@ void launch_block_backward(const kernels::backward_params<T>& p, cudaStream_t st
     RINGATTN_CUDA_CHECK_LAUNCH();
   }
 }
+template <class T, int D>
+void launch_block_backward_tc(const kernels::tc_backward_params<T>& p, cudaStream_t stream) {
+  constexpr int smem = kernels::tc_backward_smem_bytes<T, D>();
+  if (p.key_tile_count > 0) {
+    auto* kernel = &kernels::dkdv_tc_kernel<T, D>;
+    RINGATTN_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    kernel<<<dim3(static_cast<unsigned>(p.key_tile_count), static_cast<unsigned>(p.b.kv_heads)),
+             kernels::tc_backward_threads, smem, stream>>>(p);
+    RINGATTN_CUDA_CHECK_LAUNCH();
+  }
+  if (p.row_tile_count > 0) {
+    auto* kernel = &kernels::dq_tc_kernel<T, D>;
+    RINGATTN_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    kernel<<<dim3(static_cast<unsigned>(p.row_tile_count), static_cast<unsigned>(p.b.q_heads)),
+             kernels::tc_backward_threads, smem, stream>>>(p);
+    RINGATTN_CUDA_CHECK_LAUNCH();
+  }
+}
 } // namespace detail
 
 //! Adds one K/V block's share of dQ, dK, dV to `a.grad` (fp32, device memory), asynchronously on
@@ -206,6 +276,14 @@ requires(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) void blo
             " and ", a.k.tokens);
   r.throw_if_invalid();
   if (s.empty()) return;
+  if (s.tensor_cores(a.args.head_dim)) {
+    const auto p = s.tc_params(a);
+    if (a.args.head_dim == 64)
+      detail::launch_block_backward_tc<T, 64>(p, stream);
+    else
+      detail::launch_block_backward_tc<T, 128>(p, stream);
+    return;
+  }
   const auto p = s.params(a);
   switch (a.args.head_dim) {
   case 64: detail::launch_block_backward<T, 64>(p, stream); break;
