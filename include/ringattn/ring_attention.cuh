@@ -249,7 +249,8 @@ public:
     RINGATTN_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
     RINGATTN_CUDA_CHECK(cudaStreamCreateWithPriority(&d->comm, cudaStreamNonBlocking, greatest));
     for (cudaEvent_t* e : {&d->own_ready, &d->comm_end, &d->compute_done[0], &d->compute_done[1],
-                           &d->recv_done[0], &d->recv_done[1]})
+                           &d->recv_done[0], &d->recv_done[1], &d->grads_recv[0], &d->grads_recv[1],
+                           &d->grads_ready[0], &d->grads_ready[1]})
       RINGATTN_CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
     const int p = comm_.size(), r = comm_.rank();
     for (int t = 0; t < p; ++t) {
@@ -293,10 +294,14 @@ public:
     }
   }
 
-  //! Device workspace of `backward` (the same layout as the host path's).
+  //! Device workspace of `backward`: the host path's, plus one fp32 dK/dV of the largest block
+  //! (a step's share, added to the arriving accumulator once it is there, so the accumulators'
+  //! transfer overlaps the compute).
   template <element T>
   std::size_t device_backward_workspace_bytes() const {
-    return host_backward_workspace_bytes<T>();
+    return align(host_backward_workspace_bytes<T>()) +
+           align(2 * static_cast<std::size_t>(plan_.max_local_tokens()) * args_.kv_heads *
+                 args_.head_dim * sizeof(float));
   }
   //! The ring backward on device memory, asynchronous on `stream`: the arguments of
   //! `backward_host` as device pointers, `workspace` device memory of
@@ -624,6 +629,7 @@ private:
     cudaStream_t comm = nullptr;
     cudaEvent_t own_ready = nullptr, comm_end = nullptr;
     cudaEvent_t compute_done[2] = {}, recv_done[2] = {};
+    cudaEvent_t grads_recv[2] = {}, grads_ready[2] = {}; // backward: dK/dV arrived, complete
     std::vector<device_block_schedule> schedules;
     std::vector<device_backward_schedule> backward_schedules;
     device_resources() = default;
@@ -631,7 +637,8 @@ private:
     device_resources& operator=(const device_resources&) = delete;
     ~device_resources() {
       for (cudaEvent_t e :
-           {own_ready, comm_end, compute_done[0], compute_done[1], recv_done[0], recv_done[1]})
+           {own_ready, comm_end, compute_done[0], compute_done[1], recv_done[0], recv_done[1],
+            grads_recv[0], grads_recv[1], grads_ready[0], grads_ready[1]})
         if (e) cudaEventDestroy(e);
       if (comm) cudaStreamDestroy(comm);
     }
@@ -713,9 +720,15 @@ private:
   }
 
   // The backward on the device: the host path's steps (run_host_backward) with the block
-  // backward kernels on `stream` and the exchanges on the communication stream. A block's dK/dV
-  // leave only once this rank has added its share, so step t's exchange waits for step t's
-  // compute (the forward's overlap of exchange and compute is not there yet).
+  // backward kernels on `stream` and the exchanges on the communication stream, in two parts per
+  // step so that both overlap the compute:
+  //   K/V of block t go on to rank r + 1 as soon as the compute of step t - 1 is done (as in the
+  //   forward), and arrive for step t + 1 while step t computes;
+  //   step t's share of dK/dV goes into a local fp32 buffer (step 0: straight into the own
+  //   block's accumulators), which is added to block t's arriving accumulators once they are there
+  //   (sent by rank r - 1 at the end of its step t - 1, in flight during this compute); the sum
+  //   then goes on to rank r + 1, in flight during step t + 1.
+  // After the last step the complete dK/dV of the block held (rank r + 1's) go home.
   template <class T>
   void run_device_backward(thd_view<const T> q, thd_view<const T> k, thd_view<const T> v,
                            thd_view<const T> out, const float* lse, thd_view<const T> dout,
@@ -730,46 +743,64 @@ private:
     float* dq_acc = reinterpret_cast<float*>(workspace + 2 * slot);
     float* delta = reinterpret_cast<float*>(
         workspace + 2 * slot + align(static_cast<std::size_t>(n) * qh * dim * sizeof(float)));
+    float* local = reinterpret_cast<float*>(workspace + align(host_backward_workspace_bytes<T>()));
+    const std::int64_t row_grads = 2 * static_cast<std::int64_t>(kvh) * dim; // dK + dV a token
     compute_delta<T>(out, dout, delta, stream);
     if (n > 0) {
       RINGATTN_CUDA_CHECK(cudaMemsetAsync(
           dq_acc, 0, sizeof(float) * static_cast<std::size_t>(n) * qh * dim, stream));
       const backward_block<T> own = backward_views<T>(buf[0], n);
       copy_own_block(k, v, own.k.data, stream);
-      RINGATTN_CUDA_CHECK(cudaMemsetAsync(
-          own.dk, 0, 2 * sizeof(float) * static_cast<std::size_t>(n) * kvh * dim, stream));
+      RINGATTN_CUDA_CHECK(cudaMemsetAsync(own.dk, 0, sizeof(float) * n * row_grads, stream));
     }
     RINGATTN_CUDA_CHECK(cudaEventRecord(d.own_ready, stream));
     RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(d.comm, d.own_ready, 0));
     for (int t = 0; t < p; ++t) {
       detail::nvtx_range range("backward step", t, r);
-      const int src = (r - t + p) % p;
-      const backward_block<T> b = backward_views<T>(buf[t % 2], plan_.local_tokens(src));
+      const int src = (r - t + p) % p, next = (r - t - 1 + p) % p;
+      const std::int64_t nk = plan_.local_tokens(src);
+      const backward_block<T> b = backward_views<T>(buf[t % 2], nk);
       if (t > 0) RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream, d.recv_done[t % 2], 0));
-      if (!steps_[static_cast<std::size_t>(t)].empty())
-        block_backward<T>({q, b.k, b.v, dout, lse, delta, args_, {dq_acc, b.dk, b.dv}},
-                          d.backward_schedules[static_cast<std::size_t>(t)], stream);
-      RINGATTN_CUDA_CHECK(cudaEventRecord(d.compute_done[t % 2], stream));
       if (t + 1 < p) {
-        const int next = (r - t - 1 + p) % p;
-        RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(d.comm, d.compute_done[t % 2], 0));
-        comm_.exchange_async(buf[t % 2], backward_block_bytes<T>(src), (r + 1) % p,
-                             buf[(t + 1) % 2], backward_block_bytes<T>(next), (r - 1 + p) % p, t,
-                             d.comm);
+        // K/V on; the other slot's K/V were last read by the compute of step t - 1.
+        RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(d.comm, d.compute_done[(t + 1) % 2], 0));
+        comm_.exchange_async(b.k.data, block_bytes<T>(src), (r + 1) % p,
+                             backward_views<T>(buf[(t + 1) % 2], plan_.local_tokens(next)).k.data,
+                             block_bytes<T>(next), (r - 1 + p) % p, t, d.comm);
         RINGATTN_CUDA_CHECK(cudaEventRecord(d.recv_done[(t + 1) % 2], d.comm));
+      }
+      float* share = t == 0 ? b.dk : local;
+      if (t > 0 && nk > 0)
+        RINGATTN_CUDA_CHECK(cudaMemsetAsync(local, 0, sizeof(float) * nk * row_grads, stream));
+      if (!steps_[static_cast<std::size_t>(t)].empty())
+        block_backward<T>(
+            {q, b.k, b.v, dout, lse, delta, args_, {dq_acc, share, share + nk * row_grads / 2}},
+            d.backward_schedules[static_cast<std::size_t>(t)], stream);
+      RINGATTN_CUDA_CHECK(cudaEventRecord(d.compute_done[t % 2], stream));
+      if (t > 0) {
+        RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream, d.grads_recv[t % 2], 0));
+        accumulate(b.dk, local, nk * row_grads, stream);
+      }
+      RINGATTN_CUDA_CHECK(cudaEventRecord(d.grads_ready[t % 2], stream));
+      if (t + 1 < p) {
+        RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(d.comm, d.grads_ready[t % 2], 0));
+        comm_.exchange_async(b.dk, sizeof(float) * nk * row_grads, (r + 1) % p,
+                             backward_views<T>(buf[(t + 1) % 2], plan_.local_tokens(next)).dk,
+                             sizeof(float) * plan_.local_tokens(next) * row_grads, (r - 1 + p) % p,
+                             t, d.comm);
+        RINGATTN_CUDA_CHECK(cudaEventRecord(d.grads_recv[(t + 1) % 2], d.comm));
       }
     }
     const float* own_dk = backward_views<T>(buf[0], n).dk;
     if (p > 1) {
       const int held = (r + 1) % p; // the block of step P - 1, complete: its dK/dV go home
       const backward_block<T> b = backward_views<T>(buf[(p - 1) % 2], plan_.local_tokens(held));
-      const std::size_t grads = 2 * static_cast<std::size_t>(kvh) * dim * sizeof(float);
       float* home = reinterpret_cast<float*>(buf[p % 2]);
-      RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(d.comm, d.compute_done[(p - 1) % 2], 0));
-      comm_.exchange_async(b.dk, grads * static_cast<std::size_t>(plan_.local_tokens(held)), held,
-                           home, grads * static_cast<std::size_t>(n), (r - 1 + p) % p, p, d.comm);
-      RINGATTN_CUDA_CHECK(cudaEventRecord(d.recv_done[p % 2], d.comm));
-      RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream, d.recv_done[p % 2], 0));
+      RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(d.comm, d.grads_ready[(p - 1) % 2], 0));
+      comm_.exchange_async(b.dk, sizeof(float) * plan_.local_tokens(held) * row_grads, held, home,
+                           sizeof(float) * n * row_grads, (r - 1 + p) % p, p, d.comm);
+      RINGATTN_CUDA_CHECK(cudaEventRecord(d.grads_recv[p % 2], d.comm));
+      RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream, d.grads_recv[p % 2], 0));
       own_dk = home;
     }
     write_gradient<T>(dq_acc, dq, stream);

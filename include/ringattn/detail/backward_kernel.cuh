@@ -199,6 +199,13 @@ __global__ void dq_kernel(backward_params<T> p) {
     dqr[lane + 32 * e] += acc[e];
 }
 
+//! a[i] += b[i] (fp32), one writer per element.
+__global__ inline void add_kernel(float* a, const float* b, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+    a[i] += b[i];
+}
+
 //! An fp32 dense [tokens, heads, d] accumulator written to a (strided) T view.
 template <class T>
 __global__ void convert_kernel(const float* x, T* out, std::int64_t tokens, int heads, int d,

@@ -319,6 +319,14 @@ requires(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) void com
   }
 }
 
+//! `a[i] += b[i]` for `n` fp32 elements (device memory), asynchronously on `stream`.
+inline void accumulate(float* a, const float* b, std::int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  const unsigned blocks = static_cast<unsigned>(std::min<std::int64_t>((n + 255) / 256, 4096));
+  kernels::add_kernel<<<blocks, 256, 0, stream>>>(a, b, n);
+  RINGATTN_CUDA_CHECK_LAUNCH();
+}
+
 //! Writes a dense fp32 `[tokens, heads, head_dim]` accumulator into `out` (T, any strides),
 //! asynchronously on `stream`.
 template <class T>
