@@ -22,13 +22,28 @@
 #include <ringattn/detail/backward_kernel.cuh>
 #include <ringattn/detail/forward_kernel.cuh>
 
-#if defined(__CUDACC__)
-
 RINGATTN_ABI_BEGIN
 namespace kernels {
 
 inline constexpr int tc_backward_rows = 64; //!< query rows (dQ) or key columns (dK/dV) a block
 inline constexpr int tc_backward_threads = 128;
+
+template <class T>
+struct tc_backward_params {
+  backward_params<T> b;
+  const key_tile* key_tiles;
+  std::int64_t key_tile_count;
+  const work_tile* row_tiles; // query tiles of 64 rows: (group, first row)
+  std::int64_t row_tile_count;
+};
+
+} // namespace kernels
+RINGATTN_ABI_END
+
+#if defined(__CUDACC__)
+
+RINGATTN_ABI_BEGIN
+namespace kernels {
 
 //! Shared memory of either kernel: four [64, D] tiles and two 64-float vectors.
 template <class T, int D>
@@ -110,15 +125,6 @@ __device__ __forceinline__ void add_rows(float* base, std::int64_t row_stride, i
     }
   }
 }
-
-template <class T>
-struct tc_backward_params {
-  backward_params<T> b;
-  const key_tile* key_tiles;
-  std::int64_t key_tile_count;
-  const work_tile* row_tiles; // query tiles of 64 rows: (group, first row)
-  std::int64_t row_tile_count;
-};
 
 //! dK, dV of 64 key columns of one kv head (blockIdx.x: key tile, blockIdx.y: kv head).
 template <class T, int D>
