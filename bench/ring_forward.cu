@@ -1,9 +1,11 @@
-// Ring forward with P virtual ranks on one GPU (threads of an in-process group, a stream each)
-// over 64K tokens against one block-kernel call over the whole sequence, in the same run: bf16,
-// 32 query heads, 8 kv heads, head_dim 128; causal (zigzag) and full (contiguous).
+// Ring forward, and forward + backward, with P virtual ranks on one GPU (threads of an in-process
+// group, a stream each) over 64K tokens against the single-GPU block-kernel calls over the whole
+// sequence (single_call), in the same run: bf16, 32 query heads, 8 kv heads, head_dim 128; causal
+// (zigzag) and full (contiguous).
 // Time: host wall clock from launching every rank until every rank's stream has drained
-// (manual time), so it covers the ring's exchanges, the merges and the load balance.
-#include "harness.cuh"
+// (manual time), so it covers the ring's exchanges, the merges and the load balance; the single
+// call is timed the same way.
+#include "single_gpu.cuh"
 
 #include <ringattn/comm/in_process.cuh>
 #include <ringattn/partition/contiguous.cuh>
@@ -11,6 +13,7 @@
 #include <ringattn/partition/zigzag.cuh>
 #include <ringattn/ring_attention.cuh>
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
 #include <thread>
@@ -21,12 +24,47 @@ using T = __nv_bfloat16;
 constexpr std::int64_t tokens = 65536;
 constexpr int q_heads = 32, kv_heads = 8, head_dim = 128;
 
-// range(0): ranks (1 = the single block call); range(1): causal
+// Host wall time of `fn()` per iteration (after one warm-up call).
+template <class Fn>
+void time_host(benchmark::State& state, Fn&& fn) {
+  fn();
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    state.SetIterationTime(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+}
+
+// FLOPs of the forward, or of forward + backward (3.5x the forward's).
+void report(benchmark::State& state, bool causal, bool backward) {
+  ringattn::bench::report_flops(state, (backward ? 3.5 : 1.0) *
+                                           ringattn::bench::attention_forward_flops(
+                                               1, q_heads, tokens, tokens, head_dim, causal));
+}
+
+// range(0): causal; range(1): forward + backward
+void single_call(benchmark::State& state) {
+  if (!ringattn::bench::require_gpu(state)) return;
+  const bool causal = state.range(0) != 0, backward = state.range(1) != 0;
+  const ringattn::bench::single_gpu_attention<T> attention(tokens, q_heads, kv_heads, head_dim,
+                                                           causal);
+  ringattn::bench::gpu_timer timer; // for its stream
+  time_host(state, [&] {
+    attention.forward(timer.stream());
+    if (backward) attention.backward(timer.stream());
+    RINGATTN_CUDA_CHECK(cudaStreamSynchronize(timer.stream()));
+  });
+  report(state, causal, backward);
+  state.SetLabel(std::string("single call") + (causal ? " causal" : " full"));
+}
+
+// range(0): ranks; range(1): causal; range(2): forward + backward
 template <class P>
 void ring_forward(benchmark::State& state) {
   if (!ringattn::bench::require_gpu(state)) return;
   const int ranks = static_cast<int>(state.range(0));
-  const bool causal = state.range(1) != 0;
+  const bool causal = state.range(1) != 0, backward = state.range(2) != 0;
   const std::vector<std::int32_t> cu = {0, static_cast<std::int32_t>(tokens)};
   const ringattn::attention_arguments args{q_heads, kv_heads, head_dim, 0.0f};
   T* q =
@@ -39,7 +77,7 @@ void ring_forward(benchmark::State& state) {
   ringattn::device_partition_plan<P> dplan(plan);
   ringattn::in_process_group group(ranks);
   struct rank_state {
-    T *q, *k, *v, *out;
+    T *q, *k, *v, *out, *dout, *dq, *dk, *dv;
     float* lse;
     void* ws;
     std::size_t ws_bytes;
@@ -76,9 +114,16 @@ void ring_forward(benchmark::State& state) {
     RINGATTN_CUDA_CHECK(cudaMalloc(&s.k, sizeof(T) * n * kv_heads * head_dim));
     RINGATTN_CUDA_CHECK(cudaMalloc(&s.v, sizeof(T) * n * kv_heads * head_dim));
     RINGATTN_CUDA_CHECK(cudaMalloc(&s.out, sizeof(T) * n * q_heads * head_dim));
+    RINGATTN_CUDA_CHECK(cudaMalloc(&s.dq, sizeof(T) * n * q_heads * head_dim));
+    RINGATTN_CUDA_CHECK(cudaMalloc(&s.dk, sizeof(T) * n * kv_heads * head_dim));
+    RINGATTN_CUDA_CHECK(cudaMalloc(&s.dv, sizeof(T) * n * kv_heads * head_dim));
+    s.dout = ringattn::bench::device_uniform<T>(static_cast<std::size_t>(n * q_heads * head_dim),
+                                                10 + static_cast<std::uint64_t>(r));
     RINGATTN_CUDA_CHECK(cudaMalloc(&s.lse, sizeof(float) * n * q_heads));
-    s.ws_bytes = causal ? cr[r]->template device_workspace_bytes<T>()
-                        : fr[r]->template device_workspace_bytes<T>();
+    s.ws_bytes = causal ? std::max(cr[r]->template device_workspace_bytes<T>(),
+                                   cr[r]->template device_backward_workspace_bytes<T>())
+                        : std::max(fr[r]->template device_workspace_bytes<T>(),
+                                   fr[r]->template device_backward_workspace_bytes<T>());
     RINGATTN_CUDA_CHECK(cudaMalloc(&s.ws, s.ws_bytes));
     RINGATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
     ringattn::scatter(dplan, r, ringattn::thd_view<const T>(q, tokens, q_heads, head_dim),
@@ -94,11 +139,18 @@ void ring_forward(benchmark::State& state) {
     const std::int64_t n = plan.local_tokens(r);
     const ringattn::thd_view<const T> qv(s.q, n, q_heads, head_dim), kv(s.k, n, kv_heads, head_dim),
         vv(s.v, n, kv_heads, head_dim);
-    const ringattn::thd_view<T> ov(s.out, n, q_heads, head_dim);
+    const ringattn::thd_view<T> ov(s.out, n, q_heads, head_dim), dq(s.dq, n, q_heads, head_dim),
+        dk(s.dk, n, kv_heads, head_dim), dv(s.dv, n, kv_heads, head_dim);
+    const ringattn::thd_view<const T> dout(s.dout, n, q_heads, head_dim);
+    auto run = [&](auto& ring) {
+      ring.forward(qv, kv, vv, ov, s.lse, s.ws, s.ws_bytes, s.stream);
+      if (backward)
+        ring.backward(qv, kv, vv, ov, s.lse, dout, dq, dk, dv, s.ws, s.ws_bytes, s.stream);
+    };
     if (causal)
-      cr[r]->forward(qv, kv, vv, ov, s.lse, s.ws, s.ws_bytes, s.stream);
+      run(*cr[r]);
     else
-      fr[r]->forward(qv, kv, vv, ov, s.lse, s.ws, s.ws_bytes, s.stream);
+      run(*fr[r]);
     RINGATTN_CUDA_CHECK(cudaStreamSynchronize(s.stream));
   };
   auto all_ranks = [&] {
@@ -108,32 +160,32 @@ void ring_forward(benchmark::State& state) {
     for (auto& t : th)
       t.join();
   };
-  all_ranks(); // warm-up
-  for (auto _ : state) {
-    const auto t0 = std::chrono::steady_clock::now();
-    all_ranks();
-    state.SetIterationTime(
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  ringattn::bench::report_flops(state, ringattn::bench::attention_forward_flops(
-                                           1, q_heads, tokens, tokens, head_dim, causal));
+  time_host(state, all_ranks);
+  report(state, causal, backward);
   state.SetLabel(std::string(P::name) + (causal ? " causal" : " full") +
                  ", P = " + std::to_string(ranks));
   for (auto& s : rs) {
     cudaFree(s.q), cudaFree(s.k), cudaFree(s.v), cudaFree(s.out), cudaFree(s.lse), cudaFree(s.ws);
+    cudaFree(s.dout), cudaFree(s.dq), cudaFree(s.dk), cudaFree(s.dv);
     cudaStreamDestroy(s.stream);
   }
   cudaFree(q), cudaFree(k), cudaFree(v);
 }
+BENCHMARK(single_call)
+    ->ArgNames({"causal", "backward"})
+    ->ArgsProduct({{1, 0}, {0, 1}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(3);
 BENCHMARK(ring_forward<ringattn::zigzag>)
-    ->ArgNames({"ranks", "causal"})
-    ->ArgsProduct({{1, 4, 8}, {1}})
+    ->ArgNames({"ranks", "causal", "backward"})
+    ->ArgsProduct({{1, 4, 8}, {1}, {0, 1}})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond)
     ->Iterations(3);
 BENCHMARK(ring_forward<ringattn::contiguous>)
-    ->ArgNames({"ranks", "causal"})
-    ->ArgsProduct({{1, 4, 8}, {0}})
+    ->ArgNames({"ranks", "causal", "backward"})
+    ->ArgsProduct({{1, 4, 8}, {0}, {0, 1}})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond)
     ->Iterations(3);

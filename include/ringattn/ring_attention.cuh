@@ -187,25 +187,8 @@ public:
                                thd_view<const T> out, const float* lse, thd_view<const T> dout,
                                thd_view<T> dq, thd_view<T> dk, thd_view<T> dv,
                                std::span<const std::byte> workspace) const {
-    validation r = validation::ok();
-    r.require(validate_view(q, "q")).require(validate_view(k, "k")).require(validate_view(v, "v"));
-    r.require(validate_view(out, "out")).require(validate_view(dout, "dout"));
-    r.require(validate_view(dq, "dq"))
-        .require(validate_view(dk, "dk"))
-        .require(validate_view(dv, "dv"));
-    if (!r) return r;
-    const std::int64_t n = local_tokens();
-    require_shard(r, q, "q", args_.q_heads);
-    require_shard(r, k, "k", args_.kv_heads);
-    require_shard(r, v, "v", args_.kv_heads);
-    require_shard(r, out, "out", args_.q_heads);
-    require_shard(r, dout, "dout", args_.q_heads);
-    require_shard(r, dq, "dq", args_.q_heads);
-    require_shard(r, dk, "dk", args_.kv_heads);
-    require_shard(r, dv, "dv", args_.kv_heads);
-    r.require(n == 0 || lse != nullptr, "lse is a null pointer");
-    require_workspace(r, workspace, host_backward_workspace_bytes<T>());
-    return r;
+    return check_backward(q, k, v, out, lse, dout, dq, dk, dv, workspace,
+                          host_backward_workspace_bytes<T>());
   }
 
   //! The ring backward on host memory: from this rank's shards `q`, `k`, `v`, the forward's `out`
@@ -317,9 +300,10 @@ public:
       std::type_identity_t<thd_view<T>> dv, void* workspace, std::size_t workspace_bytes,
       cudaStream_t stream) {
     error_rank_scope scope(comm_.rank());
-    validation ok = validate_backward(
+    validation ok = check_backward(
         q, k, v, out, lse, dout, dq, dk, dv,
-        std::span<const std::byte>(static_cast<const std::byte*>(workspace), workspace_bytes));
+        std::span<const std::byte>(static_cast<const std::byte*>(workspace), workspace_bytes),
+        device_backward_workspace_bytes<T>());
     ok.require(device_ != nullptr, "prepare_device() must run before the device backward");
     if (ok)
       ok.require(validate_device_placement(stream,
@@ -357,6 +341,33 @@ private:
     r.require(x.tokens == n && x.heads == heads && x.head_dim == args_.head_dim, name, " is [",
               x.tokens, ", ", x.heads, ", ", x.head_dim, "] but rank ", comm_.rank(),
               "'s shard is [", n, ", ", heads, ", ", args_.head_dim, "]");
+  }
+  // The backward's arguments against this rank's shard; the workspace against `need` bytes (the
+  // host and device paths need different amounts).
+  template <element T>
+  validation check_backward(thd_view<const T> q, thd_view<const T> k, thd_view<const T> v,
+                            thd_view<const T> out, const float* lse, thd_view<const T> dout,
+                            thd_view<T> dq, thd_view<T> dk, thd_view<T> dv,
+                            std::span<const std::byte> workspace, std::size_t need) const {
+    validation r = validation::ok();
+    r.require(validate_view(q, "q")).require(validate_view(k, "k")).require(validate_view(v, "v"));
+    r.require(validate_view(out, "out")).require(validate_view(dout, "dout"));
+    r.require(validate_view(dq, "dq"))
+        .require(validate_view(dk, "dk"))
+        .require(validate_view(dv, "dv"));
+    if (!r) return r;
+    const std::int64_t n = local_tokens();
+    require_shard(r, q, "q", args_.q_heads);
+    require_shard(r, k, "k", args_.kv_heads);
+    require_shard(r, v, "v", args_.kv_heads);
+    require_shard(r, out, "out", args_.q_heads);
+    require_shard(r, dout, "dout", args_.q_heads);
+    require_shard(r, dq, "dq", args_.q_heads);
+    require_shard(r, dk, "dk", args_.kv_heads);
+    require_shard(r, dv, "dv", args_.kv_heads);
+    r.require(n == 0 || lse != nullptr, "lse is a null pointer");
+    require_workspace(r, workspace, need);
+    return r;
   }
   // A workspace of at least `need` bytes, 16-byte aligned.
   static void require_workspace(validation& r, std::span<const std::byte> workspace,

@@ -7,6 +7,8 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 using namespace ringattn;
@@ -52,24 +54,34 @@ TEST_CASE_TEMPLATE("CUDA block backward equals the oracle: bands x GQA x head_di
   CAPTURE(seed);
   std::mt19937_64 rng(seed);
   const double tc_tolerance = std::is_same_v<T, __nv_bfloat16> ? 1e-2 : 4e-3;
+  // RINGATTN_TEST_SMALL=1 (compute-sanitizer runs): GQA 1 and 4, head_dim 64 and 128, shorter
+  // sequences.
+  const bool small = std::getenv("RINGATTN_TEST_SMALL") != nullptr;
+  double worst[2] = {0.0, 0.0}; // the largest error seen per kernel (CUDA cores, tensor cores)
   for (int group : {1, 4, 8})
     for (int d : {64, 128, 256})
       for (const band& b : test::test_bands(rng)) {
+        if (small && (group == 8 || d == 256)) continue;
         CAPTURE(group);
         CAPTURE(d);
         CAPTURE(b.lo);
         CAPTURE(b.hi);
         const attention_arguments a{8, 8 / group, d, 0.0f};
-        test::block_backward_case<T> c(test::random_cu_seqlens(3, 1, 150, rng), a, b, rng);
+        test::block_backward_case<T> c(test::random_cu_seqlens(3, 1, small ? 100 : 150, rng), a,
+                                       b, rng);
         for (backward_path path : {backward_path::cuda_cores, backward_path::tensor_cores}) {
           if (path == backward_path::tensor_cores && d > 128) continue;
           const bool tc = path == backward_path::tensor_cores;
           CAPTURE(tc);
           const double tol = tc ? tc_tolerance : 1e-4;
           const test::block_grads g = run(c, c.calls(1), path);
-          CHECK(test::grad_error(g.dq, c.ref.dq.data) < tol);
-          CHECK(test::grad_error(g.dk, c.ref.dk.data) < tol);
-          CHECK(test::grad_error(g.dv, c.ref.dv.data) < tol);
+          const double e[3] = {test::grad_error(g.dq, c.ref.dq.data),
+                               test::grad_error(g.dk, c.ref.dk.data),
+                               test::grad_error(g.dv, c.ref.dv.data)};
+          CHECK(e[0] < tol);
+          CHECK(e[1] < tol);
+          CHECK(e[2] < tol);
+          worst[tc] = std::max({worst[tc], e[0], e[1], e[2]});
           // The same K/V in three calls (the first two pieces as two key segments of one group).
           const test::block_grads split = run(c, c.calls(3, true), path);
           CHECK(test::grad_error(split.dq, c.ref.dq.data) < tol);
@@ -81,6 +93,7 @@ TEST_CASE_TEMPLATE("CUDA block backward equals the oracle: bands x GQA x head_di
           CHECK(std::memcmp(again.dv.data(), split.dv.data(), split.dv.size() * 4) == 0);
         }
       }
+  MESSAGE("largest relative error, CUDA cores ", worst[0], ", tensor cores ", worst[1]);
 }
 
 TEST_CASE("CUDA block backward validates before launching") {

@@ -16,8 +16,9 @@
 //! tiles its rows see (the forward's walk), computes S = Q K^T and dP = dO V^T, and accumulates
 //! dQ += dS K in registers.
 //!
-//! Single-buffered tiles (load, wait, compute): the first version; double buffering as in the
-//! forward comes with measurements.
+//! Both double-buffer the tiles they walk (the next Q/dO or K/V tile is copied with cp.async
+//! while the current one is computed, as in the forward), and skip the band and bounds predicate
+//! on tiles that lie wholly inside the band.
 
 #include <ringattn/detail/backward_kernel.cuh>
 #include <ringattn/detail/forward_kernel.cuh>
@@ -45,10 +46,11 @@ RINGATTN_ABI_END
 RINGATTN_ABI_BEGIN
 namespace kernels {
 
-//! Shared memory of either kernel: four [64, D] tiles and two 64-float vectors.
+//! Shared memory of either kernel: six [64, D] tiles (two fixed, two double-buffered) and two
+//! double-buffered 64-float vectors.
 template <class T, int D>
 constexpr int tc_backward_smem_bytes() {
-  return 4 * tc_backward_rows * D * static_cast<int>(sizeof(T)) + 2 * tc_backward_rows * 4;
+  return 6 * tc_backward_rows * D * static_cast<int>(sizeof(T)) + 4 * tc_backward_rows * 4;
 }
 
 // A 16 x (8 * N) accumulator of this warp, zeroed.
@@ -126,19 +128,74 @@ __device__ __forceinline__ void add_rows(float* base, std::int64_t row_stride, i
   }
 }
 
+// The (cover, query tile, query head) steps of a dK/dV thread block, in order: for each cover of
+// its interval, the 64-row query tiles that see some of its columns, and within each tile every
+// query head of its kv head's group (innermost, so a tile's rows stay in L2 across heads).
+template <class T>
+struct cover_walk {
+  const backward_params<T>* p;
+  key_interval in;
+  std::int64_t first_col; // the block's first column in the K/V block
+  int cols, h_begin, h_end;
+  // The step: cover c (== in.cover_count past the end), rows [i0, i0 + 64) of its group, head h.
+  int c, h;
+  std::int64_t i0, i_end;
+
+  __device__ __forceinline__ cover_walk(const backward_params<T>& params, key_interval interval,
+                                        std::int64_t col0, int ncols, int kvh)
+      : p(&params), in(interval), first_col(col0), cols(ncols), h_begin(kvh * params.group_size),
+        h_end((kvh + 1) * params.group_size), c(-1), h(0), i0(0), i_end(0) {
+    next_cover();
+  }
+  __device__ __forceinline__ bool done() const { return c >= in.cover_count; }
+  __device__ __forceinline__ key_cover cover() const { return p->covers[in.cover_begin + c]; }
+  // The cover's key segment: read from global memory with the run-time index (a local copy of the
+  // group indexed at run time would go to local memory).
+  __device__ __forceinline__ kv_block segment() const {
+    const key_cover cv = cover();
+    return p->groups[cv.group].kv[cv.segment];
+  }
+  __device__ __forceinline__ void next() {
+    if (++h < h_end) return;
+    h = h_begin;
+    i0 += tc_backward_rows;
+    if (i0 >= i_end) next_cover();
+  }
+
+private:
+  // Moves to the next cover whose band reaches some query row of the block's columns.
+  __device__ __forceinline__ void next_cover() {
+    h = h_begin;
+    for (++c; c < in.cover_count; ++c) {
+      const kv_block kb = segment();
+      const std::int64_t q_count = p->groups[cover().group].q_count;
+      const std::int64_t jl0 = first_col - kb.kv_begin; // first column, local to the segment
+      // Query rows that see some column of [jl0, jl0 + cols): lo <= jl - i <= hi.
+      std::int64_t b = jl0 - kb.mask.hi, e = jl0 + cols - 1 - kb.mask.lo + 1;
+      b = b > 0 ? b : 0;
+      e = e < q_count ? e : q_count;
+      if (b < e) {
+        i0 = b, i_end = e;
+        return;
+      }
+    }
+  }
+};
+
 //! dK, dV of 64 key columns of one kv head (blockIdx.x: key tile, blockIdx.y: kv head).
 template <class T, int D>
 __global__ void __launch_bounds__(tc_backward_threads, 1) dkdv_tc_kernel(tc_backward_params<T> tp) {
   constexpr int R = tc_backward_rows;
+  constexpr std::uint32_t elem = sizeof(T), tile_bytes = R * D * elem;
   constexpr float log2e = 1.4426950408889634f;
   const backward_params<T>& p = tp.b;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* sK = reinterpret_cast<T*>(smem_raw);
   T* sV = sK + R * D;
-  T* sQ = sV + R * D;
-  T* sO = sQ + R * D;
-  float* sL = reinterpret_cast<float*>(sO + R * D); // lse * log2(e) of the tile's rows
-  float* sD = sL + R;                               // delta of the tile's rows
+  T* sQ = sV + R * D;                                   // two buffers
+  T* sO = sQ + 2 * R * D;                               // two buffers
+  float* sL = reinterpret_cast<float*>(sO + 2 * R * D); // lse * log2(e) of the rows, two buffers
+  float* sD = sL + 2 * R;                               // delta of the rows, two buffers
   const std::uint32_t aK = smem_address(sK), aV = smem_address(sV), aQ = smem_address(sQ),
                       aO = smem_address(sO);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, kvh = blockIdx.y;
@@ -150,6 +207,27 @@ __global__ void __launch_bounds__(tc_backward_threads, 1) dkdv_tc_kernel(tc_back
       sK, p.k + kt.begin * p.k_token_stride + kvh * p.k_head_stride, p.k_token_stride, cols);
   load_tile<R, D, tc_backward_threads>(
       sV, p.v + kt.begin * p.v_token_stride + kvh * p.v_head_stride, p.v_token_stride, cols);
+
+  // Copies step `w`'s Q/dO tile (cp.async) and lse/delta (plain stores) into buffer `buf`.
+  auto load_step = [&](const cover_walk<T>& w, int buf) {
+    const std::int64_t q_begin = p.groups[w.cover().group].q_begin,
+                       q_count = p.groups[w.cover().group].q_count;
+    const int rows = static_cast<int>(q_count - w.i0 < R ? q_count - w.i0 : R);
+    const std::int64_t row0 = q_begin + w.i0;
+    load_tile<R, D, tc_backward_threads>(sQ + buf * R * D,
+                                         p.q + row0 * p.q_token_stride + w.h * p.q_head_stride,
+                                         p.q_token_stride, rows);
+    load_tile<R, D, tc_backward_threads>(sO + buf * R * D,
+                                         p.dout + row0 * p.do_token_stride + w.h * p.do_head_stride,
+                                         p.do_token_stride, rows);
+    for (int x = threadIdx.x; x < R; x += tc_backward_threads) {
+      sL[buf * R + x] = x < rows ? p.lse[w.h * p.q_tokens + row0 + x] * log2e : 0.0f;
+      sD[buf * R + x] = x < rows ? p.delta[w.h * p.q_tokens + row0 + x] : 0.0f;
+    }
+  };
+
+  cover_walk<T> w(p, in, kt.begin, cols, kvh);
+  if (!w.done()) load_step(w, 0);
   cp_async_commit();
 
   float dk[D / 8][4], dv[D / 8][4];
@@ -157,56 +235,50 @@ __global__ void __launch_bounds__(tc_backward_threads, 1) dkdv_tc_kernel(tc_back
   zero(dv);
   const float scale_log2 = p.scale * log2e;
 
-  for (int c = 0; c < in.cover_count; ++c) {
-    const key_cover cv = p.covers[in.cover_begin + c];
-    const block_group g = p.groups[cv.group];
-    const kv_block kb = g.kv[cv.segment];
-    const std::int64_t jl0 = kt.begin - kb.kv_begin; // first column, local to the segment
-    // Query rows that see some column of [jl0, jl0 + cols): lo <= jl - i <= hi.
-    std::int64_t i_begin = jl0 - kb.mask.hi, i_end = jl0 + cols - 1 - kb.mask.lo + 1;
-    i_begin = i_begin > 0 ? i_begin : 0;
-    i_end = i_end < g.q_count ? i_end : g.q_count;
-    for (std::int64_t i0 = i_begin; i0 < i_end; i0 += R) {
-      const int rows = static_cast<int>(g.q_count - i0 < R ? g.q_count - i0 : R);
-      for (int h = kvh * p.group_size; h < (kvh + 1) * p.group_size; ++h) {
-        __syncthreads(); // every warp is done with the previous Q/dO tile
-        const std::int64_t row0 = g.q_begin + i0;
-        load_tile<R, D, tc_backward_threads>(
-            sQ, p.q + row0 * p.q_token_stride + h * p.q_head_stride, p.q_token_stride, rows);
-        load_tile<R, D, tc_backward_threads>(
-            sO, p.dout + row0 * p.do_token_stride + h * p.do_head_stride, p.do_token_stride, rows);
-        cp_async_commit();
-        for (int x = threadIdx.x; x < R; x += tc_backward_threads) {
-          sL[x] = x < rows ? p.lse[h * p.q_tokens + row0 + x] * log2e : 0.0f;
-          sD[x] = x < rows ? p.delta[h * p.q_tokens + row0 + x] : 0.0f;
-        }
-        cp_async_wait_all();
-        __syncthreads();
-
-        float s[8][4], dp[8][4];
-        zero(s);
-        zero(dp);
-        mma_abt<T, D>(s, aK, warp * 16, aQ, lane);  // S^T = K Q^T
-        mma_abt<T, D>(dp, aV, warp * 16, aO, lane); // dP^T = V dO^T
-        // P^T and dS^T; rows are keys (this warp's 16), columns queries.
-#pragma unroll
-        for (int t = 0; t < 8; ++t)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            const int key = warp * 16 + (lane >> 2) + (e >= 2 ? 8 : 0);
-            const int q = t * 8 + (lane & 3) * 2 + (e & 1);
-            const bool seen = key < cols && q < rows && kb.mask.sees(i0 + q, jl0 + key);
-            const float pr = seen ? fast_exp2(fmaf(s[t][e], scale_log2, -sL[q])) : 0.0f;
-            s[t][e] = pr;
-            dp[t][e] = pr * (dp[t][e] - sD[q]) * p.scale;
-          }
-        std::uint32_t a[4][4];
-        pack_a<T>(s, a);
-        mma_ab<T, D>(dv, a, aO, lane); // dV += P^T dO
-        pack_a<T>(dp, a);
-        mma_ab<T, D>(dk, a, aQ, lane); // dK += dS^T Q
-      }
+  for (int step = 0; !w.done(); ++step) {
+    cp_async_wait_all();
+    __syncthreads(); // step's tiles landed; every warp is done with the buffer refilled below
+    const int buf = step & 1;
+    const kv_block kb = w.segment();
+    const std::int64_t q_count = p.groups[w.cover().group].q_count;
+    const std::int64_t i0 = w.i0, jl0 = kt.begin - kb.kv_begin;
+    const int rows = static_cast<int>(q_count - i0 < R ? q_count - i0 : R);
+    {
+      cover_walk<T> n = w;
+      n.next();
+      if (!n.done()) load_step(n, buf ^ 1);
+      cp_async_commit();
+      w = n;
     }
+    const std::uint32_t cQ = aQ + buf * tile_bytes, cO = aO + buf * tile_bytes;
+    const float* cL = sL + buf * R;
+    const float* cD = sD + buf * R;
+
+    float s[8][4], dp[8][4];
+    zero(s);
+    zero(dp);
+    mma_abt<T, D>(s, aK, warp * 16, cQ, lane);  // S^T = K Q^T
+    mma_abt<T, D>(dp, aV, warp * 16, cO, lane); // dP^T = V dO^T
+    // The tile lies wholly in the band (its corners do) and has no ragged edge: no predicate.
+    const bool whole = rows == R && cols == R && kb.mask.sees(i0 + R - 1, jl0) &&
+                       kb.mask.sees(i0, jl0 + R - 1);
+    // P^T and dS^T; rows are keys (this warp's 16), columns queries.
+#pragma unroll
+    for (int t = 0; t < 8; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = warp * 16 + (lane >> 2) + (e >= 2 ? 8 : 0);
+        const int q = t * 8 + (lane & 3) * 2 + (e & 1);
+        const bool seen = whole || (key < cols && q < rows && kb.mask.sees(i0 + q, jl0 + key));
+        const float pr = seen ? fast_exp2(fmaf(s[t][e], scale_log2, -cL[q])) : 0.0f;
+        s[t][e] = pr;
+        dp[t][e] = pr * (dp[t][e] - cD[q]) * p.scale;
+      }
+    std::uint32_t a[4][4];
+    pack_a<T>(s, a);
+    mma_ab<T, D>(dv, a, cO, lane); // dV += P^T dO
+    pack_a<T>(dp, a);
+    mma_ab<T, D>(dk, a, cQ, lane); // dK += dS^T Q
   }
   cp_async_wait_all(); // (a block with no cover still waits for its K/V copies)
   const std::int64_t stride = static_cast<std::int64_t>(p.kv_heads) * D;
@@ -218,13 +290,14 @@ __global__ void __launch_bounds__(tc_backward_threads, 1) dkdv_tc_kernel(tc_back
 template <class T, int D>
 __global__ void __launch_bounds__(tc_backward_threads, 1) dq_tc_kernel(tc_backward_params<T> tp) {
   constexpr int R = tc_backward_rows;
+  constexpr std::uint32_t elem = sizeof(T), tile_bytes = R * D * elem;
   constexpr float log2e = 1.4426950408889634f, neg_inf = -__builtin_huge_valf();
   const backward_params<T>& p = tp.b;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw);
   T* sO = sQ + R * D;
-  T* sK = sO + R * D;
-  T* sV = sK + R * D;
+  T* sK = sO + R * D;     // two buffers
+  T* sV = sK + 2 * R * D; // two buffers
   const std::uint32_t aQ = smem_address(sQ), aO = smem_address(sO), aK = smem_address(sK),
                       aV = smem_address(sV);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, h = blockIdx.y,
@@ -233,11 +306,26 @@ __global__ void __launch_bounds__(tc_backward_threads, 1) dq_tc_kernel(tc_backwa
   const block_group g = p.groups[wt.group];
   const std::int64_t i0 = wt.row_begin, row0 = g.q_begin + i0;
   const int rows = static_cast<int>(g.q_count - i0 < R ? g.q_count - i0 : R);
+  const kv_walk<R> walk(g, i0, rows);
+  // Copies K/V tile `it` of the walk into buffer `buf`.
+  auto load_kv = [&](int it, int buf) {
+    bool b;
+    std::int64_t j;
+    walk.tile(it, b, j);
+    const std::int64_t key0 = walk.begin(b) + j * R;
+    load_tile<R, D, tc_backward_threads>(sK + buf * R * D,
+                                         p.k + key0 * p.k_token_stride + kvh * p.k_head_stride,
+                                         p.k_token_stride, walk.valid(b, j));
+    load_tile<R, D, tc_backward_threads>(sV + buf * R * D,
+                                         p.v + key0 * p.v_token_stride + kvh * p.v_head_stride,
+                                         p.v_token_stride, walk.valid(b, j));
+  };
 
   load_tile<R, D, tc_backward_threads>(sQ, p.q + row0 * p.q_token_stride + h * p.q_head_stride,
                                        p.q_token_stride, rows);
   load_tile<R, D, tc_backward_threads>(sO, p.dout + row0 * p.do_token_stride + h * p.do_head_stride,
                                        p.do_token_stride, rows);
+  if (walk.total > 0) load_kv(0, 0);
   cp_async_commit();
   // This lane's two rows: lse (log2 units) and delta; rows past the tile or with no key: none.
   float lrow[2], drow[2];
@@ -252,27 +340,25 @@ __global__ void __launch_bounds__(tc_backward_threads, 1) dq_tc_kernel(tc_backwa
   const float scale_log2 = p.scale * log2e;
   float dq[D / 8][4];
   zero(dq);
-  const kv_walk<R> walk(g, i0, rows);
   for (int it = 0; it < walk.total; ++it) {
+    cp_async_wait_all();
+    __syncthreads(); // tile `it` landed; every warp is done with the buffer refilled below
+    if (it + 1 < walk.total) load_kv(it + 1, (it + 1) & 1);
+    cp_async_commit();
     bool b;
     std::int64_t j;
     walk.tile(it, b, j);
-    __syncthreads(); // every warp is done with the previous K/V tile
-    const std::int64_t key0 = walk.begin(b) + j * R;
-    load_tile<R, D, tc_backward_threads>(sK, p.k + key0 * p.k_token_stride + kvh * p.k_head_stride,
-                                         p.k_token_stride, walk.valid(b, j));
-    load_tile<R, D, tc_backward_threads>(sV, p.v + key0 * p.v_token_stride + kvh * p.v_head_stride,
-                                         p.v_token_stride, walk.valid(b, j));
-    cp_async_commit();
-    cp_async_wait_all();
-    __syncthreads();
+    const std::uint32_t cK = aK + (it & 1) * tile_bytes, cV = aV + (it & 1) * tile_bytes;
     float s[8][4], dp[8][4];
     zero(s);
     zero(dp);
-    mma_abt<T, D>(s, aQ, warp * 16, aK, lane);  // S = Q K^T
-    mma_abt<T, D>(dp, aO, warp * 16, aV, lane); // dP = dO V^T
+    mma_abt<T, D>(s, aQ, warp * 16, cK, lane);  // S = Q K^T
+    mma_abt<T, D>(dp, aO, warp * 16, cV, lane); // dP = dO V^T
     const band bd = walk.mask(b);
     const std::int64_t count = walk.count(b);
+    // Rows past the tile have lrow = +inf (p = 0); only band edges and a ragged last tile need
+    // the predicate.
+    const bool masked = walk.needs_mask(b, j);
 #pragma unroll
     for (int t = 0; t < 8; ++t)
 #pragma unroll
@@ -280,13 +366,13 @@ __global__ void __launch_bounds__(tc_backward_threads, 1) dq_tc_kernel(tc_backwa
         const int r = e >= 2 ? 1 : 0;
         const std::int64_t i = i0 + warp * 16 + (lane >> 2) + r * 8;
         const std::int64_t col = j * R + t * 8 + (lane & 3) * 2 + (e & 1);
-        const bool seen = col < count && bd.sees(i, col);
+        const bool seen = !masked || (col < count && bd.sees(i, col));
         const float pr = seen ? fast_exp2(fmaf(s[t][e], scale_log2, -lrow[r])) : 0.0f;
         dp[t][e] = pr * (dp[t][e] - drow[r]) * p.scale;
       }
     std::uint32_t a[4][4];
     pack_a<T>(dp, a);
-    mma_ab<T, D>(dq, a, aK, lane); // dQ += dS K
+    mma_ab<T, D>(dq, a, cK, lane); // dQ += dS K
   }
   cp_async_wait_all();
   const std::int64_t stride = static_cast<std::int64_t>(p.q_heads) * D;

@@ -1,0 +1,91 @@
+#pragma once
+// Attention over one whole sequence on one GPU with the block kernels, as a single-GPU user runs
+// it: the forward (block_forward_plain: out and lse) and the whole backward (D = rowsum(dO . O),
+// zeroed fp32 accumulators, the block backward, dQ/dK/dV written in T). The baseline the ring
+// benchmarks divide by, and what bench_block_backward times.
+#include "harness.cuh"
+
+#include <ringattn/kernel/backward.cuh>
+#include <ringattn/kernel/forward.cuh>
+
+#include <vector>
+
+namespace ringattn::bench {
+
+template <class T>
+class single_gpu_attention {
+public:
+  //! One sequence of `tokens`, full or causal, random inputs (device memory).
+  single_gpu_attention(std::int64_t tokens, int q_heads, int kv_heads, int head_dim, bool causal,
+                       backward_path path = backward_path::automatic)
+      : s_(tokens), args_{q_heads, kv_heads, head_dim, 0.0f},
+        nq_(static_cast<std::size_t>(tokens * q_heads * head_dim)),
+        nk_(static_cast<std::size_t>(tokens * kv_heads * head_dim)), groups_(one_group(causal)),
+        forward_(groups_, tokens, tokens, head_dim), backward_(groups_, tokens, tokens, path) {
+    q_ = device_uniform<T>(nq_, 1), k_ = device_uniform<T>(nk_, 2);
+    v_ = device_uniform<T>(nk_, 3), dout_ = device_uniform<T>(nq_, 4);
+    for (T** p : {&out_, &dq16_})
+      RINGATTN_CUDA_CHECK(cudaMalloc(p, sizeof(T) * nq_));
+    for (T** p : {&dk16_, &dv16_})
+      RINGATTN_CUDA_CHECK(cudaMalloc(p, sizeof(T) * nk_));
+    for (float** p : {&lse_, &delta_})
+      RINGATTN_CUDA_CHECK(cudaMalloc(p, sizeof(float) * tokens * q_heads));
+    RINGATTN_CUDA_CHECK(cudaMalloc(&dq_, sizeof(float) * nq_));
+    RINGATTN_CUDA_CHECK(cudaMalloc(&dk_, sizeof(float) * nk_));
+    RINGATTN_CUDA_CHECK(cudaMalloc(&dv_, sizeof(float) * nk_));
+    RINGATTN_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  ~single_gpu_attention() {
+    for (T* p : {q_, k_, v_, dout_, out_, dq16_, dk16_, dv16_})
+      cudaFree(p);
+    for (float* p : {lse_, delta_, dq_, dk_, dv_})
+      cudaFree(p);
+  }
+  single_gpu_attention(const single_gpu_attention&) = delete;
+  single_gpu_attention& operator=(const single_gpu_attention&) = delete;
+
+  //! out and lse from q, k, v.
+  void forward(cudaStream_t stream) const {
+    // The plain kernel writes out and lse directly; the state's o is not touched.
+    const attention_state st{dq_, lse_, s_, args_.q_heads, args_.head_dim};
+    block_forward_plain<T>({q(), k(), v(), args_, st}, forward_, view(out_, args_.q_heads), lse_,
+                           stream);
+  }
+  //! dQ, dK, dV in T from the forward's out and lse and a random dout.
+  void backward(cudaStream_t stream) const {
+    compute_delta<T>(view(out_, args_.q_heads), view(dout_, args_.q_heads), delta_, stream);
+    RINGATTN_CUDA_CHECK(cudaMemsetAsync(dq_, 0, sizeof(float) * nq_, stream));
+    RINGATTN_CUDA_CHECK(cudaMemsetAsync(dk_, 0, sizeof(float) * nk_, stream));
+    RINGATTN_CUDA_CHECK(cudaMemsetAsync(dv_, 0, sizeof(float) * nk_, stream));
+    block_backward<T>(
+        {q(), k(), v(), view(dout_, args_.q_heads), lse_, delta_, args_, {dq_, dk_, dv_}},
+        backward_, stream);
+    write_gradient<T>(dq_, {dq16_, s_, args_.q_heads, args_.head_dim}, stream);
+    write_gradient<T>(dk_, {dk16_, s_, args_.kv_heads, args_.head_dim}, stream);
+    write_gradient<T>(dv_, {dv16_, s_, args_.kv_heads, args_.head_dim}, stream);
+  }
+
+private:
+  std::vector<block_group> one_group(bool causal) const {
+    block_group g{0, s_, 1, {}};
+    g.kv[0] = {0, s_, causal ? band{-unbounded, 0} : band{}};
+    return {g};
+  }
+  thd_view<const T> view(const T* p, int heads) const { return {p, s_, heads, args_.head_dim}; }
+  thd_view<const T> q() const { return view(q_, args_.q_heads); }
+  thd_view<const T> k() const { return view(k_, args_.kv_heads); }
+  thd_view<const T> v() const { return view(v_, args_.kv_heads); }
+  thd_view<T> view(T* p, int heads) const { return {p, s_, heads, args_.head_dim}; }
+
+  std::int64_t s_;
+  attention_arguments args_;
+  std::size_t nq_, nk_;
+  std::vector<block_group> groups_;
+  device_block_schedule forward_;
+  device_backward_schedule backward_;
+  T *q_ = nullptr, *k_ = nullptr, *v_ = nullptr, *dout_ = nullptr, *out_ = nullptr;
+  T *dq16_ = nullptr, *dk16_ = nullptr, *dv16_ = nullptr;
+  float *lse_ = nullptr, *delta_ = nullptr, *dq_ = nullptr, *dk_ = nullptr, *dv_ = nullptr;
+};
+
+} // namespace ringattn::bench
