@@ -7,34 +7,42 @@
 // convention). PyTorch SDPA's backward at the same shapes: `bench/sdpa_baseline.py OUT.json
 // --backward`, same device run.
 //
-// "tc": 1 the tensor-core kernels (the issue's 8K and 32K), 0 the CUDA-core ones (2K and 8K only:
-// one 32K call would take seconds).
+// "path": 2 the Hopper (wgmma) kernels and 1 the mma.sync ones (the issue's 8K and 32K), 0 the
+// CUDA-core ones (2K and 8K only: one 32K call would take seconds).
 #include "single_gpu.cuh"
 
 namespace {
 using T = __nv_bfloat16;
 
-// range: tokens, kv_heads, causal, tensor cores
+// range: tokens, kv_heads, causal, path (0 CUDA cores, 1 mma.sync, 2 wgmma)
 void block_backward(benchmark::State& state) {
   if (!ringattn::bench::require_gpu(state)) return;
   const std::int64_t s = state.range(0);
   const int q_heads = 32, kv_heads = static_cast<int>(state.range(1)), d = 128;
-  const bool causal = state.range(2) != 0, tc = state.range(3) != 0;
-  const ringattn::bench::single_gpu_attention<T> attention(
-      s, q_heads, kv_heads, d, causal,
-      tc ? ringattn::backward_path::tensor_cores : ringattn::backward_path::cuda_cores);
+  const bool causal = state.range(2) != 0;
+  constexpr ringattn::backward_path paths[] = {ringattn::backward_path::cuda_cores,
+                                               ringattn::backward_path::tensor_cores,
+                                               ringattn::backward_path::wgmma};
+  constexpr const char* names[] = {"cuda-core", "mma.sync", "wgmma"};
+  const auto path = static_cast<std::size_t>(state.range(3));
+  if (!ringattn::backward_path_available(paths[path])) {
+    state.SkipWithError("the wgmma kernels need an sm_90a image on a compute capability 9.0 GPU");
+    return;
+  }
+  const ringattn::bench::single_gpu_attention<T> attention(s, q_heads, kv_heads, d, causal,
+                                                           paths[path]);
   attention.forward(nullptr);
   RINGATTN_CUDA_CHECK(cudaDeviceSynchronize());
   ringattn::bench::gpu_timer timer;
-  timer.time(state, [&](cudaStream_t stream) { attention.backward(stream); }, 1);
+  timer.time(
+      state, [&](cudaStream_t stream) { attention.backward(stream); }, 1);
   ringattn::bench::report_flops(
       state, 2.5 * ringattn::bench::attention_forward_flops(1, q_heads, s, s, d, causal));
-  state.SetLabel(std::string(tc ? "tensor-core" : "cuda-core") + " backward" +
-                 (causal ? " causal" : " full"));
+  state.SetLabel(std::string(names[path]) + " backward" + (causal ? " causal" : " full"));
 }
 BENCHMARK(block_backward)
-    ->ArgNames({"tokens", "kv_heads", "causal", "tc"})
-    ->ArgsProduct({{8192, 32768}, {32, 8}, {0, 1}, {1}})
+    ->ArgNames({"tokens", "kv_heads", "causal", "path"})
+    ->ArgsProduct({{8192, 32768}, {32, 8}, {0, 1}, {2, 1}})
     ->ArgsProduct({{2048, 8192}, {8}, {0, 1}, {0}})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond)

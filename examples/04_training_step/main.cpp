@@ -1,21 +1,25 @@
 // 04_training_step: forward and backward of zigzag causal ring attention, gradients checked.
 //
-// One training step's attention on P simulated ranks (threads, the host path): every rank holds
-// its zigzag shard of Q, K, V; the forward gives O and LSE; a loss L = 1/2 |O - target|^2 gives
-// dO = O - target on each rank's own rows; the backward gives dQ, dK, dV for the rank's shard
-// (K/V blocks travel the ring again with their fp32 dK/dV, which return to their owners at the
-// end). The gathered gradients are checked against the float64 oracle's backward, and one entry
-// of each against a central finite difference of the float64 loss.
+// One training step's attention on P simulated ranks (threads of an in-process group): every
+// rank holds its zigzag shard of Q, K, V; the forward gives O and LSE; a loss
+// L = 1/2 |O - target|^2 gives dO = O - target on each rank's own rows; the backward gives dQ,
+// dK, dV for the rank's shard (K/V blocks travel the ring again with their fp32 dK/dV, which
+// return to their owners at the end). Where there is a GPU (and nvcc compiled the example) the
+// ranks run the device path, all on one GPU or spread over several; --device cpu forces the host
+// path. The gathered gradients are checked against the float64 oracle's backward, and one entry
+// of dQ against a central finite difference of the float64 loss.
 //
-//   training_step [--ranks P] [--tokens N]
+//   training_step [--ranks P] [--tokens N] [--device auto|cpu|gpu]
 #include <ringattn/comm/in_process.cuh>
 #include <ringattn/ring_attention.cuh>
 #include <ringattn/ringattn.cuh>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <memory>
 #include <random>
 #include <string>
 #include <thread>
@@ -49,20 +53,129 @@ double loss(const batch& b, const std::vector<T>& q, const ringattn::reference::
   }
   return s;
 }
+
+// dL/dO = O - target, rounded to T.
+std::vector<T> loss_gradient(const std::vector<T>& out, const std::vector<T>& target) {
+  std::vector<T> dout(out.size());
+  for (std::size_t i = 0; i < out.size(); ++i)
+    dout[i] = ringattn::from_float<T>(ringattn::to_float(out[i]) - ringattn::to_float(target[i]));
+  return dout;
+}
+
+// One rank's step on the host: forward, dO, backward into gq, gk, gv.
+void step_on_host(ring& attn, const std::vector<T>& q, const std::vector<T>& k,
+                  const std::vector<T>& v, const std::vector<T>& target, std::vector<T>& gq,
+                  std::vector<T>& gk, std::vector<T>& gv) {
+  const std::int64_t n = attn.local_tokens();
+  const int d = args.head_dim, qh = args.q_heads, kvh = args.kv_heads;
+  auto view = [&](auto& x, int heads) {
+    using E = std::remove_reference_t<decltype(x[0])>;
+    return ringattn::thd_view<E>(x.data(), n, heads, d);
+  };
+  auto aligned = [](std::vector<std::byte>& w, std::size_t bytes) {
+    const std::size_t pad = (16 - reinterpret_cast<std::uintptr_t>(w.data()) % 16) % 16;
+    return std::span<std::byte>(w).subspan(pad, bytes);
+  };
+  std::vector<T> out(q.size());
+  std::vector<float> lse(static_cast<std::size_t>(n * qh));
+  std::vector<std::byte> ws(attn.host_workspace_bytes<T>() + 16);
+  attn.forward_host(view(q, qh), view(k, kvh), view(v, kvh), view(out, qh), lse.data(),
+                    aligned(ws, attn.host_workspace_bytes<T>()));
+  const std::vector<T> dout = loss_gradient(out, target);
+  const std::vector<T>& cout = out;
+  std::vector<std::byte> wb(attn.host_backward_workspace_bytes<T>() + 16);
+  attn.backward_host(view(q, qh), view(k, kvh), view(v, kvh), view(cout, qh), lse.data(),
+                     view(dout, qh), view(gq, qh), view(gk, kvh), view(gv, kvh),
+                     aligned(wb, attn.host_backward_workspace_bytes<T>()));
+}
+
+#if defined(__CUDACC__)
+// One rank's step on the current GPU: shards to device memory, the device forward, dO on the
+// host (a training framework computes its loss gradient on the device), the device backward,
+// gradients back to the host. Everything is asynchronous on one stream.
+void step_on_gpu(ring& attn, const std::vector<T>& q, const std::vector<T>& k,
+                 const std::vector<T>& v, const std::vector<T>& target, std::vector<T>& gq,
+                 std::vector<T>& gk, std::vector<T>& gv) {
+  const std::int64_t n = attn.local_tokens();
+  const int d = args.head_dim, qh = args.q_heads, kvh = args.kv_heads;
+  attn.prepare_device();
+  std::vector<std::unique_ptr<void, decltype(&cudaFree)>> owned;
+  auto alloc = [&](std::size_t bytes) {
+    void* p = nullptr;
+    RINGATTN_CUDA_CHECK(cudaMalloc(&p, bytes + 16));
+    owned.emplace_back(p, &cudaFree);
+    return p;
+  };
+  auto upload = [&](const std::vector<T>& h) {
+    T* p = static_cast<T*>(alloc(sizeof(T) * h.size()));
+    RINGATTN_CUDA_CHECK(cudaMemcpy(p, h.data(), sizeof(T) * h.size(), cudaMemcpyHostToDevice));
+    return p;
+  };
+  auto download = [](std::vector<T>& h, const T* p) {
+    RINGATTN_CUDA_CHECK(cudaMemcpy(h.data(), p, sizeof(T) * h.size(), cudaMemcpyDeviceToHost));
+  };
+  auto view = [&](T* p, int heads) { return ringattn::thd_view<T>(p, n, heads, d); };
+  auto in = [&](const T* p, int heads) { return ringattn::thd_view<const T>(p, n, heads, d); };
+  T *q_d = upload(q), *k_d = upload(k), *v_d = upload(v);
+  T* out_d = static_cast<T*>(alloc(sizeof(T) * q.size()));
+  float* lse = static_cast<float*>(alloc(sizeof(float) * static_cast<std::size_t>(n * qh)));
+  // One workspace serves both calls.
+  const std::size_t ws_bytes =
+      std::max(attn.device_workspace_bytes<T>(), attn.device_backward_workspace_bytes<T>());
+  void* ws = alloc(ws_bytes);
+  cudaStream_t stream = nullptr;
+  RINGATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  std::unique_ptr<CUstream_st, decltype(&cudaStreamDestroy)> stream_owner(stream,
+                                                                          &cudaStreamDestroy);
+  attn.forward(in(q_d, qh), in(k_d, kvh), in(v_d, kvh), view(out_d, qh), lse, ws, ws_bytes, stream);
+  RINGATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
+  std::vector<T> o(q.size());
+  download(o, out_d);
+  T* dout_d = upload(loss_gradient(o, target));
+  T *dq_d = static_cast<T*>(alloc(sizeof(T) * q.size())),
+    *dk_d = static_cast<T*>(alloc(sizeof(T) * k.size())),
+    *dv_d = static_cast<T*>(alloc(sizeof(T) * v.size()));
+  attn.backward(in(q_d, qh), in(k_d, kvh), in(v_d, kvh), in(out_d, qh), lse, in(dout_d, qh),
+                view(dq_d, qh), view(dk_d, kvh), view(dv_d, kvh), ws, ws_bytes, stream);
+  RINGATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
+  download(gq, dq_d);
+  download(gk, dk_d);
+  download(gv, dv_d);
+}
+#endif
+
+// GPUs the example runs on: 0 for the host path (no GPU, --device cpu, or a build without CUDA).
+int gpus_for(const std::string& device) {
+  if (device != "auto" && device != "cpu" && device != "gpu")
+    throw ringattn::invalid_argument("training_step: --device auto|cpu|gpu");
+#if defined(__CUDACC__)
+  int n = 0;
+  if (device == "cpu" || cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
+  if (device == "gpu" && n == 0) throw ringattn::error("--device gpu: no CUDA device");
+  return n;
+#else
+  if (device == "gpu") throw ringattn::error("--device gpu: this build has no CUDA");
+  return 0;
+#endif
+}
 } // namespace
 
 int main(int argc, char** argv) try {
   int ranks = 4;
   std::int64_t tokens = 2000;
+  std::string device = "auto";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string f = argv[i];
     if (f == "--ranks")
       ranks = std::atoi(argv[i + 1]);
     else if (f == "--tokens")
       tokens = std::atoll(argv[i + 1]);
+    else if (f == "--device")
+      device = argv[i + 1];
     else
       throw ringattn::invalid_argument("training_step: unknown flag " + f);
   }
+  const int gpus = gpus_for(device);
   // Two packed sequences of odd lengths.
   batch b;
   b.cu = {0, static_cast<std::int32_t>(tokens * 2 / 3 + 1), static_cast<std::int32_t>(tokens)};
@@ -99,36 +212,17 @@ int main(int argc, char** argv) try {
                             ringattn::thd_view<T>(s.data(), n, heads, d));
           return s;
         };
-        auto view = [&](auto& x, int heads) {
-          using E = std::remove_reference_t<decltype(x[0])>;
-          return ringattn::thd_view<E>(x.data(), n, heads, d);
-        };
         const auto qs = shard(b.q, qh), ks = shard(b.k, kvh), vs = shard(b.v, kvh),
                    target = shard(b.target, qh);
-        const std::vector<T>&cq = qs, &ck = ks, &cv = vs;
-        std::vector<T> out(qs.size());
-        std::vector<float> lse(static_cast<std::size_t>(n * qh));
-        auto aligned = [](std::vector<std::byte>& w, std::size_t bytes) {
-          const std::size_t pad = (16 - reinterpret_cast<std::uintptr_t>(w.data()) % 16) % 16;
-          return std::span<std::byte>(w).subspan(pad, bytes);
-        };
-        // Forward.
-        std::vector<std::byte> ws(attn.host_workspace_bytes<T>() + 16);
-        attn.forward_host(view(cq, qh), view(ck, kvh), view(cv, kvh), view(out, qh), lse.data(),
-                          aligned(ws, attn.host_workspace_bytes<T>()));
-        // dL/dO = O - target, on this rank's rows.
-        std::vector<T> dout(out.size());
-        for (std::size_t i = 0; i < out.size(); ++i)
-          dout[i] =
-              ringattn::from_float<T>(ringattn::to_float(out[i]) - ringattn::to_float(target[i]));
-        // Backward.
         std::vector<T> gq(qs.size()), gk(ks.size()), gv(vs.size());
-        const std::vector<T>& cout = out;
-        const std::vector<T>& cdout = dout;
-        std::vector<std::byte> wb(attn.host_backward_workspace_bytes<T>() + 16);
-        attn.backward_host(view(cq, qh), view(ck, kvh), view(cv, kvh), view(cout, qh), lse.data(),
-                           view(cdout, qh), view(gq, qh), view(gk, kvh), view(gv, kvh),
-                           aligned(wb, attn.host_backward_workspace_bytes<T>()));
+        if (gpus > 0) {
+#if defined(__CUDACC__)
+          RINGATTN_CUDA_CHECK(cudaSetDevice(r % gpus)); // P virtual ranks per GPU
+          step_on_gpu(attn, qs, ks, vs, target, gq, gk, gv);
+#endif
+        } else {
+          step_on_host(attn, qs, ks, vs, target, gq, gk, gv);
+        }
         // Gather: each rank writes its rows back to their places in the batch.
         for (std::int64_t l = 0; l < n; ++l) {
           const std::int64_t g = plan.global_token(r, l);
@@ -172,9 +266,11 @@ int main(int argc, char** argv) try {
   const double step = ringattn::to_float(qp[at]) - ringattn::to_float(qm[at]);
   const double fd = (loss(b, qp, kt, vt) - loss(b, qm, kt, vt)) / step;
 
-  std::printf(
-      "training step: %s, %s mask, %d ranks, %lld tokens in 2 sequences, %d:%d heads x %d\n",
-      partitioner::name, mask::name, ranks, static_cast<long long>(tokens), qh, kvh, d);
+  std::printf("training step: %s, %s mask, %d ranks (%s), %lld tokens in 2 sequences, %d:%d "
+              "heads x %d\n",
+              partitioner::name, mask::name, ranks,
+              gpus > 0 ? (gpus == 1 ? "on 1 GPU" : "over the GPUs") : "host path",
+              static_cast<long long>(tokens), qh, kvh, d);
   std::printf("  gradients against the float64 oracle's backward (relative L2): dq %.2e, dk %.2e, "
               "dv %.2e\n",
               eq, ek, ev);

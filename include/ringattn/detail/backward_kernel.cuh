@@ -199,8 +199,10 @@ __global__ void dq_kernel(backward_params<T> p) {
     dqr[lane + 32 * e] += acc[e];
 }
 
-//! a[i] += b[i] (fp32), one writer per element.
-__global__ inline void add_kernel(float* a, const float* b, std::int64_t n) {
+//! a[i] += b[i] (fp32), one writer per element. (A template only so that every translation unit
+//! may define it.)
+template <int Unused = 0>
+__global__ void add_kernel(float* a, const float* b, std::int64_t n) {
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
     a[i] += b[i];

@@ -260,8 +260,8 @@ __global__ void __launch_bounds__(tc_backward_threads, 1) dkdv_tc_kernel(tc_back
     mma_abt<T, D>(s, aK, warp * 16, cQ, lane);  // S^T = K Q^T
     mma_abt<T, D>(dp, aV, warp * 16, cO, lane); // dP^T = V dO^T
     // The tile lies wholly in the band (its corners do) and has no ragged edge: no predicate.
-    const bool whole = rows == R && cols == R && kb.mask.sees(i0 + R - 1, jl0) &&
-                       kb.mask.sees(i0, jl0 + R - 1);
+    const bool whole =
+        rows == R && cols == R && kb.mask.sees(i0 + R - 1, jl0) && kb.mask.sees(i0, jl0 + R - 1);
     // P^T and dS^T; rows are keys (this warp's 16), columns queries.
 #pragma unroll
     for (int t = 0; t < 8; ++t)

@@ -10,17 +10,21 @@
 //! ringattn::write_gradient(dq_fp32, dq_view, stream);                      // fp32 -> T
 //! \endcode
 //!
-//! Two kernels per call: one warp per (key column, kv head) accumulates dK and dV over the query
-//! rows that see the column; one warp per (query row, query head) accumulates dQ over the keys
-//! it sees. Both recompute P from the forward's LSE. The schedule lists, for every run of key
-//! columns, the (group, key segment) pairs that cover it, and every query row of every group.
-//! Status: correct and deterministic, on the CUDA cores — the tensor-core version is to come
-//! (docs/kernels.md).
+//! Two kernels per call, in one of three families (`backward_path`): a dK/dV kernel that owns
+//! key columns of a kv head and walks the query rows that see them, and a dQ kernel that owns
+//! query rows of a query head and walks the keys they see; both recompute P from the forward's
+//! LSE. On tensor cores (64 columns or rows a thread block; mma.sync on sm_80 and later,
+//! backward_kernel_tc.cuh, or wgmma on sm_90a, backward_kernel_sm90.cuh) for head_dim 64 and
+//! 128; on CUDA cores (a warp per column or row, backward_kernel.cuh) for any head_dim and as
+//! their reference. The schedule lists, for every run of key columns, the (group, key segment)
+//! pairs that cover it, and every query row of every group. docs/kernels.md has the numbers.
 
 #include <ringattn/cuda_check.cuh>
 #include <ringattn/detail/backward_kernel.cuh>
+#include <ringattn/detail/backward_kernel_sm90.cuh>
 #include <ringattn/detail/backward_kernel_tc.cuh>
 #include <ringattn/kernel/backward_args.cuh>
+#include <ringattn/kernel/forward.cuh>
 
 #include <cuda_runtime_api.h>
 
@@ -77,9 +81,12 @@ inline backward_plan plan_backward(std::span<const block_group> groups) {
   return plan;
 }
 
-//! Which kernels a block backward runs: the tensor-core ones (sm_80 and later, head_dim 64 and
-//! 128), the CUDA-core ones (any head_dim; the reference for the former), or the best available.
-enum class backward_path { automatic, cuda_cores, tensor_cores };
+//! Which kernels a block backward runs: the tensor-core ones on mma.sync (sm_80 and later,
+//! head_dim 64 and 128), the Hopper ones on wgmma (an sm_90a image on a compute capability 9.0
+//! device, head_dim 64 and 128), the CUDA-core ones (any head_dim; the reference for the others),
+//! or the best available (`automatic`: wgmma, else mma.sync, else CUDA cores). head_dim 256 runs
+//! on the CUDA cores whatever the path.
+enum class backward_path { automatic, cuda_cores, tensor_cores, wgmma };
 
 //! The device side of one call's groups for the backward kernels; made at plan time (it
 //! allocates and copies), used by any number of calls with the same groups and sizes.
@@ -97,6 +104,15 @@ public:
       if (major < 8 && path_ == backward_path::tensor_cores)
         throw invalid_argument("ringattn: the tensor-core block backward needs sm_80 or later");
       tensor_cores_ok_ = major >= 8;
+      if (path_ == backward_path::automatic || path_ == backward_path::wgmma) {
+#if defined(__CUDACC__)
+        wgmma_ok_ = kernels::wgmma_available();
+#endif
+        if (path_ == backward_path::wgmma && !wgmma_ok_)
+          throw invalid_argument("ringattn: the wgmma block backward needs code built for sm_90a "
+                                 "(CMake CUDA architecture 90a) running on a compute capability "
+                                 "9.0 device");
+      }
     }
     backward_plan plan = plan_backward(groups);
     key_items_ = plan.key_items;
@@ -155,11 +171,11 @@ public:
   }
   device_backward_schedule(device_backward_schedule&& o) noexcept
       : q_tokens_(o.q_tokens_), kv_tokens_(o.kv_tokens_), path_(o.path_),
-        tensor_cores_ok_(o.tensor_cores_ok_), key_items_(o.key_items_), row_items_(o.row_items_),
-        interval_count_(o.interval_count_), key_tile_count_(o.key_tile_count_),
-        row_tile_count_(o.row_tile_count_), memory_(std::exchange(o.memory_, nullptr)),
-        groups_(o.groups_), intervals_(o.intervals_), covers_(o.covers_), rows_(o.rows_),
-        key_tiles_(o.key_tiles_), row_tiles_(o.row_tiles_) {}
+        tensor_cores_ok_(o.tensor_cores_ok_), wgmma_ok_(o.wgmma_ok_), key_items_(o.key_items_),
+        row_items_(o.row_items_), interval_count_(o.interval_count_),
+        key_tile_count_(o.key_tile_count_), row_tile_count_(o.row_tile_count_),
+        memory_(std::exchange(o.memory_, nullptr)), groups_(o.groups_), intervals_(o.intervals_),
+        covers_(o.covers_), rows_(o.rows_), key_tiles_(o.key_tiles_), row_tiles_(o.row_tiles_) {}
   device_backward_schedule(const device_backward_schedule&) = delete;
   device_backward_schedule& operator=(const device_backward_schedule&) = delete;
   device_backward_schedule& operator=(device_backward_schedule&&) = delete;
@@ -167,9 +183,14 @@ public:
   std::int64_t q_tokens() const noexcept { return q_tokens_; }
   std::int64_t kv_tokens() const noexcept { return kv_tokens_; }
   bool empty() const noexcept { return key_items_ == 0; }
-  //! Whether calls with this head_dim run the tensor-core kernels.
+  //! Whether calls with this head_dim run tensor-core kernels (mma.sync or wgmma).
   bool tensor_cores(int head_dim) const noexcept {
     return path_ != backward_path::cuda_cores && tensor_cores_ok_ && head_dim <= 128;
+  }
+  //! Whether calls with this head_dim run the Hopper (wgmma) kernels.
+  bool wgmma(int head_dim) const noexcept {
+    return (path_ == backward_path::automatic || path_ == backward_path::wgmma) && wgmma_ok_ &&
+           (head_dim == 64 || head_dim == 128);
   }
 
   template <class T>
@@ -213,7 +234,7 @@ public:
 private:
   std::int64_t q_tokens_ = 0, kv_tokens_ = 0;
   backward_path path_ = backward_path::automatic;
-  bool tensor_cores_ok_ = false;
+  bool tensor_cores_ok_ = false, wgmma_ok_ = false;
   std::int64_t key_items_ = 0, row_items_ = 0;
   std::int32_t interval_count_ = 0;
   std::int64_t key_tile_count_ = 0, row_tile_count_ = 0;
@@ -243,27 +264,49 @@ void launch_block_backward(const kernels::backward_params<T>& p, cudaStream_t st
     RINGATTN_CUDA_CHECK_LAUNCH();
   }
 }
-template <class T, int D>
-void launch_block_backward_tc(const kernels::tc_backward_params<T>& p, cudaStream_t stream) {
-  constexpr int smem = kernels::tc_backward_smem_bytes<T, D>();
+// The dK/dV kernel over (key tile, kv head), then the dQ kernel over (row tile, query head), of
+// either tensor-core family (the same grid, threads and schedule).
+template <class T>
+void launch_tc_pair(void (*dkdv)(kernels::tc_backward_params<T>),
+                    void (*dq)(kernels::tc_backward_params<T>), int smem,
+                    const kernels::tc_backward_params<T>& p, cudaStream_t stream) {
   if (p.key_tile_count > 0) {
-    auto* kernel = &kernels::dkdv_tc_kernel<T, D>;
     RINGATTN_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    kernel<<<dim3(static_cast<unsigned>(p.key_tile_count), static_cast<unsigned>(p.b.kv_heads)),
-             kernels::tc_backward_threads, smem, stream>>>(p);
+        cudaFuncSetAttribute(dkdv, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    dkdv<<<dim3(static_cast<unsigned>(p.key_tile_count), static_cast<unsigned>(p.b.kv_heads)),
+           kernels::tc_backward_threads, smem, stream>>>(p);
     RINGATTN_CUDA_CHECK_LAUNCH();
   }
   if (p.row_tile_count > 0) {
-    auto* kernel = &kernels::dq_tc_kernel<T, D>;
     RINGATTN_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    kernel<<<dim3(static_cast<unsigned>(p.row_tile_count), static_cast<unsigned>(p.b.q_heads)),
-             kernels::tc_backward_threads, smem, stream>>>(p);
+        cudaFuncSetAttribute(dq, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    dq<<<dim3(static_cast<unsigned>(p.row_tile_count), static_cast<unsigned>(p.b.q_heads)),
+         kernels::tc_backward_threads, smem, stream>>>(p);
     RINGATTN_CUDA_CHECK_LAUNCH();
   }
 }
+template <class T, int D>
+void launch_block_backward_tc(const kernels::tc_backward_params<T>& p, bool wgmma,
+                              cudaStream_t stream) {
+  if (wgmma)
+    launch_tc_pair<T>(&kernels::dkdv_sm90_kernel<T, D>, &kernels::dq_sm90_kernel<T, D>,
+                      kernels::sm90_backward_smem_bytes<T, D>(), p, stream);
+  else
+    launch_tc_pair<T>(&kernels::dkdv_tc_kernel<T, D>, &kernels::dq_tc_kernel<T, D>,
+                      kernels::tc_backward_smem_bytes<T, D>(), p, stream);
+}
 } // namespace detail
+
+//! Whether `path` can run on the current device (`automatic` and `cuda_cores`: always;
+//! `tensor_cores`: sm_80 and later; `wgmma`: an sm_90a image on a compute capability 9.0 device).
+inline bool backward_path_available(backward_path path) {
+  if (path == backward_path::automatic || path == backward_path::cuda_cores) return true;
+  if (path == backward_path::wgmma) return kernels::wgmma_available();
+  int device = 0, major = 0;
+  RINGATTN_CUDA_CHECK(cudaGetDevice(&device));
+  RINGATTN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  return major >= 8;
+}
 
 //! Adds one K/V block's share of dQ, dK, dV to `a.grad` (fp32, device memory), asynchronously on
 //! `stream`. Validation (host, before any launch) throws `invalid_argument`.
@@ -278,10 +321,11 @@ requires(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) void blo
   if (s.empty()) return;
   if (s.tensor_cores(a.args.head_dim)) {
     const auto p = s.tc_params(a);
+    const bool wgmma = s.wgmma(a.args.head_dim);
     if (a.args.head_dim == 64)
-      detail::launch_block_backward_tc<T, 64>(p, stream);
+      detail::launch_block_backward_tc<T, 64>(p, wgmma, stream);
     else
-      detail::launch_block_backward_tc<T, 128>(p, stream);
+      detail::launch_block_backward_tc<T, 128>(p, wgmma, stream);
     return;
   }
   const auto p = s.params(a);
@@ -323,7 +367,7 @@ requires(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) void com
 inline void accumulate(float* a, const float* b, std::int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
   const unsigned blocks = static_cast<unsigned>(std::min<std::int64_t>((n + 255) / 256, 4096));
-  kernels::add_kernel<<<blocks, 256, 0, stream>>>(a, b, n);
+  kernels::add_kernel<><<<blocks, 256, 0, stream>>>(a, b, n);
   RINGATTN_CUDA_CHECK_LAUNCH();
 }
 

@@ -1,0 +1,313 @@
+#pragma once
+//! \file
+//! The Hopper (sm_90a) block-backward kernels: the work split, tiles and schedule of the
+//! mma.sync ones (backward_kernel_tc.cuh: 64 key columns a dK/dV block, 64 query rows a dQ
+//! block, the same walks and the same predicate), with every product on warpgroup MMA. A thread
+//! block is one warpgroup (128 threads, 16 rows a warp); two share an SM, so one's elementwise
+//! work runs while the other's products are on the tensor cores.
+//!
+//! Every backward product has one of the forward kernel's two wgmma forms:
+//! - S^T = K Q^T and dP^T = V dO^T (dK/dV block), S = Q K^T and dP = dO V^T (dQ block): A and
+//!   B from shared memory, both read K-major (the head dimension is the k dimension);
+//! - dV += P^T dO, dK += dS^T Q, dQ += dS K: A from registers (P^T, dS^T, dS are accumulators,
+//!   packed to 16 bits they are wgmma's A fragment), B read N-major from shared memory (its
+//!   rows are the k dimension), as V in the forward's P V.
+//! Tiles are 64-column panels in the 128-byte swizzled layout, copied with cp.async by the whole
+//! warpgroup (`produce_tile`) and double-buffered; deterministic like the other kernels (one
+//! writer per accumulator element, no atomics).
+
+#include <ringattn/detail/backward_kernel_tc.cuh>
+#include <ringattn/detail/forward_kernel_sm90.cuh>
+#include <ringattn/detail/wgmma.cuh>
+
+#if defined(__CUDACC__)
+
+RINGATTN_ABI_BEGIN
+namespace kernels {
+
+//! Dynamic shared memory of either Hopper backward kernel: six [64, D] tiles (two fixed, two
+//! double-buffered), two double-buffered 64-float vectors, 1 KB to align the swizzle atoms.
+template <class T, int D>
+constexpr int sm90_backward_smem_bytes() {
+  return 6 * tc_backward_rows * D * static_cast<int>(sizeof(T)) + 4 * tc_backward_rows * 4 + 1024;
+}
+
+namespace sm90_backward {
+constexpr int R = tc_backward_rows;
+// Descriptor of k-step `kk` of a [64, D] panelled tile read K-major (rows = M or N).
+__device__ __forceinline__ std::uint64_t k_major(std::uint32_t tile, int kk) {
+  return sw128_descriptor(tile + (kk >> 2) * (R * 128) + (kk & 3) * 32, 16);
+}
+// Descriptor of k-step `kk` (16 rows) of a [64, D] panelled tile read N-major (rows = K).
+__device__ __forceinline__ std::uint64_t n_major(std::uint32_t tile, int kk) {
+  return sw128_descriptor(tile + kk * (16 * 128), R * 128);
+}
+// Accumulator (m64n64, 32 registers) -> the four A fragments of a k = 64 product.
+template <class T>
+__device__ __forceinline__ void pack(const float (&c)[32], std::uint32_t (&a)[4][4]) {
+#pragma unroll
+  for (int t = 0; t < 8; ++t) {
+    a[t / 2][(t & 1) * 2] = pack2<T>(c[4 * t], c[4 * t + 1]);
+    a[t / 2][(t & 1) * 2 + 1] = pack2<T>(c[4 * t + 2], c[4 * t + 3]);
+  }
+}
+// c = A B^T over k = D: A's and B's k-steps from descriptors.
+template <class T, int D>
+__device__ __forceinline__ void product_ss(float (&c)[32], std::uint32_t a, std::uint32_t b) {
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk)
+    wgmma_ss<T, 0>(c, k_major(a, kk), k_major(b, kk), kk > 0);
+}
+// c += A B over k = 64: A in registers, B's rows the k dimension.
+template <class T, int N>
+__device__ __forceinline__ void product_rs(float (&c)[N], const std::uint32_t (&a)[4][4],
+                                           std::uint32_t b) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+    wgmma_rs<T, 1>(c, a[kk], n_major(b, kk), 1);
+}
+// Adds this warp's 16 rows of an m64nD accumulator to rows [warp_row, ...) of a dense fp32
+// matrix (rows >= valid are skipped).
+template <int D>
+__device__ __forceinline__ void add_rows(float* base, std::int64_t row_stride, int warp_row,
+                                         int valid, const float (&c)[D / 2], int lane) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = warp_row + (lane >> 2) + r * 8;
+    if (row >= valid) continue;
+    float* dst = base + row * row_stride + (lane & 3) * 2;
+#pragma unroll
+    for (int t = 0; t < D / 8; ++t) {
+      float2 x = *reinterpret_cast<float2*>(dst + t * 8);
+      x.x += c[4 * t + 2 * r];
+      x.y += c[4 * t + 2 * r + 1];
+      *reinterpret_cast<float2*>(dst + t * 8) = x;
+    }
+  }
+}
+} // namespace sm90_backward
+
+//! dK, dV of 64 key columns of one kv head (blockIdx.x: key tile, blockIdx.y: kv head).
+template <class T, int D>
+__global__ void __launch_bounds__(tc_backward_threads, 2)
+    dkdv_sm90_kernel(tc_backward_params<T> tp) {
+#if RINGATTN_WGMMA_ENABLED
+  using namespace sm90_backward;
+  constexpr std::uint32_t tile = R * D * sizeof(T);
+  constexpr float log2e = 1.4426950408889634f;
+  static_assert(sizeof(T) == 2 && (D == 64 || D == 128) && tc_backward_threads == 128);
+  const backward_params<T>& p = tp.b;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  const std::uint32_t raw = smem_address(smem_raw);
+  const std::uint32_t pad = (1024u - (raw & 1023u)) & 1023u; // swizzle atoms start 1 KB aligned
+  const std::uint32_t aK = raw + pad, aV = aK + tile, aQ = aV + tile, aO = aQ + 2 * tile;
+  float* sL = reinterpret_cast<float*>(smem_raw + pad + 6 * tile); // lse * log2(e), 2 buffers
+  float* sD = sL + 2 * R;                                          // delta, 2 buffers
+  const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31, kvh = blockIdx.y;
+  const key_tile kt = tp.key_tiles[blockIdx.x];
+  const key_interval in = p.intervals[kt.interval];
+  const int cols = static_cast<int>(in.end - kt.begin < R ? in.end - kt.begin : R);
+
+  produce_tile<R, D>(aK, p.k + kt.begin * p.k_token_stride + kvh * p.k_head_stride,
+                     p.k_token_stride, cols, tid);
+  produce_tile<R, D>(aV, p.v + kt.begin * p.v_token_stride + kvh * p.v_head_stride,
+                     p.v_token_stride, cols, tid);
+  // Copies step `w`'s Q/dO tiles (cp.async) and lse/delta (plain stores) into buffer `buf`.
+  auto load_step = [&](const cover_walk<T>& w, int buf) {
+    const block_group& g = p.groups[w.cover().group];
+    const std::int64_t q_count = g.q_count, row0 = g.q_begin + w.i0;
+    const int rows = static_cast<int>(q_count - w.i0 < R ? q_count - w.i0 : R);
+    produce_tile<R, D>(aQ + buf * tile, p.q + row0 * p.q_token_stride + w.h * p.q_head_stride,
+                       p.q_token_stride, rows, tid);
+    produce_tile<R, D>(aO + buf * tile, p.dout + row0 * p.do_token_stride + w.h * p.do_head_stride,
+                       p.do_token_stride, rows, tid);
+    if (tid < R) {
+      sL[buf * R + tid] = tid < rows ? p.lse[w.h * p.q_tokens + row0 + tid] * log2e : 0.0f;
+      sD[buf * R + tid] = tid < rows ? p.delta[w.h * p.q_tokens + row0 + tid] : 0.0f;
+    }
+  };
+  cover_walk<T> w(p, in, kt.begin, cols, kvh);
+  if (!w.done()) load_step(w, 0);
+  cp_async_commit();
+
+  float dk[D / 2], dv[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i)
+    dk[i] = dv[i] = 0.0f;
+  const float scale_log2 = p.scale * log2e;
+
+  for (int step = 0; !w.done(); ++step) {
+    cp_async_wait_all();
+    fence_proxy_async(); // this thread's copies before the warpgroup's wgmma reads
+    __syncthreads();     // every copy landed; every product on the buffer refilled below is done
+    const int buf = step & 1;
+    const kv_block kb = w.segment();
+    const std::int64_t q_count = p.groups[w.cover().group].q_count;
+    const std::int64_t i0 = w.i0, jl0 = kt.begin - kb.kv_begin;
+    const int rows = static_cast<int>(q_count - i0 < R ? q_count - i0 : R);
+    {
+      cover_walk<T> n = w;
+      n.next();
+      if (!n.done()) load_step(n, buf ^ 1);
+      cp_async_commit();
+      w = n;
+    }
+    const std::uint32_t cQ = aQ + buf * tile, cO = aO + buf * tile;
+    const float* cL = sL + buf * R;
+    const float* cD = sD + buf * R;
+
+    float s[32], dp[32];
+    wgmma_fence();
+    product_ss<T, D>(s, aK, cQ);  // S^T = K Q^T
+    product_ss<T, D>(dp, aV, cO); // dP^T = V dO^T
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_operands(s);
+    fence_operands(dp);
+    // The tile lies wholly in the band (its corners do) and has no ragged edge: no predicate.
+    const bool whole =
+        rows == R && cols == R && kb.mask.sees(i0 + R - 1, jl0) && kb.mask.sees(i0, jl0 + R - 1);
+    // P^T and dS^T; rows are keys (this warp's 16), columns queries.
+#pragma unroll
+    for (int t = 0; t < 8; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = warp * 16 + (lane >> 2) + (e >= 2 ? 8 : 0);
+        const int q = t * 8 + (lane & 3) * 2 + (e & 1);
+        const bool seen = whole || (key < cols && q < rows && kb.mask.sees(i0 + q, jl0 + key));
+        const float pr = seen ? fast_exp2(fmaf(s[4 * t + e], scale_log2, -cL[q])) : 0.0f;
+        s[4 * t + e] = pr;
+        dp[4 * t + e] = pr * (dp[4 * t + e] - cD[q]) * p.scale;
+      }
+    std::uint32_t pa[4][4], da[4][4];
+    pack<T>(s, pa);
+    pack<T>(dp, da);
+    fence_operands(dv);
+    fence_operands(dk);
+    fence_operands(pa);
+    fence_operands(da);
+    wgmma_fence();
+    product_rs<T>(dv, pa, cO); // dV += P^T dO
+    product_rs<T>(dk, da, cQ); // dK += dS^T Q
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_operands(dv);
+    fence_operands(dk);
+  }
+  cp_async_wait_all(); // (a block with no cover still waits for its K/V copies)
+  const std::int64_t stride = static_cast<std::int64_t>(p.kv_heads) * D;
+  add_rows<D>(p.dk + kt.begin * stride + kvh * D, stride, warp * 16, cols, dk, lane);
+  add_rows<D>(p.dv + kt.begin * stride + kvh * D, stride, warp * 16, cols, dv, lane);
+#else
+  __trap(); // launched only where wgmma_available() said yes
+#endif
+}
+
+//! dQ of 64 query rows of one query head (blockIdx.x: row tile, blockIdx.y: head).
+template <class T, int D>
+__global__ void __launch_bounds__(tc_backward_threads, 2) dq_sm90_kernel(tc_backward_params<T> tp) {
+#if RINGATTN_WGMMA_ENABLED
+  using namespace sm90_backward;
+  constexpr std::uint32_t tile = R * D * sizeof(T);
+  constexpr float log2e = 1.4426950408889634f, neg_inf = -__builtin_huge_valf();
+  static_assert(sizeof(T) == 2 && (D == 64 || D == 128) && tc_backward_threads == 128);
+  const backward_params<T>& p = tp.b;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  const std::uint32_t raw = smem_address(smem_raw);
+  const std::uint32_t pad = (1024u - (raw & 1023u)) & 1023u;
+  const std::uint32_t aQ = raw + pad, aO = aQ + tile, aK = aO + tile, aV = aK + 2 * tile;
+  const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31, h = blockIdx.y,
+            kvh = h / p.group_size;
+  const work_tile wt = tp.row_tiles[blockIdx.x];
+  const block_group g = p.groups[wt.group];
+  const std::int64_t i0 = wt.row_begin, row0 = g.q_begin + i0;
+  const int rows = static_cast<int>(g.q_count - i0 < R ? g.q_count - i0 : R);
+  const kv_walk<R> walk(g, i0, rows);
+  // Copies K/V tile `it` of the walk into buffer `buf`.
+  auto load_kv = [&](int it, int buf) {
+    bool b;
+    std::int64_t j;
+    walk.tile(it, b, j);
+    const std::int64_t key0 = walk.begin(b) + j * R;
+    produce_tile<R, D>(aK + buf * tile, p.k + key0 * p.k_token_stride + kvh * p.k_head_stride,
+                       p.k_token_stride, walk.valid(b, j), tid);
+    produce_tile<R, D>(aV + buf * tile, p.v + key0 * p.v_token_stride + kvh * p.v_head_stride,
+                       p.v_token_stride, walk.valid(b, j), tid);
+  };
+  produce_tile<R, D>(aQ, p.q + row0 * p.q_token_stride + h * p.q_head_stride, p.q_token_stride,
+                     rows, tid);
+  produce_tile<R, D>(aO, p.dout + row0 * p.do_token_stride + h * p.do_head_stride,
+                     p.do_token_stride, rows, tid);
+  if (walk.total > 0) load_kv(0, 0);
+  cp_async_commit();
+  // This lane's two rows: lse (log2 units) and delta; rows past the tile or with no key: none.
+  float lrow[2], drow[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int x = warp * 16 + (lane >> 2) + r * 8;
+    const bool ok = x < rows;
+    const float l = ok ? p.lse[h * p.q_tokens + row0 + x] : neg_inf;
+    lrow[r] = l == neg_inf ? __builtin_huge_valf() : l * log2e; // +inf: every p is 0
+    drow[r] = ok ? p.delta[h * p.q_tokens + row0 + x] : 0.0f;
+  }
+  const float scale_log2 = p.scale * log2e;
+  float dq[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i)
+    dq[i] = 0.0f;
+  for (int it = 0; it < walk.total; ++it) {
+    cp_async_wait_all();
+    fence_proxy_async();
+    __syncthreads(); // tile `it` landed; every product on the buffer refilled below is done
+    if (it + 1 < walk.total) load_kv(it + 1, (it + 1) & 1);
+    cp_async_commit();
+    bool b;
+    std::int64_t j;
+    walk.tile(it, b, j);
+    const std::uint32_t cK = aK + (it & 1) * tile, cV = aV + (it & 1) * tile;
+    float s[32], dp[32];
+    wgmma_fence();
+    product_ss<T, D>(s, aQ, cK);  // S = Q K^T
+    product_ss<T, D>(dp, aO, cV); // dP = dO V^T
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_operands(s);
+    fence_operands(dp);
+    const band bd = walk.mask(b);
+    const std::int64_t count = walk.count(b);
+    // Rows past the tile have lrow = +inf (p = 0); only band edges and a ragged last tile need
+    // the predicate.
+    const bool masked = walk.needs_mask(b, j);
+#pragma unroll
+    for (int t = 0; t < 8; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e >= 2 ? 1 : 0;
+        const std::int64_t i = i0 + warp * 16 + (lane >> 2) + r * 8;
+        const std::int64_t col = j * R + t * 8 + (lane & 3) * 2 + (e & 1);
+        const bool seen = !masked || (col < count && bd.sees(i, col));
+        const float pr = seen ? fast_exp2(fmaf(s[4 * t + e], scale_log2, -lrow[r])) : 0.0f;
+        dp[4 * t + e] = pr * (dp[4 * t + e] - drow[r]) * p.scale;
+      }
+    std::uint32_t da[4][4];
+    pack<T>(dp, da);
+    fence_operands(dq);
+    fence_operands(da);
+    wgmma_fence();
+    product_rs<T>(dq, da, cK); // dQ += dS K
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_operands(dq);
+  }
+  cp_async_wait_all();
+  const std::int64_t stride = static_cast<std::int64_t>(p.q_heads) * D;
+  add_rows<D>(p.dq + row0 * stride + h * D, stride, warp * 16, rows, dq, lane);
+#else
+  __trap(); // launched only where wgmma_available() said yes
+#endif
+}
+
+} // namespace kernels
+RINGATTN_ABI_END
+
+#endif // __CUDACC__
