@@ -156,18 +156,20 @@ __global__ void __launch_bounds__(tc_backward_threads, 2)
     const float* cL = sL + buf * R;
     const float* cD = sD + buf * R;
 
+    // Two product groups in flight at a time: P^T is computed while dP^T is on the tensor cores,
+    // dS^T while dV's product is.
     float s[32], dp[32];
     wgmma_fence();
-    product_ss<T, D>(s, aK, cQ);  // S^T = K Q^T
+    product_ss<T, D>(s, aK, cQ); // S^T = K Q^T
+    wgmma_commit();
     product_ss<T, D>(dp, aV, cO); // dP^T = V dO^T
     wgmma_commit();
-    wgmma_wait<0>();
+    wgmma_wait<1>();
     fence_operands(s);
-    fence_operands(dp);
     // The tile lies wholly in the band (its corners do) and has no ragged edge: no predicate.
     const bool whole =
         rows == R && cols == R && kb.mask.sees(i0 + R - 1, jl0) && kb.mask.sees(i0, jl0 + R - 1);
-    // P^T and dS^T; rows are keys (this warp's 16), columns queries.
+    // P^T; rows are keys (this warp's 16), columns queries.
 #pragma unroll
     for (int t = 0; t < 8; ++t)
 #pragma unroll
@@ -175,22 +177,35 @@ __global__ void __launch_bounds__(tc_backward_threads, 2)
         const int key = warp * 16 + (lane >> 2) + (e >= 2 ? 8 : 0);
         const int q = t * 8 + (lane & 3) * 2 + (e & 1);
         const bool seen = whole || (key < cols && q < rows && kb.mask.sees(i0 + q, jl0 + key));
-        const float pr = seen ? fast_exp2(fmaf(s[4 * t + e], scale_log2, -cL[q])) : 0.0f;
-        s[4 * t + e] = pr;
-        dp[4 * t + e] = pr * (dp[4 * t + e] - cD[q]) * p.scale;
+        s[4 * t + e] = seen ? fast_exp2(fmaf(s[4 * t + e], scale_log2, -cL[q])) : 0.0f;
       }
     std::uint32_t pa[4][4], da[4][4];
     pack<T>(s, pa);
-    pack<T>(dp, da);
-    fence_operands(dv);
-    fence_operands(dk);
+    fence_operands(s);
     fence_operands(pa);
-    fence_operands(da);
+    wgmma_wait<0>();
+    fence_operands(dp);
+    fence_operands(dv);
     wgmma_fence();
     product_rs<T>(dv, pa, cO); // dV += P^T dO
+    wgmma_commit();
+    // dS^T (P^T is 0 where the predicate said no).
+#pragma unroll
+    for (int t = 0; t < 8; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int q = t * 8 + (lane & 3) * 2 + (e & 1);
+        dp[4 * t + e] = s[4 * t + e] * (dp[4 * t + e] - cD[q]) * p.scale;
+      }
+    pack<T>(dp, da);
+    fence_operands(da);
+    fence_operands(dk);
+    wgmma_fence();
     product_rs<T>(dk, da, cQ); // dK += dS^T Q
     wgmma_commit();
     wgmma_wait<0>();
+    fence_operands(pa);
+    fence_operands(da);
     fence_operands(dv);
     fence_operands(dk);
   }
@@ -265,14 +280,15 @@ __global__ void __launch_bounds__(tc_backward_threads, 2) dq_sm90_kernel(tc_back
     std::int64_t j;
     walk.tile(it, b, j);
     const std::uint32_t cK = aK + (it & 1) * tile, cV = aV + (it & 1) * tile;
+    // P is computed while dP is on the tensor cores.
     float s[32], dp[32];
     wgmma_fence();
-    product_ss<T, D>(s, aQ, cK);  // S = Q K^T
+    product_ss<T, D>(s, aQ, cK); // S = Q K^T
+    wgmma_commit();
     product_ss<T, D>(dp, aO, cV); // dP = dO V^T
     wgmma_commit();
-    wgmma_wait<0>();
+    wgmma_wait<1>();
     fence_operands(s);
-    fence_operands(dp);
     const band bd = walk.mask(b);
     const std::int64_t count = walk.count(b);
     // Rows past the tile have lrow = +inf (p = 0); only band edges and a ragged last tile need
@@ -286,9 +302,16 @@ __global__ void __launch_bounds__(tc_backward_threads, 2) dq_sm90_kernel(tc_back
         const std::int64_t i = i0 + warp * 16 + (lane >> 2) + r * 8;
         const std::int64_t col = j * R + t * 8 + (lane & 3) * 2 + (e & 1);
         const bool seen = !masked || (col < count && bd.sees(i, col));
-        const float pr = seen ? fast_exp2(fmaf(s[4 * t + e], scale_log2, -lrow[r])) : 0.0f;
-        dp[4 * t + e] = pr * (dp[4 * t + e] - drow[r]) * p.scale;
+        s[4 * t + e] = seen ? fast_exp2(fmaf(s[4 * t + e], scale_log2, -lrow[r])) : 0.0f;
       }
+    fence_operands(s);
+    wgmma_wait<0>();
+    fence_operands(dp);
+#pragma unroll
+    for (int t = 0; t < 8; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        dp[4 * t + e] = s[4 * t + e] * (dp[4 * t + e] - drow[e >= 2 ? 1 : 0]) * p.scale;
     std::uint32_t da[4][4];
     pack<T>(dp, da);
     fence_operands(dq);
