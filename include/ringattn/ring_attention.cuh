@@ -249,6 +249,15 @@ public:
   std::size_t device_workspace_bytes() const {
     return host_workspace_bytes<T>();
   }
+  //! Device workspace of `backward`: the host path's, plus one fp32 dK/dV of the largest block
+  //! (a step's share, added to the arriving accumulator once it is there, so the accumulators'
+  //! transfer overlaps the compute). Plain arithmetic, so host-only code can size it too.
+  template <element T>
+  std::size_t device_backward_workspace_bytes() const {
+    return align(host_backward_workspace_bytes<T>()) +
+           align(2 * static_cast<std::size_t>(plan_.max_local_tokens()) * args_.kv_heads *
+                 args_.head_dim * sizeof(float));
+  }
 
 #if defined(__CUDACC__)
   //! The ring forward on device memory, asynchronous on `stream`: `q`, `k`, `v` this rank's
@@ -277,15 +286,6 @@ public:
     }
   }
 
-  //! Device workspace of `backward`: the host path's, plus one fp32 dK/dV of the largest block
-  //! (a step's share, added to the arriving accumulator once it is there, so the accumulators'
-  //! transfer overlaps the compute).
-  template <element T>
-  std::size_t device_backward_workspace_bytes() const {
-    return align(host_backward_workspace_bytes<T>()) +
-           align(2 * static_cast<std::size_t>(plan_.max_local_tokens()) * args_.kv_heads *
-                 args_.head_dim * sizeof(float));
-  }
   //! The ring backward on device memory, asynchronous on `stream`: the arguments of
   //! `backward_host` as device pointers, `workspace` device memory of
   //! `device_backward_workspace_bytes<T>()`. Collective; deterministic (two calls give the same

@@ -117,7 +117,7 @@ TEST_CASE_TEMPLATE("host ring backward equals the oracle: full and causal, P = 1
   check_matrix<P, causal>();
 }
 
-TEST_CASE("host ring backward: workspace is the two travelling blocks, fp32 dQ and D") {
+TEST_CASE("ring backward workspace: host and device sizes") {
   in_process_group group(3);
   const std::vector<std::int32_t> cu = {0, 100, 161};
   const attention_arguments a{8, 2, 64, 0.0f};
@@ -132,6 +132,10 @@ TEST_CASE("host ring backward: workspace is the two travelling blocks, fp32 dQ a
     const std::size_t bytes = attn.host_backward_workspace_bytes<T>();
     CHECK(bytes >= blocks + rest);
     CHECK(bytes <= blocks + rest + 3 * 256);
+    // The device path adds one fp32 dK/dV of the largest block (a step's share).
+    const std::size_t device = attn.device_backward_workspace_bytes<T>();
+    CHECK(device >= bytes + 2 * most * 2 * 64 * 4);
+    CHECK(device <= bytes + 2 * most * 2 * 64 * 4 + 2 * 256);
   });
   for (const auto& e : errors)
     REQUIRE(message(e) == "");

@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""Table (markdown) and plot of a recorded block-backward bundle.
+
+usage: report_block_backward.py BUNDLE.json [PLOT.png]
+
+BUNDLE is bench/results/2026-11-29-h200-block-backward.json's format: a list of runs, each with
+bench_block_backward's Google Benchmark rows, sdpa_baseline.py --backward's JSON from the same
+device call, and bench_ring_forward's forward+backward rows. The table uses the first run; ratios
+are against PyTorch measured in that run. Needs matplotlib only for the plot.
+"""
+import json
+import sys
+
+PATHS = {"0": "CUDA cores", "1": "mma.sync", "2": "wgmma"}
+
+
+def params(name):
+    """tokens, kv_heads, causal, path of a bench_block_backward row name."""
+    fields = dict(p.split(":") for p in name.split("/")[1:5])
+    return int(fields["tokens"]), int(fields["kv_heads"]), fields["causal"] == "1", fields["path"]
+
+
+def table(run):
+    sdpa = {(r["backend"], r["tokens"], r["kv_heads"], r["causal"]): r["tflops"]
+            for r in run["sdpa_backward"]["results"]}
+    lines = ["| tokens | kv heads | mask | kernels | TFLOP/s | cuDNN | flash | / cuDNN | / flash |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    shapes = []
+    for row in run["block_backward"]:
+        s, kv, causal, path = params(row["name"])
+        if ("cudnn", s, kv, causal) not in sdpa:
+            continue
+        cudnn, flash, ours = sdpa[("cudnn", s, kv, causal)], sdpa[("flash", s, kv, causal)], row["TFLOP/s"]
+        lines.append(f"| {s // 1024}K | {kv} | {'causal' if causal else 'full'} | {PATHS[path]} | "
+                     f"{ours:.0f} | {cudnn:.0f} | {flash:.0f} | **{ours / cudnn:.2f}** | "
+                     f"{ours / flash:.2f} |")
+        shapes.append((f"{s // 1024}K {kv}kv {'causal' if causal else 'full'}", ours, cudnn, flash))
+    return "\n".join(lines), shapes
+
+
+def ring(run):
+    rows = {r["name"].split("/iterations")[0]: r["real_time"] for r in run["ring_forward_backward"]}
+    lines = ["| layout | single call ms | P = 1 ms | P = 4 | P = 8 | P = 8 / single |", "|---|---|---|---|---|---|"]
+    for layout, causal in (("zigzag", 1), ("contiguous", 0)):
+        single = rows.get(f"single_call/causal:{causal}/backward:1")
+        at = [rows.get(f"ring_forward<ringattn::{layout}>/ranks:{p}/causal:{causal}/backward:1")
+              for p in (1, 4, 8)]
+        if single is None or None in at:
+            continue
+        lines.append(f"| {layout} {'causal' if causal else 'full'} | {single:.0f} | {at[0]:.0f} | "
+                     f"{at[1]:.0f} | {at[2]:.0f} | **{single / at[2]:.2f}** |")
+    return "\n".join(lines)
+
+
+def main():
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    bundle = json.load(open(sys.argv[1]))
+    run = bundle["runs"][0]
+    text, shapes = table(run)
+    print(f"{bundle['machine']}; {run['commit']}\n")
+    print(text + "\n")
+    print(ring(run))
+    if len(sys.argv) > 2:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        fig, ax = plt.subplots(figsize=(9, 4))
+        x = range(len(shapes))
+        w = 0.27
+        for i, (label, k) in enumerate((("ringattn (wgmma)", 1), ("PyTorch cuDNN", 2), ("PyTorch flash", 3))):
+            ax.bar([v + (i - 1) * w for v in x], [s[k] for s in shapes], w, label=label)
+        ax.set_xticks(list(x))
+        ax.set_xticklabels([s[0] for s in shapes], rotation=20, fontsize=8)
+        ax.set_ylabel("TFLOP/s (backward)")
+        ax.set_title("Block backward, bf16, 32 q heads, head_dim 128, H200 (same run)")
+        ax.legend(fontsize=8, loc="lower center", ncol=3)
+        fig.tight_layout()
+        fig.savefig(sys.argv[2], dpi=110)
+
+
+if __name__ == "__main__":
+    main()
