@@ -10,6 +10,7 @@
 #include <doctest/doctest.h>
 
 #include <cstdlib>
+#include <type_traits>
 
 using namespace ringattn;
 
@@ -38,7 +39,7 @@ TEST_CASE_TEMPLATE("device ring, virtual ranks on one GPU, equals the oracle", P
   check<P, causal>();
 }
 
-template <class P, class Mask>
+template <class P, class Mask, class E = T>
 void check_backward() {
   const auto seed = test::fresh_seed();
   CAPTURE(seed);
@@ -49,10 +50,11 @@ void check_backward() {
   for (int ranks : {1, 2, 3, 4, 8}) {
     CAPTURE(ranks);
     std::mt19937_64 rng(seed + 1);
-    test::sharded_backward_case<P, T> c(cu, ranks, {8, 2, 128, 0.0f}, Mask::mask, rng);
+    test::sharded_backward_case<P, E> c(cu, ranks, {8, 2, 128, 0.0f}, Mask::mask, rng);
     const auto err = test::check_device_backward(
         c, test::device_backward_in_process<Mask>(c, /*devices=*/1, /*repeat=*/ranks == 3));
-    MESSAGE(ranks, " ranks: dq ", err[0], ", dk ", err[1], ", dv ", err[2]);
+    MESSAGE((std::is_same_v<E, __half> ? "fp16, " : "bf16, "), ranks, " ranks: dq ", err[0],
+            ", dk ", err[1], ", dv ", err[2]);
     for (std::size_t i = 0; i < 3; ++i) {
       if (ranks == 1) at_p1[i] = err[i];
       if (ranks == 8) CHECK(err[i] <= 1.2 * at_p1[i]);
@@ -64,4 +66,6 @@ TEST_CASE_TEMPLATE("device ring backward, virtual ranks on one GPU, equals the o
                    contiguous, round_robin, zigzag) {
   check_backward<P, full>();
   check_backward<P, causal>();
+  check_backward<P, full, __half>();
+  check_backward<P, causal, __half>();
 }
