@@ -7,43 +7,64 @@
 // convention). PyTorch SDPA's backward at the same shapes: `bench/sdpa_baseline.py OUT.json
 // --backward`, same device run.
 //
-// "path": 2 the Hopper (wgmma) kernels and 1 the mma.sync ones (the issue's 8K and 32K), 0 the
-// CUDA-core ones (2K and 8K only: one 32K call would take seconds).
+// "path": 3 the Hopper (wgmma) kernels with two warpgroups a thread block, 2 with one, 1 the
+// mma.sync ones (the issue's 8K and 32K), 0 the CUDA-core ones (2K and 8K only: one 32K call
+// would take seconds). "kernels": 0 the whole backward, 1 the dK/dV kernel alone, 2 the dQ
+// kernel alone (where the time goes; tensor-core paths only).
 #include "single_gpu.cuh"
 
 namespace {
 using T = __nv_bfloat16;
 
-// range: tokens, kv_heads, causal, path (0 CUDA cores, 1 mma.sync, 2 wgmma)
+// range: tokens, kv_heads, causal, path, kernels (see above)
 void block_backward(benchmark::State& state) {
   if (!ringattn::bench::require_gpu(state)) return;
   const std::int64_t s = state.range(0);
   const int q_heads = 32, kv_heads = static_cast<int>(state.range(1)), d = 128;
   const bool causal = state.range(2) != 0;
-  constexpr ringattn::backward_path paths[] = {ringattn::backward_path::cuda_cores,
-                                               ringattn::backward_path::tensor_cores,
-                                               ringattn::backward_path::wgmma};
-  constexpr const char* names[] = {"cuda-core", "mma.sync", "wgmma"};
+  using ringattn::backward_path;
+  constexpr ringattn::backward_options paths[] = {{backward_path::cuda_cores, 0},
+                                                  {backward_path::tensor_cores, 0},
+                                                  {backward_path::wgmma, 1},
+                                                  {backward_path::wgmma, 2}};
+  constexpr const char* names[] = {"cuda-core", "mma.sync", "wgmma x1", "wgmma x2"};
   const auto path = static_cast<std::size_t>(state.range(3));
-  if (!ringattn::backward_path_available(paths[path])) {
+  const int kernels = static_cast<int>(state.range(4));
+  if (!ringattn::backward_path_available(paths[path].path)) {
     state.SkipWithError("the wgmma kernels need an sm_90a image on a compute capability 9.0 GPU");
     return;
   }
   const ringattn::bench::single_gpu_attention<T> attention(s, q_heads, kv_heads, d, causal,
                                                            paths[path]);
+  if (kernels != 0 && !attention.tensor_cores()) {
+    state.SkipWithError("one kernel alone: tensor-core paths only");
+    return;
+  }
   attention.forward(nullptr);
   RINGATTN_CUDA_CHECK(cudaDeviceSynchronize());
   ringattn::bench::gpu_timer timer;
   timer.time(
-      state, [&](cudaStream_t stream) { attention.backward(stream); }, 1);
+      state,
+      [&](cudaStream_t stream) {
+        if (kernels == 0)
+          attention.backward(stream);
+        else
+          attention.backward_kernel(kernels, stream);
+      },
+      1);
+  // FLOPs: the whole backward's (2.5x the forward's) for the whole call; a kernel alone reports
+  // the same figure, so its TFLOP/s is "what the backward would reach if it were all like this".
   ringattn::bench::report_flops(
       state, 2.5 * ringattn::bench::attention_forward_flops(1, q_heads, s, s, d, causal));
-  state.SetLabel(std::string(names[path]) + " backward" + (causal ? " causal" : " full"));
+  static constexpr const char* parts[] = {"", " (dK/dV kernel)", " (dQ kernel)"};
+  state.SetLabel(std::string(names[path]) + " backward" + (causal ? " causal" : " full") +
+                 parts[kernels]);
 }
 BENCHMARK(block_backward)
-    ->ArgNames({"tokens", "kv_heads", "causal", "path"})
-    ->ArgsProduct({{8192, 32768}, {32, 8}, {0, 1}, {2, 1}})
-    ->ArgsProduct({{2048, 8192}, {8}, {0, 1}, {0}})
+    ->ArgNames({"tokens", "kv_heads", "causal", "path", "kernels"})
+    ->ArgsProduct({{8192, 32768}, {32, 8}, {0, 1}, {3, 2, 1}, {0}})
+    ->ArgsProduct({{8192}, {8}, {0, 1}, {3, 2, 1}, {1, 2}})
+    ->ArgsProduct({{2048, 8192}, {8}, {0, 1}, {0}, {0}})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond)
     ->MinTime(0.2);

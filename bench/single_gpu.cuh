@@ -17,7 +17,7 @@ class single_gpu_attention {
 public:
   //! One sequence of `tokens`, full or causal, random inputs (device memory).
   single_gpu_attention(std::int64_t tokens, int q_heads, int kv_heads, int head_dim, bool causal,
-                       backward_path path = backward_path::automatic)
+                       backward_options path = {})
       : s_(tokens), args_{q_heads, kv_heads, head_dim, 0.0f},
         nq_(static_cast<std::size_t>(tokens * q_heads * head_dim)),
         nk_(static_cast<std::size_t>(tokens * kv_heads * head_dim)), groups_(one_group(causal)),
@@ -64,6 +64,20 @@ public:
     write_gradient<T>(dk_, {dk16_, s_, args_.kv_heads, args_.head_dim}, stream);
     write_gradient<T>(dv_, {dv16_, s_, args_.kv_heads, args_.head_dim}, stream);
   }
+  //! One of the block backward's two tensor-core kernels alone (1: dK/dV, 2: dQ), into the fp32
+  //! accumulators as they are: where the backward's time goes.
+  void backward_kernel(int which, cudaStream_t stream) const {
+    auto p = backward_.tc_params<T>(
+        {q(), k(), v(), view(dout_, args_.q_heads), lse_, delta_, args_, {dq_, dk_, dv_}});
+    (which == 1 ? p.row_tile_count : p.key_tile_count) = 0;
+    const int wgmma = backward_.wgmma(args_.head_dim) ? backward_.wgmma_warpgroups() : 0;
+    if (args_.head_dim == 64)
+      ringattn::detail::launch_block_backward_tc<T, 64>(p, wgmma, stream);
+    else
+      ringattn::detail::launch_block_backward_tc<T, 128>(p, wgmma, stream);
+  }
+  //! Whether the backward runs on tensor cores (mma.sync or wgmma).
+  bool tensor_cores() const { return backward_.tensor_cores(args_.head_dim); }
 
 private:
   std::vector<block_group> one_group(bool causal) const {

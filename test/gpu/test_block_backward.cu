@@ -17,7 +17,7 @@ namespace {
 
 template <class T>
 test::block_grads run(const test::block_backward_case<T>& c,
-                      const std::vector<std::vector<block_group>>& calls, backward_path path) {
+                      const std::vector<std::vector<block_group>>& calls, backward_options path) {
   const auto n = static_cast<std::size_t>(c.tokens());
   const attention_arguments& a = c.args;
   test::device_buffer<T> q(c.q), k(c.k), v(c.v), dout(c.dout);
@@ -55,15 +55,17 @@ TEST_CASE_TEMPLATE("CUDA block backward equals the oracle: bands x GQA x head_di
   CAPTURE(seed);
   std::mt19937_64 rng(seed);
   const double tc_tolerance = std::is_same_v<T, __nv_bfloat16> ? 4e-3 : 1e-3;
-  std::vector<backward_path> paths{backward_path::cuda_cores, backward_path::tensor_cores};
+  // CUDA cores, mma.sync, wgmma with one and with two warpgroups a thread block.
+  std::vector<backward_options> paths{{backward_path::cuda_cores, 0},
+                                      {backward_path::tensor_cores, 0}};
   if (backward_path_available(backward_path::wgmma))
-    paths.push_back(backward_path::wgmma);
+    paths.insert(paths.end(), {{backward_path::wgmma, 1}, {backward_path::wgmma, 2}});
   else
     MESSAGE("no wgmma kernels here (an sm_90a image on a compute capability 9.0 device)");
   // RINGATTN_TEST_SMALL=1 (compute-sanitizer runs): GQA 1 and 4, head_dim 64 and 128, shorter
   // sequences.
   const bool small = std::getenv("RINGATTN_TEST_SMALL") != nullptr;
-  double worst[3] = {0.0, 0.0, 0.0}; // the largest error seen per path (as in `paths`)
+  double worst[4] = {0.0, 0.0, 0.0, 0.0}; // the largest error seen per path (as in `paths`)
   for (int group : {1, 4, 8})
     for (int d : {64, 128, 256})
       for (const band& b : test::test_bands(rng)) {
@@ -76,10 +78,10 @@ TEST_CASE_TEMPLATE("CUDA block backward equals the oracle: bands x GQA x head_di
         test::block_backward_case<T> c(test::random_cu_seqlens(3, 1, small ? 100 : 150, rng), a, b,
                                        rng);
         for (std::size_t pi = 0; pi < paths.size(); ++pi) {
-          const backward_path path = paths[pi];
-          if (path != backward_path::cuda_cores && d > 128) continue;
+          const backward_options path = paths[pi];
+          if (path.path != backward_path::cuda_cores && d > 128) continue;
           CAPTURE(pi);
-          const double tol = path == backward_path::cuda_cores ? 1e-4 : tc_tolerance;
+          const double tol = path.path == backward_path::cuda_cores ? 1e-4 : tc_tolerance;
           const test::block_grads g = run(c, c.calls(1), path);
           const double e[3] = {test::grad_error(g.dq, c.ref.dq.data),
                                test::grad_error(g.dk, c.ref.dk.data),
@@ -99,8 +101,8 @@ TEST_CASE_TEMPLATE("CUDA block backward equals the oracle: bands x GQA x head_di
           CHECK(std::memcmp(again.dv.data(), split.dv.data(), split.dv.size() * 4) == 0);
         }
       }
-  MESSAGE("largest relative error: CUDA cores ", worst[0], ", mma.sync ", worst[1], ", wgmma ",
-          worst[2]);
+  MESSAGE("largest relative error: CUDA cores ", worst[0], ", mma.sync ", worst[1],
+          ", wgmma (one warpgroup) ", worst[2], ", wgmma (two) ", worst[3]);
 }
 
 TEST_CASE("CUDA block backward validates before launching") {

@@ -1,10 +1,11 @@
 #pragma once
 //! \file
-//! The Hopper (sm_90a) block-backward kernels: the work split, tiles and schedule of the
-//! mma.sync ones (backward_kernel_tc.cuh: 64 key columns a dK/dV block, 64 query rows a dQ
-//! block, the same walks and the same predicate), with every product on warpgroup MMA. A thread
-//! block is one warpgroup (128 threads, 16 rows a warp); two share an SM, so one's elementwise
-//! work runs while the other's products are on the tensor cores.
+//! The Hopper (sm_90a) block-backward kernels: the work split, walks and predicate of the
+//! mma.sync ones (backward_kernel_tc.cuh), with every product on warpgroup MMA. A thread block is
+//! `WG` warpgroups (128 threads each, 16 rows a warp), each owning 64 key columns (dK/dV) or 64
+//! query rows (dQ): with one, two blocks share an SM, so one's elementwise work runs while the
+//! other's products are on the tensor cores; with two, the warpgroups share the tiles they walk
+//! (Q/dO for dK/dV, K/V for dQ), copied once for twice the work, and interleave the same way.
 //!
 //! Every backward product has one of the forward kernel's two wgmma forms:
 //! - S^T = K Q^T and dP^T = V dO^T (dK/dV block), S = Q K^T and dP = dO V^T (dQ block): A and
@@ -25,18 +26,22 @@
 RINGATTN_ABI_BEGIN
 namespace kernels {
 
-//! Dynamic shared memory of either Hopper backward kernel: six [64, D] tiles (two fixed, two
-//! double-buffered), two double-buffered 64-float vectors, 1 KB to align the swizzle atoms.
-template <class T, int D>
+//! Dynamic shared memory of either Hopper backward kernel with `WG` warpgroups: two fixed
+//! [64 WG, D] tiles, two double-buffered [64, D] ones, two double-buffered 64-float vectors, 1 KB
+//! to align the swizzle atoms.
+template <class T, int D, int WG>
 constexpr int sm90_backward_smem_bytes() {
-  return 6 * tc_backward_rows * D * static_cast<int>(sizeof(T)) + 4 * tc_backward_rows * 4 + 1024;
+  return (2 * WG + 4) * tc_backward_rows * D * static_cast<int>(sizeof(T)) +
+         4 * tc_backward_rows * 4 + 1024;
 }
 
 namespace sm90_backward {
 constexpr int R = tc_backward_rows;
-// Descriptor of k-step `kk` of a [64, D] panelled tile read K-major (rows = M or N).
+// Descriptor of k-step `kk` of 64 rows (M or N) of a [Rows, D] panelled tile read K-major;
+// `tile` is the address of the first of those rows in the first panel.
+template <int Rows = R>
 __device__ __forceinline__ std::uint64_t k_major(std::uint32_t tile, int kk) {
-  return sw128_descriptor(tile + (kk >> 2) * (R * 128) + (kk & 3) * 32, 16);
+  return sw128_descriptor(tile + (kk >> 2) * (Rows * 128) + (kk & 3) * 32, 16);
 }
 // Descriptor of k-step `kk` (16 rows) of a [64, D] panelled tile read N-major (rows = K).
 __device__ __forceinline__ std::uint64_t n_major(std::uint32_t tile, int kk) {
@@ -51,12 +56,12 @@ __device__ __forceinline__ void pack(const float (&c)[32], std::uint32_t (&a)[4]
     a[t / 2][(t & 1) * 2 + 1] = pack2<T>(c[4 * t + 2], c[4 * t + 3]);
   }
 }
-// c = A B^T over k = D: A's and B's k-steps from descriptors.
-template <class T, int D>
+// c = A B^T over k = D: A's and B's k-steps from descriptors (A: 64 rows of a [ARows, D] tile).
+template <class T, int D, int ARows = R>
 __device__ __forceinline__ void product_ss(float (&c)[32], std::uint32_t a, std::uint32_t b) {
 #pragma unroll
   for (int kk = 0; kk < D / 16; ++kk)
-    wgmma_ss<T, 0>(c, k_major(a, kk), k_major(b, kk), kk > 0);
+    wgmma_ss<T, 0>(c, k_major<ARows>(a, kk), k_major(b, kk), kk > 0);
 }
 // c += A B over k = 64: A in registers, B's rows the k dimension.
 template <class T, int N>
@@ -87,41 +92,53 @@ __device__ __forceinline__ void add_rows(float* base, std::int64_t row_stride, i
 }
 } // namespace sm90_backward
 
-//! dK, dV of 64 key columns of one kv head (blockIdx.x: key tile, blockIdx.y: kv head).
-template <class T, int D>
-__global__ void __launch_bounds__(tc_backward_threads, 2)
+//! dK, dV of 64 WG key columns of one kv head (blockIdx.x: key tile, blockIdx.y: kv head).
+template <class T, int D, int WG>
+__global__ void __launch_bounds__(128 * WG, WG == 1 ? 2 : 1)
     dkdv_sm90_kernel(tc_backward_params<T> tp) {
 #if RINGATTN_WGMMA_ENABLED
   using namespace sm90_backward;
-  constexpr std::uint32_t tile = R * D * sizeof(T);
+  constexpr int BK = R * WG; // key columns of the block
+  constexpr std::uint32_t tile = R * D * sizeof(T), kv_tile = BK * D * sizeof(T);
   constexpr float log2e = 1.4426950408889634f;
-  static_assert(sizeof(T) == 2 && (D == 64 || D == 128) && tc_backward_threads == 128);
+  static_assert(sizeof(T) == 2 && (D == 64 || D == 128) && (WG == 1 || WG == 2));
   const backward_params<T>& p = tp.b;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   const std::uint32_t raw = smem_address(smem_raw);
   const std::uint32_t pad = (1024u - (raw & 1023u)) & 1023u; // swizzle atoms start 1 KB aligned
-  const std::uint32_t aK = raw + pad, aV = aK + tile, aQ = aV + tile, aO = aQ + 2 * tile;
-  float* sL = reinterpret_cast<float*>(smem_raw + pad + 6 * tile); // lse * log2(e), 2 buffers
-  float* sD = sL + 2 * R;                                          // delta, 2 buffers
-  const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31, kvh = blockIdx.y;
+  const std::uint32_t aK = raw + pad, aV = aK + kv_tile, aQ = aV + kv_tile, aO = aQ + 2 * tile;
+  // lse * log2(e) and delta of the step's rows, two buffers each.
+  float* sL = reinterpret_cast<float*>(smem_raw + pad + 2 * kv_tile + 4 * tile);
+  float* sD = sL + 2 * R;
+  // Warpgroup (broadcast from lane 0, so the compiler knows it is warp-uniform), its thread.
+  const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x >> 7), 0);
+  const int tid = static_cast<int>(threadIdx.x & 127), warp = tid >> 5, lane = tid & 31,
+            kvh = blockIdx.y;
   const key_tile kt = tp.key_tiles[blockIdx.x];
   const key_interval in = p.intervals[kt.interval];
-  const int cols = static_cast<int>(in.end - kt.begin < R ? in.end - kt.begin : R);
+  const int cols = static_cast<int>(in.end - kt.begin < BK ? in.end - kt.begin : BK);
 
-  produce_tile<R, D>(aK, p.k + kt.begin * p.k_token_stride + kvh * p.k_head_stride,
-                     p.k_token_stride, cols, tid);
-  produce_tile<R, D>(aV, p.v + kt.begin * p.v_token_stride + kvh * p.v_head_stride,
-                     p.v_token_stride, cols, tid);
+  // Copies: K and Q by warpgroup 0, V and dO by the last one (both by one when WG = 1).
+  const bool first = wg == 0, last = wg == WG - 1;
+  if (first)
+    produce_tile<BK, D>(aK, p.k + kt.begin * p.k_token_stride + kvh * p.k_head_stride,
+                        p.k_token_stride, cols, tid);
+  if (last)
+    produce_tile<BK, D>(aV, p.v + kt.begin * p.v_token_stride + kvh * p.v_head_stride,
+                        p.v_token_stride, cols, tid);
   // Copies step `w`'s Q/dO tiles (cp.async) and lse/delta (plain stores) into buffer `buf`.
   auto load_step = [&](const cover_walk<T>& w, int buf) {
     const block_group& g = p.groups[w.cover().group];
     const std::int64_t q_count = g.q_count, row0 = g.q_begin + w.i0;
     const int rows = static_cast<int>(q_count - w.i0 < R ? q_count - w.i0 : R);
-    produce_tile<R, D>(aQ + buf * tile, p.q + row0 * p.q_token_stride + w.h * p.q_head_stride,
-                       p.q_token_stride, rows, tid);
-    produce_tile<R, D>(aO + buf * tile, p.dout + row0 * p.do_token_stride + w.h * p.do_head_stride,
-                       p.do_token_stride, rows, tid);
-    if (tid < R) {
+    if (first)
+      produce_tile<R, D>(aQ + buf * tile, p.q + row0 * p.q_token_stride + w.h * p.q_head_stride,
+                         p.q_token_stride, rows, tid);
+    if (last)
+      produce_tile<R, D>(aO + buf * tile,
+                         p.dout + row0 * p.do_token_stride + w.h * p.do_head_stride,
+                         p.do_token_stride, rows, tid);
+    if (first && tid < R) {
       sL[buf * R + tid] = tid < rows ? p.lse[w.h * p.q_tokens + row0 + tid] * log2e : 0.0f;
       sD[buf * R + tid] = tid < rows ? p.delta[w.h * p.q_tokens + row0 + tid] : 0.0f;
     }
@@ -158,23 +175,25 @@ __global__ void __launch_bounds__(tc_backward_threads, 2)
 
     // Two product groups in flight at a time: P^T is computed while dP^T is on the tensor cores,
     // dS^T while dV's product is.
+    // This warpgroup's 64 key rows of K and V (rows 64 wg.. of the block's [BK, D] tiles).
+    const std::uint32_t myK = aK + wg * (R * 128), myV = aV + wg * (R * 128);
     float s[32], dp[32];
     wgmma_fence();
-    product_ss<T, D>(s, aK, cQ); // S^T = K Q^T
+    product_ss<T, D, BK>(s, myK, cQ); // S^T = K Q^T
     wgmma_commit();
-    product_ss<T, D>(dp, aV, cO); // dP^T = V dO^T
+    product_ss<T, D, BK>(dp, myV, cO); // dP^T = V dO^T
     wgmma_commit();
     wgmma_wait<1>();
     fence_operands(s);
     // The tile lies wholly in the band (its corners do) and has no ragged edge: no predicate.
     const bool whole =
-        rows == R && cols == R && kb.mask.sees(i0 + R - 1, jl0) && kb.mask.sees(i0, jl0 + R - 1);
+        rows == R && cols == BK && kb.mask.sees(i0 + R - 1, jl0) && kb.mask.sees(i0, jl0 + BK - 1);
     // P^T; rows are keys (this warp's 16), columns queries.
 #pragma unroll
     for (int t = 0; t < 8; ++t)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int key = warp * 16 + (lane >> 2) + (e >= 2 ? 8 : 0);
+        const int key = wg * R + warp * 16 + (lane >> 2) + (e >= 2 ? 8 : 0);
         const int q = t * 8 + (lane & 3) * 2 + (e & 1);
         const bool seen = whole || (key < cols && q < rows && kb.mask.sees(i0 + q, jl0 + key));
         s[4 * t + e] = seen ? fast_exp2(fmaf(s[4 * t + e], scale_log2, -cL[q])) : 0.0f;
@@ -211,55 +230,64 @@ __global__ void __launch_bounds__(tc_backward_threads, 2)
   }
   cp_async_wait_all(); // (a block with no cover still waits for its K/V copies)
   const std::int64_t stride = static_cast<std::int64_t>(p.kv_heads) * D;
-  add_rows<D>(p.dk + kt.begin * stride + kvh * D, stride, warp * 16, cols, dk, lane);
-  add_rows<D>(p.dv + kt.begin * stride + kvh * D, stride, warp * 16, cols, dv, lane);
+  add_rows<D>(p.dk + kt.begin * stride + kvh * D, stride, wg * R + warp * 16, cols, dk, lane);
+  add_rows<D>(p.dv + kt.begin * stride + kvh * D, stride, wg * R + warp * 16, cols, dv, lane);
 #else
   __trap(); // launched only where wgmma_available() said yes
 #endif
 }
 
-//! dQ of 64 query rows of one query head (blockIdx.x: row tile, blockIdx.y: head).
-template <class T, int D>
-__global__ void __launch_bounds__(tc_backward_threads, 2) dq_sm90_kernel(tc_backward_params<T> tp) {
+//! dQ of 64 WG query rows of one query head (blockIdx.x: row tile, blockIdx.y: head).
+template <class T, int D, int WG>
+__global__ void __launch_bounds__(128 * WG, WG == 1 ? 2 : 1)
+    dq_sm90_kernel(tc_backward_params<T> tp) {
 #if RINGATTN_WGMMA_ENABLED
   using namespace sm90_backward;
-  constexpr std::uint32_t tile = R * D * sizeof(T);
+  constexpr int BQ = R * WG; // query rows of the block
+  constexpr std::uint32_t tile = R * D * sizeof(T), q_tile = BQ * D * sizeof(T);
   constexpr float log2e = 1.4426950408889634f, neg_inf = -__builtin_huge_valf();
-  static_assert(sizeof(T) == 2 && (D == 64 || D == 128) && tc_backward_threads == 128);
+  static_assert(sizeof(T) == 2 && (D == 64 || D == 128) && (WG == 1 || WG == 2));
   const backward_params<T>& p = tp.b;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   const std::uint32_t raw = smem_address(smem_raw);
   const std::uint32_t pad = (1024u - (raw & 1023u)) & 1023u;
-  const std::uint32_t aQ = raw + pad, aO = aQ + tile, aK = aO + tile, aV = aK + 2 * tile;
-  const int tid = static_cast<int>(threadIdx.x), warp = tid >> 5, lane = tid & 31, h = blockIdx.y,
-            kvh = h / p.group_size;
+  const std::uint32_t aQ = raw + pad, aO = aQ + q_tile, aK = aO + q_tile, aV = aK + 2 * tile;
+  const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x >> 7), 0);
+  const int tid = static_cast<int>(threadIdx.x & 127), warp = tid >> 5, lane = tid & 31,
+            h = blockIdx.y, kvh = h / p.group_size;
   const work_tile wt = tp.row_tiles[blockIdx.x];
   const block_group g = p.groups[wt.group];
   const std::int64_t i0 = wt.row_begin, row0 = g.q_begin + i0;
-  const int rows = static_cast<int>(g.q_count - i0 < R ? g.q_count - i0 : R);
+  const int rows = static_cast<int>(g.q_count - i0 < BQ ? g.q_count - i0 : BQ);
   const kv_walk<R> walk(g, i0, rows);
+  // Copies: Q and K by warpgroup 0, dO and V by the last one (both by one when WG = 1).
+  const bool first = wg == 0, last = wg == WG - 1;
   // Copies K/V tile `it` of the walk into buffer `buf`.
   auto load_kv = [&](int it, int buf) {
     bool b;
     std::int64_t j;
     walk.tile(it, b, j);
     const std::int64_t key0 = walk.begin(b) + j * R;
-    produce_tile<R, D>(aK + buf * tile, p.k + key0 * p.k_token_stride + kvh * p.k_head_stride,
-                       p.k_token_stride, walk.valid(b, j), tid);
-    produce_tile<R, D>(aV + buf * tile, p.v + key0 * p.v_token_stride + kvh * p.v_head_stride,
-                       p.v_token_stride, walk.valid(b, j), tid);
+    if (first)
+      produce_tile<R, D>(aK + buf * tile, p.k + key0 * p.k_token_stride + kvh * p.k_head_stride,
+                         p.k_token_stride, walk.valid(b, j), tid);
+    if (last)
+      produce_tile<R, D>(aV + buf * tile, p.v + key0 * p.v_token_stride + kvh * p.v_head_stride,
+                         p.v_token_stride, walk.valid(b, j), tid);
   };
-  produce_tile<R, D>(aQ, p.q + row0 * p.q_token_stride + h * p.q_head_stride, p.q_token_stride,
-                     rows, tid);
-  produce_tile<R, D>(aO, p.dout + row0 * p.do_token_stride + h * p.do_head_stride,
-                     p.do_token_stride, rows, tid);
+  if (first)
+    produce_tile<BQ, D>(aQ, p.q + row0 * p.q_token_stride + h * p.q_head_stride, p.q_token_stride,
+                        rows, tid);
+  if (last)
+    produce_tile<BQ, D>(aO, p.dout + row0 * p.do_token_stride + h * p.do_head_stride,
+                        p.do_token_stride, rows, tid);
   if (walk.total > 0) load_kv(0, 0);
   cp_async_commit();
   // This lane's two rows: lse (log2 units) and delta; rows past the tile or with no key: none.
   float lrow[2], drow[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    const int x = warp * 16 + (lane >> 2) + r * 8;
+    const int x = wg * R + warp * 16 + (lane >> 2) + r * 8;
     const bool ok = x < rows;
     const float l = ok ? p.lse[h * p.q_tokens + row0 + x] : neg_inf;
     lrow[r] = l == neg_inf ? __builtin_huge_valf() : l * log2e; // +inf: every p is 0
@@ -283,9 +311,9 @@ __global__ void __launch_bounds__(tc_backward_threads, 2) dq_sm90_kernel(tc_back
     // P is computed while dP is on the tensor cores.
     float s[32], dp[32];
     wgmma_fence();
-    product_ss<T, D>(s, aQ, cK); // S = Q K^T
+    product_ss<T, D, BQ>(s, aQ + wg * (R * 128), cK); // S = Q K^T (this warpgroup's rows)
     wgmma_commit();
-    product_ss<T, D>(dp, aO, cV); // dP = dO V^T
+    product_ss<T, D, BQ>(dp, aO + wg * (R * 128), cV); // dP = dO V^T
     wgmma_commit();
     wgmma_wait<1>();
     fence_operands(s);
@@ -299,7 +327,7 @@ __global__ void __launch_bounds__(tc_backward_threads, 2) dq_sm90_kernel(tc_back
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int r = e >= 2 ? 1 : 0;
-        const std::int64_t i = i0 + warp * 16 + (lane >> 2) + r * 8;
+        const std::int64_t i = i0 + wg * R + warp * 16 + (lane >> 2) + r * 8;
         const std::int64_t col = j * R + t * 8 + (lane & 3) * 2 + (e & 1);
         const bool seen = !masked || (col < count && bd.sees(i, col));
         s[4 * t + e] = seen ? fast_exp2(fmaf(s[4 * t + e], scale_log2, -lrow[r])) : 0.0f;
@@ -324,7 +352,7 @@ __global__ void __launch_bounds__(tc_backward_threads, 2) dq_sm90_kernel(tc_back
   }
   cp_async_wait_all();
   const std::int64_t stride = static_cast<std::int64_t>(p.q_heads) * D;
-  add_rows<D>(p.dq + row0 * stride + h * D, stride, warp * 16, rows, dq, lane);
+  add_rows<D>(p.dq + row0 * stride + h * D, stride, wg * R + warp * 16, rows, dq, lane);
 #else
   __trap(); // launched only where wgmma_available() said yes
 #endif

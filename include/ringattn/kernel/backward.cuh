@@ -88,14 +88,34 @@ inline backward_plan plan_backward(std::span<const block_group> groups) {
 //! on the CUDA cores whatever the path.
 enum class backward_path { automatic, cuda_cores, tensor_cores, wgmma };
 
+//! Options of a `device_backward_schedule`.
+struct backward_options {
+  backward_path path = backward_path::automatic;
+  //! Warpgroups a thread block of the wgmma kernels (1: 64 key columns or query rows a block,
+  //! two blocks an SM; 2: 128, one block); 0 = the tuned count. For tuning experiments
+  //! (bench/block_backward.cu).
+  int wgmma_warpgroups = 0;
+};
+//! The tuned warpgroup count of the wgmma backward kernels.
+inline constexpr int tuned_wgmma_warpgroups = 2;
+
 //! The device side of one call's groups for the backward kernels; made at plan time (it
 //! allocates and copies), used by any number of calls with the same groups and sizes.
 class device_backward_schedule {
 public:
   device_backward_schedule(std::span<const block_group> groups, std::int64_t q_tokens,
                            std::int64_t kv_tokens, backward_path path = backward_path::automatic)
-      : q_tokens_(q_tokens), kv_tokens_(kv_tokens), path_(path) {
+      : device_backward_schedule(groups, q_tokens, kv_tokens, backward_options{path, 0}) {}
+  device_backward_schedule(std::span<const block_group> groups, std::int64_t q_tokens,
+                           std::int64_t kv_tokens, backward_options options)
+      : q_tokens_(q_tokens), kv_tokens_(kv_tokens), path_(options.path),
+        wgmma_warpgroups_(options.wgmma_warpgroups == 0 ? tuned_wgmma_warpgroups
+                                                        : options.wgmma_warpgroups) {
     validate_groups(groups, q_tokens, kv_tokens).throw_if_invalid();
+    if (wgmma_warpgroups_ != 1 && wgmma_warpgroups_ != 2)
+      throw invalid_argument("ringattn: the wgmma block backward takes 1 or 2 warpgroups a "
+                             "thread block (got " +
+                             std::to_string(wgmma_warpgroups_) + ")");
     if (path_ != backward_path::cuda_cores) {
       int device = 0, major = 0;
       RINGATTN_CUDA_CHECK(cudaGetDevice(&device));
@@ -121,8 +141,10 @@ public:
     const auto& rows = plan.rows;
     row_items_ = static_cast<std::int64_t>(rows.size());
     interval_count_ = static_cast<std::int32_t>(intervals.size());
-    // Tiles of the tensor-core kernels: 64 key columns of an interval; 64 query rows of a group.
-    constexpr int R = kernels::tc_backward_rows;
+    // Tiles of the tensor-core kernels: R key columns of an interval; R query rows of a group
+    // (64, or 64 a warpgroup for the wgmma kernels).
+    const int R = kernels::tc_backward_rows *
+                  (wgmma_ok_ && path_ != backward_path::tensor_cores ? wgmma_warpgroups_ : 1);
     std::vector<kernels::key_tile> key_tiles;
     for (std::size_t i = 0; i < intervals.size(); ++i)
       for (std::int64_t b = intervals[i].begin; b < intervals[i].end; b += R)
@@ -171,11 +193,12 @@ public:
   }
   device_backward_schedule(device_backward_schedule&& o) noexcept
       : q_tokens_(o.q_tokens_), kv_tokens_(o.kv_tokens_), path_(o.path_),
-        tensor_cores_ok_(o.tensor_cores_ok_), wgmma_ok_(o.wgmma_ok_), key_items_(o.key_items_),
-        row_items_(o.row_items_), interval_count_(o.interval_count_),
-        key_tile_count_(o.key_tile_count_), row_tile_count_(o.row_tile_count_),
-        memory_(std::exchange(o.memory_, nullptr)), groups_(o.groups_), intervals_(o.intervals_),
-        covers_(o.covers_), rows_(o.rows_), key_tiles_(o.key_tiles_), row_tiles_(o.row_tiles_) {}
+        wgmma_warpgroups_(o.wgmma_warpgroups_), tensor_cores_ok_(o.tensor_cores_ok_),
+        wgmma_ok_(o.wgmma_ok_), key_items_(o.key_items_), row_items_(o.row_items_),
+        interval_count_(o.interval_count_), key_tile_count_(o.key_tile_count_),
+        row_tile_count_(o.row_tile_count_), memory_(std::exchange(o.memory_, nullptr)),
+        groups_(o.groups_), intervals_(o.intervals_), covers_(o.covers_), rows_(o.rows_),
+        key_tiles_(o.key_tiles_), row_tiles_(o.row_tiles_) {}
   device_backward_schedule(const device_backward_schedule&) = delete;
   device_backward_schedule& operator=(const device_backward_schedule&) = delete;
   device_backward_schedule& operator=(device_backward_schedule&&) = delete;
@@ -187,6 +210,8 @@ public:
   bool tensor_cores(int head_dim) const noexcept {
     return path_ != backward_path::cuda_cores && tensor_cores_ok_ && head_dim <= 128;
   }
+  //! Warpgroups a thread block of the wgmma kernels.
+  int wgmma_warpgroups() const noexcept { return wgmma_warpgroups_; }
   //! Whether calls with this head_dim run the Hopper (wgmma) kernels.
   bool wgmma(int head_dim) const noexcept {
     return (path_ == backward_path::automatic || path_ == backward_path::wgmma) && wgmma_ok_ &&
@@ -234,6 +259,7 @@ public:
 private:
   std::int64_t q_tokens_ = 0, kv_tokens_ = 0;
   backward_path path_ = backward_path::automatic;
+  int wgmma_warpgroups_ = tuned_wgmma_warpgroups;
   bool tensor_cores_ok_ = false, wgmma_ok_ = false;
   std::int64_t key_items_ = 0, row_items_ = 0;
   std::int32_t interval_count_ = 0;
@@ -268,32 +294,37 @@ void launch_block_backward(const kernels::backward_params<T>& p, cudaStream_t st
 // either tensor-core family (the same grid, threads and schedule).
 template <class T>
 void launch_tc_pair(void (*dkdv)(kernels::tc_backward_params<T>),
-                    void (*dq)(kernels::tc_backward_params<T>), int smem,
+                    void (*dq)(kernels::tc_backward_params<T>), int threads, int smem,
                     const kernels::tc_backward_params<T>& p, cudaStream_t stream) {
   if (p.key_tile_count > 0) {
     RINGATTN_CUDA_CHECK(
         cudaFuncSetAttribute(dkdv, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     dkdv<<<dim3(static_cast<unsigned>(p.key_tile_count), static_cast<unsigned>(p.b.kv_heads)),
-           kernels::tc_backward_threads, smem, stream>>>(p);
+           threads, smem, stream>>>(p);
     RINGATTN_CUDA_CHECK_LAUNCH();
   }
   if (p.row_tile_count > 0) {
     RINGATTN_CUDA_CHECK(
         cudaFuncSetAttribute(dq, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    dq<<<dim3(static_cast<unsigned>(p.row_tile_count), static_cast<unsigned>(p.b.q_heads)),
-         kernels::tc_backward_threads, smem, stream>>>(p);
+    dq<<<dim3(static_cast<unsigned>(p.row_tile_count), static_cast<unsigned>(p.b.q_heads)), threads,
+         smem, stream>>>(p);
     RINGATTN_CUDA_CHECK_LAUNCH();
   }
 }
+// `wgmma_warpgroups` 0: the mma.sync kernels; 1 or 2: the wgmma ones with that many warpgroups.
 template <class T, int D>
-void launch_block_backward_tc(const kernels::tc_backward_params<T>& p, bool wgmma,
+void launch_block_backward_tc(const kernels::tc_backward_params<T>& p, int wgmma_warpgroups,
                               cudaStream_t stream) {
-  if (wgmma)
-    launch_tc_pair<T>(&kernels::dkdv_sm90_kernel<T, D>, &kernels::dq_sm90_kernel<T, D>,
-                      kernels::sm90_backward_smem_bytes<T, D>(), p, stream);
+  if (wgmma_warpgroups == 2)
+    launch_tc_pair<T>(&kernels::dkdv_sm90_kernel<T, D, 2>, &kernels::dq_sm90_kernel<T, D, 2>, 256,
+                      kernels::sm90_backward_smem_bytes<T, D, 2>(), p, stream);
+  else if (wgmma_warpgroups == 1)
+    launch_tc_pair<T>(&kernels::dkdv_sm90_kernel<T, D, 1>, &kernels::dq_sm90_kernel<T, D, 1>, 128,
+                      kernels::sm90_backward_smem_bytes<T, D, 1>(), p, stream);
   else
     launch_tc_pair<T>(&kernels::dkdv_tc_kernel<T, D>, &kernels::dq_tc_kernel<T, D>,
-                      kernels::tc_backward_smem_bytes<T, D>(), p, stream);
+                      kernels::tc_backward_threads, kernels::tc_backward_smem_bytes<T, D>(), p,
+                      stream);
 }
 } // namespace detail
 
@@ -321,7 +352,7 @@ requires(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) void blo
   if (s.empty()) return;
   if (s.tensor_cores(a.args.head_dim)) {
     const auto p = s.tc_params(a);
-    const bool wgmma = s.wgmma(a.args.head_dim);
+    const int wgmma = s.wgmma(a.args.head_dim) ? s.wgmma_warpgroups() : 0;
     if (a.args.head_dim == 64)
       detail::launch_block_backward_tc<T, 64>(p, wgmma, stream);
     else
