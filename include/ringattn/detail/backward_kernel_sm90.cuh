@@ -158,17 +158,9 @@ __global__ void __launch_bounds__(128 * WG, WG == 1 ? 2 : 1)
     fence_proxy_async(); // this thread's copies before the warpgroup's wgmma reads
     __syncthreads();     // every copy landed; every product on the buffer refilled below is done
     const int buf = step & 1;
-    const kv_block kb = w.segment();
-    const std::int64_t q_count = p.groups[w.cover().group].q_count;
-    const std::int64_t i0 = w.i0, jl0 = kt.begin - kb.kv_begin;
-    const int rows = static_cast<int>(q_count - i0 < R ? q_count - i0 : R);
-    {
-      cover_walk<T> n = w;
-      n.next();
-      if (!n.done()) load_step(n, buf ^ 1);
-      cp_async_commit();
-      w = n;
-    }
+    const auto st = w.current();
+    const auto [kb, i0, jl0, rows] = st;
+    w.advance(load_step, buf ^ 1);
     const std::uint32_t cQ = aQ + buf * tile, cO = aO + buf * tile;
     const float* cL = sL + buf * R;
     const float* cD = sD + buf * R;
@@ -186,8 +178,7 @@ __global__ void __launch_bounds__(128 * WG, WG == 1 ? 2 : 1)
     wgmma_wait<1>();
     fence_operands(s);
     // The tile lies wholly in the band (its corners do) and has no ragged edge: no predicate.
-    const bool whole =
-        rows == R && cols == BK && kb.mask.sees(i0 + R - 1, jl0) && kb.mask.sees(i0, jl0 + BK - 1);
+    const bool whole = st.whole(cols, BK);
     // P^T; rows are keys (this warp's 16), columns queries.
 #pragma unroll
     for (int t = 0; t < 8; ++t)

@@ -161,6 +161,36 @@ struct cover_walk {
     i0 += tc_backward_rows;
     if (i0 >= i_end) next_cover();
   }
+  //! The current step as the kernels compute it: the key segment, the first query row (local to
+  //! the group), the block's first column local to the segment, and the rows in the tile.
+  struct step {
+    kv_block kb;
+    std::int64_t i0, jl0;
+    int rows;
+    //! Whether the 64-row tile and `block_cols` columns lie wholly in the band (its corners do)
+    //! with no ragged edge (`cols` of them valid): no predicate needed.
+    __device__ __forceinline__ bool whole(int cols, int block_cols) const {
+      return rows == tc_backward_rows && cols == block_cols &&
+             kb.mask.sees(i0 + tc_backward_rows - 1, jl0) && kb.mask.sees(i0, jl0 + block_cols - 1);
+    }
+  };
+  __device__ __forceinline__ step current() const {
+    const kv_block kb = segment();
+    const std::int64_t q_count = p->groups[cover().group].q_count;
+    const int rows =
+        static_cast<int>(q_count - i0 < tc_backward_rows ? q_count - i0 : tc_backward_rows);
+    return {kb, i0, first_col - kb.kv_begin, rows};
+  }
+  //! Moves to the next step, first letting `load(next, buf)` copy its tiles (if there is one)
+  //! and committing the copies as one cp.async group (empty at the end).
+  template <class Load>
+  __device__ __forceinline__ void advance(Load&& load, int buf) {
+    cover_walk n = *this;
+    n.next();
+    if (!n.done()) load(n, buf);
+    cp_async_commit();
+    *this = n;
+  }
 
 private:
   // Moves to the next cover whose band reaches some query row of the block's columns.
@@ -239,17 +269,9 @@ __global__ void __launch_bounds__(tc_backward_threads, 1) dkdv_tc_kernel(tc_back
     cp_async_wait_all();
     __syncthreads(); // step's tiles landed; every warp is done with the buffer refilled below
     const int buf = step & 1;
-    const kv_block kb = w.segment();
-    const std::int64_t q_count = p.groups[w.cover().group].q_count;
-    const std::int64_t i0 = w.i0, jl0 = kt.begin - kb.kv_begin;
-    const int rows = static_cast<int>(q_count - i0 < R ? q_count - i0 : R);
-    {
-      cover_walk<T> n = w;
-      n.next();
-      if (!n.done()) load_step(n, buf ^ 1);
-      cp_async_commit();
-      w = n;
-    }
+    const auto st = w.current();
+    const auto [kb, i0, jl0, rows] = st;
+    w.advance(load_step, buf ^ 1);
     const std::uint32_t cQ = aQ + buf * tile_bytes, cO = aO + buf * tile_bytes;
     const float* cL = sL + buf * R;
     const float* cD = sD + buf * R;
@@ -260,8 +282,7 @@ __global__ void __launch_bounds__(tc_backward_threads, 1) dkdv_tc_kernel(tc_back
     mma_abt<T, D>(s, aK, warp * 16, cQ, lane);  // S^T = K Q^T
     mma_abt<T, D>(dp, aV, warp * 16, cO, lane); // dP^T = V dO^T
     // The tile lies wholly in the band (its corners do) and has no ragged edge: no predicate.
-    const bool whole =
-        rows == R && cols == R && kb.mask.sees(i0 + R - 1, jl0) && kb.mask.sees(i0, jl0 + R - 1);
+    const bool whole = st.whole(cols, R);
     // P^T and dS^T; rows are keys (this warp's 16), columns queries.
 #pragma unroll
     for (int t = 0; t < 8; ++t)
