@@ -135,6 +135,69 @@ TEST_CASE("host block backward validates before writing anything") {
       REQUIRE(y == -7.0f);
 }
 
+// The tensor-core kernels' thread-block tiles: every column of every interval in one key tile,
+// every row of every group with blocks in one row tile; both lists heaviest first, with each
+// tile's steps counted here by brute force over the band (the planner uses closed forms).
+void check_backward_tiles(const std::vector<block_group>& groups, const backward_plan& bp,
+                          int tile) {
+  CAPTURE(tile);
+  const backward_tiles t = plan_backward_tiles(groups, bp, tile, tile);
+  REQUIRE(t.key_steps.size() == t.key_tiles.size());
+  REQUIRE(t.row_steps.size() == t.row_tiles.size());
+  std::vector<std::int64_t> seen(bp.intervals.size(), 0);
+  for (std::size_t k = 0; k < t.key_tiles.size(); ++k) {
+    const auto kt = t.key_tiles[k];
+    const auto& in = bp.intervals[static_cast<std::size_t>(kt.interval)];
+    REQUIRE(kt.begin >= in.begin);
+    REQUIRE(kt.begin < in.end);
+    CHECK((kt.begin - in.begin) % tile == 0);
+    const std::int64_t end = std::min<std::int64_t>(in.end, kt.begin + tile);
+    seen[static_cast<std::size_t>(kt.interval)] += end - kt.begin;
+    if (k > 0) CHECK(t.key_steps[k] <= t.key_steps[k - 1]);
+    std::int64_t steps = 0;
+    for (int c = 0; c < in.cover_count; ++c) {
+      const auto cv = bp.covers[static_cast<std::size_t>(in.cover_begin + c)];
+      const block_group& g = groups[static_cast<std::size_t>(cv.group)];
+      const kv_block& kb = g.kv[cv.segment];
+      std::int64_t lo = -1, hi = -1; // first and last row that sees a column of the tile
+      for (std::int64_t i = 0; i < g.q_count; ++i)
+        for (std::int64_t j = kt.begin; j < end; ++j)
+          if (kb.mask.sees(i, j - kb.kv_begin)) {
+            if (lo < 0) lo = i;
+            hi = i;
+          }
+      if (lo >= 0) steps += (hi - lo + 64) / 64;
+    }
+    CHECK(t.key_steps[k] == steps);
+  }
+  for (std::size_t i = 0; i < bp.intervals.size(); ++i)
+    CHECK(seen[i] == bp.intervals[i].end - bp.intervals[i].begin);
+  std::vector<std::int64_t> rows(groups.size(), 0);
+  for (std::size_t k = 0; k < t.row_tiles.size(); ++k) {
+    const auto rt = t.row_tiles[k];
+    const block_group& g = groups[static_cast<std::size_t>(rt.group)];
+    REQUIRE(rt.row_begin < g.q_count);
+    CHECK(rt.row_begin % tile == 0);
+    const std::int64_t end = std::min<std::int64_t>(g.q_count, rt.row_begin + tile);
+    rows[static_cast<std::size_t>(rt.group)] += end - rt.row_begin;
+    if (k > 0) CHECK(t.row_steps[k] <= t.row_steps[k - 1]);
+    std::int64_t steps = 0;
+    for (int s = 0; s < g.count; ++s) {
+      std::int64_t lo = -1, hi = -1; // first and last column a row of the tile sees
+      for (std::int64_t i = rt.row_begin; i < end; ++i)
+        for (std::int64_t j = 0; j < g.kv[s].kv_count; ++j)
+          if (g.kv[s].mask.sees(i, j)) {
+            if (lo < 0 || j < lo) lo = j;
+            hi = std::max(hi, j);
+          }
+      if (lo >= 0) steps += hi / 64 - lo / 64 + 1;
+    }
+    CHECK(t.row_steps[k] == steps);
+  }
+  for (std::size_t gi = 0; gi < groups.size(); ++gi)
+    CHECK(rows[gi] == (groups[gi].count > 0 ? groups[gi].q_count : 0));
+}
+
 // The device backward's work lists (planned on the host): for every rank and step of every
 // layout, each key column that a group sees lies in exactly one interval, whose covers are exactly
 // the (group, segment) pairs holding it; intervals are sorted, disjoint and count the columns;
@@ -187,6 +250,8 @@ void check_backward_plans(mask_kind m) {
         for (const block_group& g : groups)
           rows += g.q_count;
         CHECK(static_cast<std::int64_t>(bp.rows.size()) == rows);
+        for (int tile : {64, 128})
+          check_backward_tiles(groups, bp, tile);
       }
   }
 }

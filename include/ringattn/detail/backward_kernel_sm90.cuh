@@ -6,6 +6,7 @@
 //! query rows (dQ): with one, two blocks share an SM, so one's elementwise work runs while the
 //! other's products are on the tensor cores; with two, the warpgroups share the tiles they walk
 //! (Q/dO for dK/dV, K/V for dQ), copied once for twice the work, and interleave the same way.
+//! Both run in one grid (`backward_sm90_kernel`): the dK/dV blocks, then the dQ blocks.
 //!
 //! Every backward product has one of the forward kernel's two wgmma forms:
 //! - S^T = K Q^T and dP^T = V dO^T (dK/dV block), S = Q K^T and dP = dO V^T (dQ block): A and
@@ -92,11 +93,10 @@ __device__ __forceinline__ void add_rows(float* base, std::int64_t row_stride, i
 }
 } // namespace sm90_backward
 
-//! dK, dV of 64 WG key columns of one kv head (blockIdx.x: key tile, blockIdx.y: kv head).
+//! dK, dV of 64 WG key columns of one kv head: thread block `b` of the dK/dV blocks takes key
+//! tile b / kv_heads (the tiles are heaviest first) and kv head b % kv_heads.
 template <class T, int D, int WG>
-__global__ void __launch_bounds__(128 * WG, WG == 1 ? 2 : 1)
-    dkdv_sm90_kernel(tc_backward_params<T> tp) {
-#if RINGATTN_WGMMA_ENABLED
+__device__ __forceinline__ void dkdv_sm90(const tc_backward_params<T>& tp, std::int64_t b) {
   using namespace sm90_backward;
   constexpr int BK = R * WG; // key columns of the block
   constexpr std::uint32_t tile = R * D * sizeof(T), kv_tile = BK * D * sizeof(T);
@@ -113,8 +113,8 @@ __global__ void __launch_bounds__(128 * WG, WG == 1 ? 2 : 1)
   // Warpgroup (broadcast from lane 0, so the compiler knows it is warp-uniform), its thread.
   const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x >> 7), 0);
   const int tid = static_cast<int>(threadIdx.x & 127), warp = tid >> 5, lane = tid & 31,
-            kvh = blockIdx.y;
-  const key_tile kt = tp.key_tiles[blockIdx.x];
+            kvh = static_cast<int>(b % p.kv_heads);
+  const key_tile kt = tp.key_tiles[b / p.kv_heads];
   const key_interval in = p.intervals[kt.interval];
   const int cols = static_cast<int>(in.end - kt.begin < BK ? in.end - kt.begin : BK);
 
@@ -223,16 +223,12 @@ __global__ void __launch_bounds__(128 * WG, WG == 1 ? 2 : 1)
   const std::int64_t stride = static_cast<std::int64_t>(p.kv_heads) * D;
   add_rows<D>(p.dk + kt.begin * stride + kvh * D, stride, wg * R + warp * 16, cols, dk, lane);
   add_rows<D>(p.dv + kt.begin * stride + kvh * D, stride, wg * R + warp * 16, cols, dv, lane);
-#else
-  __trap(); // launched only where wgmma_available() said yes
-#endif
 }
 
-//! dQ of 64 WG query rows of one query head (blockIdx.x: row tile, blockIdx.y: head).
+//! dQ of 64 WG query rows of one query head: thread block `b` of the dQ blocks takes row tile
+//! b / q_heads (heaviest first) and query head b % q_heads.
 template <class T, int D, int WG>
-__global__ void __launch_bounds__(128 * WG, WG == 1 ? 2 : 1)
-    dq_sm90_kernel(tc_backward_params<T> tp) {
-#if RINGATTN_WGMMA_ENABLED
+__device__ __forceinline__ void dq_sm90(const tc_backward_params<T>& tp, std::int64_t b) {
   using namespace sm90_backward;
   constexpr int BQ = R * WG; // query rows of the block
   constexpr std::uint32_t tile = R * D * sizeof(T), q_tile = BQ * D * sizeof(T);
@@ -245,8 +241,8 @@ __global__ void __launch_bounds__(128 * WG, WG == 1 ? 2 : 1)
   const std::uint32_t aQ = raw + pad, aO = aQ + q_tile, aK = aO + q_tile, aV = aK + 2 * tile;
   const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x >> 7), 0);
   const int tid = static_cast<int>(threadIdx.x & 127), warp = tid >> 5, lane = tid & 31,
-            h = blockIdx.y, kvh = h / p.group_size;
-  const work_tile wt = tp.row_tiles[blockIdx.x];
+            h = static_cast<int>(b % p.q_heads), kvh = h / p.group_size;
+  const work_tile wt = tp.row_tiles[b / p.q_heads];
   const block_group g = p.groups[wt.group];
   const std::int64_t i0 = wt.row_begin, row0 = g.q_begin + i0;
   const int rows = static_cast<int>(g.q_count - i0 < BQ ? g.q_count - i0 : BQ);
@@ -344,6 +340,21 @@ __global__ void __launch_bounds__(128 * WG, WG == 1 ? 2 : 1)
   cp_async_wait_all();
   const std::int64_t stride = static_cast<std::int64_t>(p.q_heads) * D;
   add_rows<D>(p.dq + row0 * stride + h * D, stride, wg * R + warp * 16, rows, dq, lane);
+}
+
+//! The whole Hopper block backward in one launch: the first key_tile_count * kv_heads thread
+//! blocks are dK/dV blocks, the next row_tile_count * q_heads dQ blocks. One grid, both lists
+//! heaviest first, so the light dQ blocks fill the SMs the dK/dV blocks leave at their tail
+//! instead of a second launch's waves starting behind the first's last block.
+template <class T, int D, int WG>
+__global__ void __launch_bounds__(128 * WG, WG == 1 ? 2 : 1)
+    backward_sm90_kernel(tc_backward_params<T> tp) {
+#if RINGATTN_WGMMA_ENABLED
+  const std::int64_t b = blockIdx.x, dkdv_blocks = tp.key_tile_count * tp.b.kv_heads;
+  if (b < dkdv_blocks)
+    dkdv_sm90<T, D, WG>(tp, b);
+  else
+    dq_sm90<T, D, WG>(tp, b - dkdv_blocks);
 #else
   __trap(); // launched only where wgmma_available() said yes
 #endif

@@ -32,9 +32,9 @@ inline constexpr int tc_backward_threads = 128;
 template <class T>
 struct tc_backward_params {
   backward_params<T> b;
-  const key_tile* key_tiles;
+  const key_tile* key_tiles;  // key tiles of the dK/dV blocks, heaviest first
   std::int64_t key_tile_count;
-  const work_tile* row_tiles; // query tiles of 64 rows: (group, first row)
+  const work_tile* row_tiles; // query tiles of the dQ blocks, (group, first row), heaviest first
   std::int64_t row_tile_count;
 };
 
@@ -212,7 +212,8 @@ private:
   }
 };
 
-//! dK, dV of 64 key columns of one kv head (blockIdx.x: key tile, blockIdx.y: kv head).
+//! dK, dV of 64 key columns of one kv head (blockIdx.x: kv head, blockIdx.y: key tile; heads
+//! fastest, so the blocks go in the schedule's heaviest-first tile order).
 template <class T, int D>
 __global__ void __launch_bounds__(tc_backward_threads, 1) dkdv_tc_kernel(tc_backward_params<T> tp) {
   constexpr int R = tc_backward_rows;
@@ -228,8 +229,8 @@ __global__ void __launch_bounds__(tc_backward_threads, 1) dkdv_tc_kernel(tc_back
   float* sD = sL + 2 * R;                               // delta of the rows, two buffers
   const std::uint32_t aK = smem_address(sK), aV = smem_address(sV), aQ = smem_address(sQ),
                       aO = smem_address(sO);
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, kvh = blockIdx.y;
-  const key_tile kt = tp.key_tiles[blockIdx.x];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, kvh = blockIdx.x;
+  const key_tile kt = tp.key_tiles[blockIdx.y];
   const key_interval in = p.intervals[kt.interval];
   const int cols = static_cast<int>(in.end - kt.begin < R ? in.end - kt.begin : R);
 
@@ -307,7 +308,8 @@ __global__ void __launch_bounds__(tc_backward_threads, 1) dkdv_tc_kernel(tc_back
   add_rows<D>(p.dv + kt.begin * stride + kvh * D, stride, warp * 16, cols, dv, lane);
 }
 
-//! dQ of 64 query rows of one query head (blockIdx.x: row tile, blockIdx.y: head).
+//! dQ of 64 query rows of one query head (blockIdx.x: query head, blockIdx.y: row tile, heaviest
+//! first).
 template <class T, int D>
 __global__ void __launch_bounds__(tc_backward_threads, 1) dq_tc_kernel(tc_backward_params<T> tp) {
   constexpr int R = tc_backward_rows;
@@ -321,9 +323,9 @@ __global__ void __launch_bounds__(tc_backward_threads, 1) dq_tc_kernel(tc_backwa
   T* sV = sK + 2 * R * D; // two buffers
   const std::uint32_t aQ = smem_address(sQ), aO = smem_address(sO), aK = smem_address(sK),
                       aV = smem_address(sV);
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, h = blockIdx.y,
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, h = blockIdx.x,
             kvh = h / p.group_size;
-  const work_tile wt = tp.row_tiles[blockIdx.x];
+  const work_tile wt = tp.row_tiles[blockIdx.y];
   const block_group g = p.groups[wt.group];
   const std::int64_t i0 = wt.row_begin, row0 = g.q_begin + i0;
   const int rows = static_cast<int>(g.q_count - i0 < R ? g.q_count - i0 : R);

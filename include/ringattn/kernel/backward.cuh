@@ -16,8 +16,10 @@
 //! LSE. On tensor cores (64 columns or rows a thread block; mma.sync on sm_80 and later,
 //! backward_kernel_tc.cuh, or wgmma on sm_90a, backward_kernel_sm90.cuh) for head_dim 64 and
 //! 128; on CUDA cores (a warp per column or row, backward_kernel.cuh) for any head_dim and as
-//! their reference. The schedule lists, for every run of key columns, the (group, key segment)
-//! pairs that cover it, and every query row of every group. docs/kernels.md has the numbers.
+//! their reference. The Hopper family runs both in one grid (the dK/dV blocks first). The
+//! schedule lists, for every run of key columns, the (group, key segment) pairs that cover it,
+//! and every query row of every group, and orders the tensor-core kernels' tiles heaviest first
+//! (`plan_backward_tiles`). docs/kernels.md has the numbers.
 
 #include <ringattn/cuda_check.cuh>
 #include <ringattn/detail/backward_kernel.cuh>
@@ -30,6 +32,8 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <limits>
+#include <string>
 #include <span>
 #include <type_traits>
 #include <utility>
@@ -79,6 +83,81 @@ inline backward_plan plan_backward(std::span<const block_group> groups) {
     for (std::int64_t i = 0; i < groups[gi].q_count; ++i)
       plan.rows.push_back({static_cast<std::int32_t>(gi), static_cast<std::int32_t>(i)});
   return plan;
+}
+
+//! The thread-block tiles of the tensor-core kernels, each list heaviest first: `key_tiles` of
+//! `cols` key columns of an interval (dK/dV blocks), `row_tiles` of `rows` query rows of a group
+//! (dQ blocks), and the steps each walks (`key_steps`: 64-row query tiles x covers;
+//! `row_steps`: 64-key K/V tiles). A GPU runs thread blocks roughly in launch order, so the
+//! heaviest going first leaves only light ones for the tail (longest processing time first);
+//! a causal block's column tiles differ in work by up to the number of row tiles.
+struct backward_tiles {
+  std::vector<kernels::key_tile> key_tiles;
+  std::vector<work_tile> row_tiles;
+  std::vector<std::int64_t> key_steps, row_steps;
+};
+
+inline backward_tiles plan_backward_tiles(std::span<const block_group> groups,
+                                          const backward_plan& plan, int cols, int rows) {
+  constexpr std::int64_t step = 64; // rows (dK/dV) or keys (dQ) a step of either kernel family
+  struct keyed {
+    std::int64_t steps;
+    std::size_t index;
+  };
+  // Stable order by steps, heaviest first; equal ones keep their plan order.
+  auto order = [](std::vector<keyed>& v) {
+    std::stable_sort(v.begin(), v.end(),
+                     [](const keyed& a, const keyed& b) { return a.steps > b.steps; });
+  };
+  std::vector<kernels::key_tile> keys;
+  std::vector<keyed> key_order;
+  for (std::size_t i = 0; i < plan.intervals.size(); ++i) {
+    const kernels::key_interval& in = plan.intervals[i];
+    for (std::int64_t b = in.begin; b < in.end; b += cols) {
+      const std::int64_t n = std::min<std::int64_t>(cols, in.end - b);
+      std::int64_t steps = 0;
+      // As the kernels' cover walk: the rows of each cover that see a column of the tile.
+      for (std::int32_t c = 0; c < in.cover_count; ++c) {
+        const kernels::key_cover cv = plan.covers[static_cast<std::size_t>(in.cover_begin + c)];
+        const block_group& g = groups[static_cast<std::size_t>(cv.group)];
+        const kv_block& kb = g.kv[cv.segment];
+        const std::int64_t jl0 = b - kb.kv_begin;
+        const std::int64_t r0 = std::max<std::int64_t>(0, jl0 - kb.mask.hi),
+                           r1 = std::min<std::int64_t>(g.q_count, jl0 + n - kb.mask.lo);
+        if (r0 < r1) steps += (r1 - r0 + step - 1) / step;
+      }
+      key_order.push_back({steps, keys.size()});
+      keys.push_back({static_cast<std::int32_t>(i), b});
+    }
+  }
+  std::vector<work_tile> tiles;
+  std::vector<keyed> row_order;
+  for (std::size_t gi = 0; gi < groups.size(); ++gi) {
+    const block_group& g = groups[gi];
+    if (g.count == 0) continue;
+    for (std::int64_t r = 0; r < g.q_count; r += rows) {
+      const std::int64_t r1 = std::min<std::int64_t>(g.q_count, r + rows);
+      std::int64_t steps = 0;
+      for (int s = 0; s < g.count; ++s) { // as the kernels' kv_walk
+        const tile_trips t = g.kv[s].mask.kv_tiles(r, r1, g.kv[s].kv_count, step);
+        steps += t.end - t.begin;
+      }
+      row_order.push_back({steps, tiles.size()});
+      tiles.push_back({static_cast<std::int32_t>(gi), static_cast<std::int32_t>(r)});
+    }
+  }
+  order(key_order);
+  order(row_order);
+  backward_tiles out;
+  for (const keyed& k : key_order) {
+    out.key_tiles.push_back(keys[k.index]);
+    out.key_steps.push_back(k.steps);
+  }
+  for (const keyed& k : row_order) {
+    out.row_tiles.push_back(tiles[k.index]);
+    out.row_steps.push_back(k.steps);
+  }
+  return out;
 }
 
 //! Which kernels a block backward runs: the tensor-core ones on mma.sync (sm_80 and later,
@@ -141,19 +220,13 @@ public:
     const auto& rows = plan.rows;
     row_items_ = static_cast<std::int64_t>(rows.size());
     interval_count_ = static_cast<std::int32_t>(intervals.size());
-    // Tiles of the tensor-core kernels: R key columns of an interval; R query rows of a group
-    // (64, or 64 a warpgroup for the wgmma kernels).
+    // Tiles of the tensor-core kernels, heaviest first: R key columns of an interval; R query
+    // rows of a group (64, or 64 a warpgroup for the wgmma kernels).
     const int R = kernels::tc_backward_rows *
                   (wgmma_ok_ && path_ != backward_path::tensor_cores ? wgmma_warpgroups_ : 1);
-    std::vector<kernels::key_tile> key_tiles;
-    for (std::size_t i = 0; i < intervals.size(); ++i)
-      for (std::int64_t b = intervals[i].begin; b < intervals[i].end; b += R)
-        key_tiles.push_back({static_cast<std::int32_t>(i), b});
-    std::vector<work_tile> row_tiles;
-    for (std::size_t gi = 0; gi < groups.size(); ++gi)
-      for (std::int64_t r = 0; r < groups[gi].q_count; r += R)
-        if (groups[gi].count > 0)
-          row_tiles.push_back({static_cast<std::int32_t>(gi), static_cast<std::int32_t>(r)});
+    backward_tiles tiles = plan_backward_tiles(groups, plan, R, R);
+    const auto& key_tiles = tiles.key_tiles;
+    const auto& row_tiles = tiles.row_tiles;
     key_tile_count_ = static_cast<std::int64_t>(key_tiles.size());
     row_tile_count_ = static_cast<std::int64_t>(row_tiles.size());
     // One allocation: groups, intervals, covers, rows (each 16-byte aligned).
@@ -290,41 +363,62 @@ void launch_block_backward(const kernels::backward_params<T>& p, cudaStream_t st
     RINGATTN_CUDA_CHECK_LAUNCH();
   }
 }
-// The dK/dV kernel over (key tile, kv head), then the dQ kernel over (row tile, query head), of
-// either tensor-core family (the same grid, threads and schedule).
+// The Hopper kernel's one grid: its dK/dV blocks (key tile, kv head) then its dQ blocks (row
+// tile, query head), heads fastest, so blocks go in the schedule's heaviest-first tile order.
+template <class T>
+unsigned sm90_backward_grid(const kernels::tc_backward_params<T>& p) {
+  const std::int64_t n = p.key_tile_count * p.b.kv_heads + p.row_tile_count * p.b.q_heads;
+  if (n > std::numeric_limits<std::int32_t>::max())
+    throw invalid_argument("ringattn: block backward of " + std::to_string(n) +
+                           " thread blocks (tiles x heads) exceeds one grid; split the call");
+  return static_cast<unsigned>(n);
+}
+// The mma.sync kernels on grids (heads, tiles): at most 65535 tiles a launch, so a longer list
+// goes in several launches, each on its part of the list.
 template <class T>
 void launch_tc_pair(void (*dkdv)(kernels::tc_backward_params<T>),
                     void (*dq)(kernels::tc_backward_params<T>), int threads, int smem,
                     const kernels::tc_backward_params<T>& p, cudaStream_t stream) {
-  if (p.key_tile_count > 0) {
+  constexpr std::int64_t most = 65535;
+  for (auto [kernel, dkdv_list] : {std::pair{dkdv, true}, std::pair{dq, false}}) {
+    const std::int64_t count = dkdv_list ? p.key_tile_count : p.row_tile_count;
+    if (count == 0) continue;
     RINGATTN_CUDA_CHECK(
-        cudaFuncSetAttribute(dkdv, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    dkdv<<<dim3(static_cast<unsigned>(p.key_tile_count), static_cast<unsigned>(p.b.kv_heads)),
-           threads, smem, stream>>>(p);
-    RINGATTN_CUDA_CHECK_LAUNCH();
-  }
-  if (p.row_tile_count > 0) {
-    RINGATTN_CUDA_CHECK(
-        cudaFuncSetAttribute(dq, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    dq<<<dim3(static_cast<unsigned>(p.row_tile_count), static_cast<unsigned>(p.b.q_heads)), threads,
-         smem, stream>>>(p);
-    RINGATTN_CUDA_CHECK_LAUNCH();
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    for (std::int64_t first = 0; first < count; first += most) {
+      kernels::tc_backward_params<T> part = p;
+      const unsigned n = static_cast<unsigned>(std::min(most, count - first));
+      if (dkdv_list)
+        part.key_tiles += first, part.key_tile_count = n;
+      else
+        part.row_tiles += first, part.row_tile_count = n;
+      const unsigned heads = static_cast<unsigned>(dkdv_list ? p.b.kv_heads : p.b.q_heads);
+      kernel<<<dim3(heads, n), threads, smem, stream>>>(part);
+      RINGATTN_CUDA_CHECK_LAUNCH();
+    }
   }
 }
-// `wgmma_warpgroups` 0: the mma.sync kernels; 1 or 2: the wgmma ones with that many warpgroups.
+// `wgmma_warpgroups` 0: the mma.sync kernels (dK/dV, then dQ); 1 or 2: the wgmma kernel with
+// that many warpgroups (both in one grid).
 template <class T, int D>
 void launch_block_backward_tc(const kernels::tc_backward_params<T>& p, int wgmma_warpgroups,
                               cudaStream_t stream) {
-  if (wgmma_warpgroups == 2)
-    launch_tc_pair<T>(&kernels::dkdv_sm90_kernel<T, D, 2>, &kernels::dq_sm90_kernel<T, D, 2>, 256,
-                      kernels::sm90_backward_smem_bytes<T, D, 2>(), p, stream);
-  else if (wgmma_warpgroups == 1)
-    launch_tc_pair<T>(&kernels::dkdv_sm90_kernel<T, D, 1>, &kernels::dq_sm90_kernel<T, D, 1>, 128,
-                      kernels::sm90_backward_smem_bytes<T, D, 1>(), p, stream);
-  else
+  if (wgmma_warpgroups == 0) {
     launch_tc_pair<T>(&kernels::dkdv_tc_kernel<T, D>, &kernels::dq_tc_kernel<T, D>,
                       kernels::tc_backward_threads, kernels::tc_backward_smem_bytes<T, D>(), p,
                       stream);
+    return;
+  }
+  const unsigned blocks = sm90_backward_grid(p);
+  if (blocks == 0) return;
+  auto kernel = wgmma_warpgroups == 2 ? &kernels::backward_sm90_kernel<T, D, 2>
+                                      : &kernels::backward_sm90_kernel<T, D, 1>;
+  const int smem = wgmma_warpgroups == 2 ? kernels::sm90_backward_smem_bytes<T, D, 2>()
+                                         : kernels::sm90_backward_smem_bytes<T, D, 1>();
+  RINGATTN_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  kernel<<<blocks, 128 * wgmma_warpgroups, smem, stream>>>(p);
+  RINGATTN_CUDA_CHECK_LAUNCH();
 }
 } // namespace detail
 
