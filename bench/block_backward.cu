@@ -7,7 +7,8 @@
 // convention). PyTorch SDPA's backward at the same shapes: `bench/sdpa_baseline.py OUT.json
 // --backward`, same device run.
 //
-// "path": 3 the Hopper (wgmma) kernels with two warpgroups a thread block, 2 with one, 1 the
+// "path": 4 the Hopper (wgmma) kernel with three warpgroups a thread block (a producer), 3 with
+// two, 2 with one, 1 the
 // mma.sync ones (the issue's 8K and 32K), 0 the CUDA-core ones (2K and 8K only: one 32K call
 // would take seconds). "kernels": 0 the whole backward, 1 the dK/dV kernel alone, 2 the dQ
 // kernel alone (where the time goes; tensor-core paths only).
@@ -26,8 +27,9 @@ void block_backward(benchmark::State& state) {
   constexpr ringattn::backward_options paths[] = {{backward_path::cuda_cores, 0},
                                                   {backward_path::tensor_cores, 0},
                                                   {backward_path::wgmma, 1},
-                                                  {backward_path::wgmma, 2}};
-  constexpr const char* names[] = {"cuda-core", "mma.sync", "wgmma x1", "wgmma x2"};
+                                                  {backward_path::wgmma, 2},
+                                                  {backward_path::wgmma, 3}};
+  constexpr const char* names[] = {"cuda-core", "mma.sync", "wgmma x1", "wgmma x2", "wgmma x3"};
   const auto path = static_cast<std::size_t>(state.range(3));
   const int kernels = static_cast<int>(state.range(4));
   if (!ringattn::backward_path_available(paths[path].path)) {
@@ -62,8 +64,8 @@ void block_backward(benchmark::State& state) {
 }
 BENCHMARK(block_backward)
     ->ArgNames({"tokens", "kv_heads", "causal", "path", "kernels"})
-    ->ArgsProduct({{8192, 32768}, {32, 8}, {0, 1}, {3, 2, 1}, {0}})
-    ->ArgsProduct({{8192}, {8}, {0, 1}, {3, 2, 1}, {1, 2}})
+    ->ArgsProduct({{8192, 32768}, {32, 8}, {0, 1}, {4, 3, 2, 1}, {0}})
+    ->ArgsProduct({{8192}, {8}, {0, 1}, {4, 3, 2, 1}, {1, 2}})
     ->ArgsProduct({{2048, 8192}, {8}, {0, 1}, {0}, {0}})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond)

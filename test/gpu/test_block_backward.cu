@@ -55,17 +55,19 @@ TEST_CASE_TEMPLATE("CUDA block backward equals the oracle: bands x GQA x head_di
   CAPTURE(seed);
   std::mt19937_64 rng(seed);
   const double tc_tolerance = std::is_same_v<T, __nv_bfloat16> ? 4e-3 : 1e-3;
-  // CUDA cores, mma.sync, wgmma with one and with two warpgroups a thread block.
+  // CUDA cores, mma.sync, wgmma with one, two and three (a producer) warpgroups a thread block.
   std::vector<backward_options> paths{{backward_path::cuda_cores, 0},
                                       {backward_path::tensor_cores, 0}};
   if (backward_path_available(backward_path::wgmma))
-    paths.insert(paths.end(), {{backward_path::wgmma, 1}, {backward_path::wgmma, 2}});
+    paths.insert(paths.end(), {{backward_path::wgmma, 1},
+                               {backward_path::wgmma, 2},
+                               {backward_path::wgmma, 3}});
   else
     MESSAGE("no wgmma kernels here (an sm_90a image on a compute capability 9.0 device)");
   // RINGATTN_TEST_SMALL=1 (compute-sanitizer runs): GQA 1 and 4, head_dim 64 and 128, shorter
   // sequences.
   const bool small = std::getenv("RINGATTN_TEST_SMALL") != nullptr;
-  double worst[4] = {0.0, 0.0, 0.0, 0.0}; // the largest error seen per path (as in `paths`)
+  double worst[5] = {}; // the largest error seen per path (as in `paths`)
   for (int group : {1, 4, 8})
     for (int d : {64, 128, 256})
       for (const band& b : test::test_bands(rng)) {
@@ -102,7 +104,8 @@ TEST_CASE_TEMPLATE("CUDA block backward equals the oracle: bands x GQA x head_di
         }
       }
   MESSAGE("largest relative error: CUDA cores ", worst[0], ", mma.sync ", worst[1],
-          ", wgmma (one warpgroup) ", worst[2], ", wgmma (two) ", worst[3]);
+          ", wgmma (one warpgroup) ", worst[2], ", wgmma (two) ", worst[3], ", wgmma (three) ",
+          worst[4]);
 }
 
 TEST_CASE("CUDA block backward validates before launching") {

@@ -27,13 +27,22 @@
 RINGATTN_ABI_BEGIN
 namespace kernels {
 
-//! Dynamic shared memory of either Hopper backward kernel with `WG` warpgroups: two fixed
-//! [64 WG, D] tiles, two double-buffered [64, D] ones, two double-buffered 64-float vectors, 1 KB
-//! to align the swizzle atoms.
+//! Dynamic shared memory of the Hopper backward kernel with `WG` warpgroups (1, 2: two fixed
+//! [64 WG, D] tiles, two double-buffered [64, D] ones, two double-buffered 64-float vectors; 3: the
+//! larger of its two block kinds), plus 1 KB to align the swizzle atoms.
+//! Stages of Q/dO tiles of the warp-specialised (three-warpgroup) dK/dV blocks.
+inline constexpr int sm90_backward_stages = 3;
 template <class T, int D, int WG>
 constexpr int sm90_backward_smem_bytes() {
-  return (2 * WG + 4) * tc_backward_rows * D * static_cast<int>(sizeof(T)) +
-         4 * tc_backward_rows * 4 + 1024;
+  constexpr int R = tc_backward_rows, E = static_cast<int>(sizeof(T));
+  if constexpr (WG == 3) {
+    // dK/dV: K, V of 128 keys and the stages' Q, dO, lse, delta; dQ: as with two warpgroups.
+    constexpr int dkdv = 4 * R * D * E + sm90_backward_stages * (2 * R * D * E + 2 * R * 4);
+    constexpr int dq = 8 * R * D * E + 4 * R * 4;
+    return (dkdv > dq ? dkdv : dq) + 1024;
+  } else {
+    return (2 * WG + 4) * R * D * E + 4 * R * 4 + 1024;
+  }
 }
 
 namespace sm90_backward {
@@ -225,9 +234,157 @@ __device__ __forceinline__ void dkdv_sm90(const tc_backward_params<T>& tp, std::
   add_rows<D>(p.dv + kt.begin * stride + kvh * D, stride, wg * R + warp * 16, cols, dv, lane);
 }
 
+//! dK, dV of 128 key columns of one kv head, warp-specialised (three warpgroups): warpgroup 0
+//! copies (24 registers a thread) K and V once, then each step's Q, dO, lse and delta into one of
+//! `sm90_backward_stages` stages; `full[stage]` (an mbarrier its cp.async completions arrive on)
+//! says a step's tiles landed, `empty[stage]` (both consumers arrive) that they may be
+//! overwritten. Warpgroups 1 and 2 (240 registers) own 64 key columns each and compute as in
+//! `dkdv_sm90`, but wait only for their step's tiles: no block barrier in the walk, so one
+//! consumer's elementwise work can run while the other's products are on the tensor cores.
+template <class T, int D>
+__device__ __forceinline__ void dkdv_sm90_ws(const tc_backward_params<T>& tp, std::int64_t b) {
+  using namespace sm90_backward;
+  constexpr int BK = 2 * R, S = sm90_backward_stages;
+  constexpr std::uint32_t tile = R * D * sizeof(T), kv_tile = BK * D * sizeof(T),
+                          stage_bytes = 2 * tile;
+  constexpr float log2e = 1.4426950408889634f;
+  static_assert(sizeof(T) == 2 && (D == 64 || D == 128));
+  const backward_params<T>& p = tp.b;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  __shared__ alignas(8) std::uint64_t bars[2 * S + 1]; // full[S], empty[S], K/V landed
+  const std::uint32_t raw = smem_address(smem_raw);
+  const std::uint32_t pad = (1024u - (raw & 1023u)) & 1023u; // swizzle atoms start 1 KB aligned
+  // K, V, then stage s: Q at aS + s * stage_bytes, dO after it; then lse[S][64], delta[S][64].
+  const std::uint32_t aK = raw + pad, aV = aK + kv_tile, aS = aV + kv_tile;
+  float* sL = reinterpret_cast<float*>(smem_raw + pad + 2 * kv_tile + S * stage_bytes);
+  float* sD = sL + S * R;
+  const std::uint32_t full0 = smem_address(&bars[0]), empty0 = smem_address(&bars[S]),
+                      kv_full = smem_address(&bars[2 * S]);
+  const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x >> 7), 0);
+  const int kvh = static_cast<int>(b % p.kv_heads);
+  const key_tile kt = tp.key_tiles[b / p.kv_heads];
+  const key_interval in = p.intervals[kt.interval];
+  const int cols = static_cast<int>(in.end - kt.begin < BK ? in.end - kt.begin : BK);
+  if (threadIdx.x == 0) {
+    for (int st = 0; st < S; ++st) {
+      mbarrier_init(full0 + 8 * st, 128);  // every producer thread's copies
+      mbarrier_init(empty0 + 8 * st, 256); // every consumer thread
+    }
+    mbarrier_init(kv_full, 128);
+  }
+  __syncthreads();
+
+  if (wg == 0) {
+    // ---- producer: K, V; then step n's tiles into stage n % S once step n - S released it.
+    setmaxnreg_dec<24>();
+    const int tid = static_cast<int>(threadIdx.x);
+    produce_tile<BK, D>(aK, p.k + kt.begin * p.k_token_stride + kvh * p.k_head_stride,
+                        p.k_token_stride, cols, tid);
+    produce_tile<BK, D>(aV, p.v + kt.begin * p.v_token_stride + kvh * p.v_head_stride,
+                        p.v_token_stride, cols, tid);
+    cp_async_mbarrier_arrive(kv_full);
+    cover_walk<T> w(p, in, kt.begin, cols, kvh);
+    for (int n = 0; !w.done(); ++n, w.next()) {
+      const int stage = n % S;
+      if (n >= S) mbarrier_wait(empty0 + 8 * stage, ((n / S) - 1) & 1);
+      const block_group& g = p.groups[w.cover().group];
+      const std::int64_t row0 = g.q_begin + w.i0;
+      const int rows = static_cast<int>(g.q_count - w.i0 < R ? g.q_count - w.i0 : R);
+      const std::uint32_t q = aS + stage * stage_bytes;
+      produce_tile<R, D>(q, p.q + row0 * p.q_token_stride + w.h * p.q_head_stride,
+                         p.q_token_stride, rows, tid);
+      produce_tile<R, D>(q + tile, p.dout + row0 * p.do_token_stride + w.h * p.do_head_stride,
+                         p.do_token_stride, rows, tid);
+      // lse (threads 0..63) and delta (64..127) of the rows; zero past the tile's last row.
+      const int r = tid & (R - 1);
+      const bool ok = r < rows;
+      const float* src = (tid < R ? p.lse : p.delta) + w.h * p.q_tokens + row0 + (ok ? r : 0);
+      asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(
+                       smem_address((tid < R ? sL : sD) + stage * R + r)),
+                   "l"(src), "r"(ok ? 4 : 0));
+      cp_async_mbarrier_arrive(full0 + 8 * stage);
+    }
+    cp_async_wait_all();
+    return;
+  }
+
+  // ---- consumers
+  setmaxnreg_inc<240>();
+  const int cw = wg - 1; // consumer warpgroup 0 or 1: key columns 64 cw..
+  const int tid = static_cast<int>(threadIdx.x & 127), warp = tid >> 5, lane = tid & 31;
+  cover_walk<T> w(p, in, kt.begin, cols, kvh);
+  float dk[D / 2], dv[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i)
+    dk[i] = dv[i] = 0.0f;
+  const float scale_log2 = p.scale * log2e;
+  const std::uint32_t myK = aK + cw * (R * 128), myV = aV + cw * (R * 128);
+  if (!w.done()) mbarrier_wait(kv_full, 0);
+  for (int n = 0; !w.done(); ++n, w.next()) {
+    const int stage = n % S;
+    mbarrier_wait(full0 + 8 * stage, (n / S) & 1);
+    fence_proxy_async(); // the step's cp.async writes before this thread's wgmma reads
+    const auto st = w.current();
+    const auto [kb, i0, jl0, rows] = st;
+    const std::uint32_t cQ = aS + stage * stage_bytes, cO = cQ + tile;
+    const float* cL = sL + stage * R;
+    const float* cD = sD + stage * R;
+    float s[32], dp[32];
+    wgmma_fence();
+    product_ss<T, D, BK>(s, myK, cQ); // S^T = K Q^T
+    wgmma_commit();
+    product_ss<T, D, BK>(dp, myV, cO); // dP^T = V dO^T
+    wgmma_commit();
+    wgmma_wait<1>();
+    fence_operands(s);
+    const bool whole = st.whole(cols, BK);
+#pragma unroll
+    for (int t = 0; t < 8; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = cw * R + warp * 16 + (lane >> 2) + (e >= 2 ? 8 : 0);
+        const int q = t * 8 + (lane & 3) * 2 + (e & 1);
+        const bool seen = whole || (key < cols && q < rows && kb.mask.sees(i0 + q, jl0 + key));
+        s[4 * t + e] = seen ? fast_exp2(fmaf(s[4 * t + e], scale_log2, -cL[q] * log2e)) : 0.0f;
+      }
+    std::uint32_t pa[4][4], da[4][4];
+    pack<T>(s, pa);
+    fence_operands(s);
+    fence_operands(pa);
+    wgmma_wait<0>();
+    fence_operands(dp);
+    fence_operands(dv);
+    wgmma_fence();
+    product_rs<T>(dv, pa, cO); // dV += P^T dO
+    wgmma_commit();
+#pragma unroll
+    for (int t = 0; t < 8; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int q = t * 8 + (lane & 3) * 2 + (e & 1);
+        dp[4 * t + e] = s[4 * t + e] * (dp[4 * t + e] - cD[q]) * p.scale;
+      }
+    pack<T>(dp, da);
+    fence_operands(da);
+    fence_operands(dk);
+    wgmma_fence();
+    product_rs<T>(dk, da, cQ); // dK += dS^T Q
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_operands(pa);
+    fence_operands(da);
+    fence_operands(dv);
+    fence_operands(dk);
+    mbarrier_arrive(empty0 + 8 * stage); // the step's tiles fully read
+  }
+  const std::int64_t stride = static_cast<std::int64_t>(p.kv_heads) * D;
+  add_rows<D>(p.dk + kt.begin * stride + kvh * D, stride, cw * R + warp * 16, cols, dk, lane);
+  add_rows<D>(p.dv + kt.begin * stride + kvh * D, stride, cw * R + warp * 16, cols, dv, lane);
+}
+
 //! dQ of 64 WG query rows of one query head: thread block `b` of the dQ blocks takes row tile
 //! b / q_heads (heaviest first) and query head b % q_heads.
-template <class T, int D, int WG>
+template <class T, int D, int WG, bool Producer = false>
 __device__ __forceinline__ void dq_sm90(const tc_backward_params<T>& tp, std::int64_t b) {
   using namespace sm90_backward;
   constexpr int BQ = R * WG; // query rows of the block
@@ -239,7 +396,9 @@ __device__ __forceinline__ void dq_sm90(const tc_backward_params<T>& tp, std::in
   const std::uint32_t raw = smem_address(smem_raw);
   const std::uint32_t pad = (1024u - (raw & 1023u)) & 1023u;
   const std::uint32_t aQ = raw + pad, aO = aQ + q_tile, aK = aO + q_tile, aV = aK + 2 * tile;
-  const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x >> 7), 0);
+  // Warpgroup among the block's (after a producer warpgroup's, which takes no part here).
+  const int wg =
+      __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x >> 7) - (Producer ? 1 : 0), 0);
   const int tid = static_cast<int>(threadIdx.x & 127), warp = tid >> 5, lane = tid & 31,
             h = static_cast<int>(b % p.q_heads), kvh = h / p.group_size;
   const work_tile wt = tp.row_tiles[b / p.q_heads];
@@ -288,7 +447,11 @@ __device__ __forceinline__ void dq_sm90(const tc_backward_params<T>& tp, std::in
   for (int it = 0; it < walk.total; ++it) {
     cp_async_wait_all();
     fence_proxy_async();
-    __syncthreads(); // tile `it` landed; every product on the buffer refilled below is done
+    // Tile `it` landed; every product on the buffer refilled below is done.
+    if constexpr (Producer)
+      named_barrier_sync<128 * WG>(1);
+    else
+      __syncthreads();
     if (it + 1 < walk.total) load_kv(it + 1, (it + 1) & 1);
     cp_async_commit();
     bool b;
@@ -351,10 +514,20 @@ __global__ void __launch_bounds__(128 * WG, WG == 1 ? 2 : 1)
     backward_sm90_kernel(tc_backward_params<T> tp) {
 #if RINGATTN_WGMMA_ENABLED
   const std::int64_t b = blockIdx.x, dkdv_blocks = tp.key_tile_count * tp.b.kv_heads;
-  if (b < dkdv_blocks)
+  if constexpr (WG == 3) {
+    if (b < dkdv_blocks) {
+      dkdv_sm90_ws<T, D>(tp, b);
+    } else if (threadIdx.x < 128) {
+      setmaxnreg_dec<24>(); // a dQ block's first warpgroup only hands its registers over
+    } else {
+      setmaxnreg_inc<240>();
+      dq_sm90<T, D, 2, true>(tp, b - dkdv_blocks);
+    }
+  } else if (b < dkdv_blocks) {
     dkdv_sm90<T, D, WG>(tp, b);
-  else
+  } else {
     dq_sm90<T, D, WG>(tp, b - dkdv_blocks);
+  }
 #else
   __trap(); // launched only where wgmma_available() said yes
 #endif

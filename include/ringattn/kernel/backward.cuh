@@ -171,12 +171,12 @@ enum class backward_path { automatic, cuda_cores, tensor_cores, wgmma };
 struct backward_options {
   backward_path path = backward_path::automatic;
   //! Warpgroups a thread block of the wgmma kernels (1: 64 key columns or query rows a block,
-  //! two blocks an SM; 2: 128, one block); 0 = the tuned count. For tuning experiments
-  //! (bench/block_backward.cu).
+  //! two blocks an SM; 2: 128, one block; 3: a producer warpgroup and two consumers of 64 each);
+  //! 0 = the tuned count. For tuning experiments (bench/block_backward.cu).
   int wgmma_warpgroups = 0;
 };
 //! The tuned warpgroup count of the wgmma backward kernels.
-inline constexpr int tuned_wgmma_warpgroups = 2;
+inline constexpr int tuned_wgmma_warpgroups = 3;
 
 //! The device side of one call's groups for the backward kernels; made at plan time (it
 //! allocates and copies), used by any number of calls with the same groups and sizes.
@@ -191,8 +191,8 @@ public:
         wgmma_warpgroups_(options.wgmma_warpgroups == 0 ? tuned_wgmma_warpgroups
                                                         : options.wgmma_warpgroups) {
     validate_groups(groups, q_tokens, kv_tokens).throw_if_invalid();
-    if (wgmma_warpgroups_ != 1 && wgmma_warpgroups_ != 2)
-      throw invalid_argument("ringattn: the wgmma block backward takes 1 or 2 warpgroups a "
+    if (wgmma_warpgroups_ < 1 || wgmma_warpgroups_ > 3)
+      throw invalid_argument("ringattn: the wgmma block backward takes 1, 2 or 3 warpgroups a "
                              "thread block (got " +
                              std::to_string(wgmma_warpgroups_) + ")");
     if (path_ != backward_path::cuda_cores) {
@@ -223,7 +223,9 @@ public:
     // Tiles of the tensor-core kernels, heaviest first: R key columns of an interval; R query
     // rows of a group (64, or 64 a warpgroup for the wgmma kernels).
     const int R = kernels::tc_backward_rows *
-                  (wgmma_ok_ && path_ != backward_path::tensor_cores ? wgmma_warpgroups_ : 1);
+                  (wgmma_ok_ && path_ != backward_path::tensor_cores
+                       ? std::min(wgmma_warpgroups_, 2) // three: a producer and two consumers
+                       : 1);
     backward_tiles tiles = plan_backward_tiles(groups, plan, R, R);
     const auto& key_tiles = tiles.key_tiles;
     const auto& row_tiles = tiles.row_tiles;
@@ -398,8 +400,8 @@ void launch_tc_pair(void (*dkdv)(kernels::tc_backward_params<T>),
     }
   }
 }
-// `wgmma_warpgroups` 0: the mma.sync kernels (dK/dV, then dQ); 1 or 2: the wgmma kernel with
-// that many warpgroups (both in one grid).
+// `wgmma_warpgroups` 0: the mma.sync kernels (dK/dV, then dQ); 1, 2 or 3: the wgmma kernel with
+// that many warpgroups (both block kinds in one grid).
 template <class T, int D>
 void launch_block_backward_tc(const kernels::tc_backward_params<T>& p, int wgmma_warpgroups,
                               cudaStream_t stream) {
@@ -411,10 +413,26 @@ void launch_block_backward_tc(const kernels::tc_backward_params<T>& p, int wgmma
   }
   const unsigned blocks = sm90_backward_grid(p);
   if (blocks == 0) return;
-  auto kernel = wgmma_warpgroups == 2 ? &kernels::backward_sm90_kernel<T, D, 2>
-                                      : &kernels::backward_sm90_kernel<T, D, 1>;
-  const int smem = wgmma_warpgroups == 2 ? kernels::sm90_backward_smem_bytes<T, D, 2>()
-                                         : kernels::sm90_backward_smem_bytes<T, D, 1>();
+  auto kernel = wgmma_warpgroups == 3   ? &kernels::backward_sm90_kernel<T, D, 3>
+                : wgmma_warpgroups == 2 ? &kernels::backward_sm90_kernel<T, D, 2>
+                                        : &kernels::backward_sm90_kernel<T, D, 1>;
+  const int smem = wgmma_warpgroups == 3   ? kernels::sm90_backward_smem_bytes<T, D, 3>()
+                   : wgmma_warpgroups == 2 ? kernels::sm90_backward_smem_bytes<T, D, 2>()
+                                           : kernels::sm90_backward_smem_bytes<T, D, 1>();
+  if (wgmma_warpgroups == 3) {
+    // As the forward's Hopper kernel: the setmaxnreg hand-over (24 producer, 240 consumers)
+    // balances only if the kernel starts with 65536 / 384 = 168 registers a thread.
+    static const int registers = [&] {
+      cudaFuncAttributes attr{};
+      RINGATTN_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+      return attr.numRegs;
+    }();
+    if (registers != kernels::sm90_registers)
+      throw error("ringattn: the wgmma block backward was compiled with " +
+                  std::to_string(registers) + " registers a thread instead of " +
+                  std::to_string(kernels::sm90_registers) +
+                  " (is -maxrregcount set?); use backward_path::tensor_cores");
+  }
   RINGATTN_CUDA_CHECK(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   kernel<<<blocks, 128 * wgmma_warpgroups, smem, stream>>>(p);
