@@ -6,7 +6,9 @@
 //! query rows (dQ): with one, two blocks share an SM, so one's elementwise work runs while the
 //! other's products are on the tensor cores; with two, the warpgroups share the tiles they walk
 //! (Q/dO for dK/dV, K/V for dQ), copied once for twice the work, and interleave the same way.
-//! Both run in one grid (`backward_sm90_kernel`): the dK/dV blocks, then the dQ blocks.
+//! With three (the tuned count), a producer warpgroup feeds two consumers through mbarrier
+//! stages in the dK/dV blocks (`dkdv_sm90_ws`: no block barrier in their walk). Both block kinds
+//! run in one grid (`backward_sm90_kernel`): the dK/dV blocks, then the dQ blocks.
 //!
 //! Every backward product has one of the forward kernel's two wgmma forms:
 //! - S^T = K Q^T and dP^T = V dO^T (dK/dV block), S = Q K^T and dP = dO V^T (dQ block): A and
@@ -14,9 +16,9 @@
 //! - dV += P^T dO, dK += dS^T Q, dQ += dS K: A from registers (P^T, dS^T, dS are accumulators,
 //!   packed to 16 bits they are wgmma's A fragment), B read N-major from shared memory (its
 //!   rows are the k dimension), as V in the forward's P V.
-//! Tiles are 64-column panels in the 128-byte swizzled layout, copied with cp.async by the whole
-//! warpgroup (`produce_tile`) and double-buffered; deterministic like the other kernels (one
-//! writer per accumulator element, no atomics).
+//! Tiles are 64-column panels in the 128-byte swizzled layout, copied with cp.async
+//! (`produce_tile`: by the producer, or else by the whole warpgroup into double buffers);
+//! deterministic like the other kernels (one writer per accumulator element, no atomics).
 
 #include <ringattn/detail/backward_kernel_tc.cuh>
 #include <ringattn/detail/forward_kernel_sm90.cuh>
@@ -36,9 +38,10 @@ template <class T, int D, int WG>
 constexpr int sm90_backward_smem_bytes() {
   constexpr int R = tc_backward_rows, E = static_cast<int>(sizeof(T));
   if constexpr (WG == 3) {
-    // dK/dV: K, V of 128 keys and the stages' Q, dO, lse, delta; dQ: as with two warpgroups.
+    // dK/dV: K, V of 128 keys and the stages' Q, dO, lse, delta; dQ: Q, dO of 128 rows and the
+    // stages' K, V.
     constexpr int dkdv = 4 * R * D * E + sm90_backward_stages * (2 * R * D * E + 2 * R * 4);
-    constexpr int dq = 8 * R * D * E + 4 * R * 4;
+    constexpr int dq = 4 * R * D * E + sm90_backward_stages * 2 * R * D * E;
     return (dkdv > dq ? dkdv : dq) + 1024;
   } else {
     return (2 * WG + 4) * R * D * E + 4 * R * 4 + 1024;
@@ -100,6 +103,107 @@ __device__ __forceinline__ void add_rows(float* base, std::int64_t row_stride, i
     }
   }
 }
+// The mbarriers of a warp-specialised block (producer warpgroup 0, consumers 1 and 2), for step
+// n of a pipeline of `S` stages: `full` (every producer thread's copies of the step landed),
+// `empty` (every consumer thread is done with the stage), and `kept` (the producer's copies of
+// the tiles the block keeps throughout). One set a thread block (static shared memory).
+template <int S>
+struct ws_barriers {
+  std::uint32_t full0, empty0, kept;
+  // Every thread of the block calls it (thread 0 initialises, then a block barrier).
+  __device__ __forceinline__ static ws_barriers make() {
+    __shared__ alignas(8) std::uint64_t bars[2 * S + 1];
+    const ws_barriers w{smem_address(&bars[0]), smem_address(&bars[S]),
+                        smem_address(&bars[2 * S])};
+    if (threadIdx.x == 0) {
+      for (int st = 0; st < S; ++st) {
+        mbarrier_init(w.full0 + 8 * st, 128);
+        mbarrier_init(w.empty0 + 8 * st, 256);
+      }
+      mbarrier_init(w.kept, 128);
+    }
+    __syncthreads();
+    return w;
+  }
+  // Producer: before refilling step n's stage, wait until step n - S released it.
+  __device__ __forceinline__ void wait_empty(int n) const {
+    if (n >= S) mbarrier_wait(empty0 + 8 * (n % S), ((n / S) - 1) & 1);
+  }
+  // Producer: step n's copies (this thread's, once they land) fill its stage.
+  __device__ __forceinline__ void filled(int n) const {
+    cp_async_mbarrier_arrive(full0 + 8 * (n % S));
+  }
+  // Consumer: wait for step n's tiles (and make their cp.async writes visible to wgmma).
+  __device__ __forceinline__ void wait_full(int n) const {
+    mbarrier_wait(full0 + 8 * (n % S), (n / S) & 1);
+    fence_proxy_async();
+  }
+  __device__ __forceinline__ void release(int n) const { mbarrier_arrive(empty0 + 8 * (n % S)); }
+};
+// One step of a dK/dV block's warpgroup: S^T and dP^T of its 64 key rows (`k`, `v`: those rows
+// of the block's [BK, D] K and V tiles; `key0` the first of them in the block) against the
+// step's 64 query rows (`q`, `o`: their Q and dO tiles; `lse` in natural log and `delta` in
+// shared memory), P^T and dS^T, then dV += P^T dO and dK += dS^T Q. Two product groups are in
+// flight at a time: P^T is computed while dP^T is on the tensor cores, dS^T while dV's product
+// is. Returns with every product done (the step's tiles may be refilled).
+template <class T, int D, int BK, class Step>
+__device__ __forceinline__ void dkdv_step(float (&dk)[D / 2], float (&dv)[D / 2], const Step& st,
+                                          int cols, int key0, std::uint32_t k, std::uint32_t v,
+                                          std::uint32_t q, std::uint32_t o, const float* lse,
+                                          const float* delta, float scale, int warp, int lane) {
+  constexpr float log2e = 1.4426950408889634f;
+  const float scale_log2 = scale * log2e;
+  const auto [kb, i0, jl0, rows] = st;
+  float s[32], dp[32];
+  wgmma_fence();
+  product_ss<T, D, BK>(s, k, q); // S^T = K Q^T
+  wgmma_commit();
+  product_ss<T, D, BK>(dp, v, o); // dP^T = V dO^T
+  wgmma_commit();
+  wgmma_wait<1>();
+  fence_operands(s);
+  // The tile lies wholly in the band (its corners do) and has no ragged edge: no predicate.
+  const bool whole = st.whole(cols, BK);
+  // P^T; rows are keys (this warp's 16), columns queries.
+#pragma unroll
+  for (int t = 0; t < 8; ++t)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int key = key0 + warp * 16 + (lane >> 2) + (e >= 2 ? 8 : 0);
+      const int c = t * 8 + (lane & 3) * 2 + (e & 1);
+      const bool seen = whole || (key < cols && c < rows && kb.mask.sees(i0 + c, jl0 + key));
+      s[4 * t + e] = seen ? fast_exp2(fmaf(s[4 * t + e], scale_log2, -lse[c] * log2e)) : 0.0f;
+    }
+  std::uint32_t pa[4][4], da[4][4];
+  pack<T>(s, pa);
+  fence_operands(s);
+  fence_operands(pa);
+  wgmma_wait<0>();
+  fence_operands(dp);
+  fence_operands(dv);
+  wgmma_fence();
+  product_rs<T>(dv, pa, o); // dV += P^T dO
+  wgmma_commit();
+  // dS^T (P^T is 0 where the predicate said no).
+#pragma unroll
+  for (int t = 0; t < 8; ++t)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int c = t * 8 + (lane & 3) * 2 + (e & 1);
+      dp[4 * t + e] = s[4 * t + e] * (dp[4 * t + e] - delta[c]) * scale;
+    }
+  pack<T>(dp, da);
+  fence_operands(da);
+  fence_operands(dk);
+  wgmma_fence();
+  product_rs<T>(dk, da, q); // dK += dS^T Q
+  wgmma_commit();
+  wgmma_wait<0>();
+  fence_operands(pa);
+  fence_operands(da);
+  fence_operands(dv);
+  fence_operands(dk);
+}
 } // namespace sm90_backward
 
 //! dK, dV of 64 WG key columns of one kv head: thread block `b` of the dK/dV blocks takes key
@@ -109,14 +213,13 @@ __device__ __forceinline__ void dkdv_sm90(const tc_backward_params<T>& tp, std::
   using namespace sm90_backward;
   constexpr int BK = R * WG; // key columns of the block
   constexpr std::uint32_t tile = R * D * sizeof(T), kv_tile = BK * D * sizeof(T);
-  constexpr float log2e = 1.4426950408889634f;
   static_assert(sizeof(T) == 2 && (D == 64 || D == 128) && (WG == 1 || WG == 2));
   const backward_params<T>& p = tp.b;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   const std::uint32_t raw = smem_address(smem_raw);
   const std::uint32_t pad = (1024u - (raw & 1023u)) & 1023u; // swizzle atoms start 1 KB aligned
   const std::uint32_t aK = raw + pad, aV = aK + kv_tile, aQ = aV + kv_tile, aO = aQ + 2 * tile;
-  // lse * log2(e) and delta of the step's rows, two buffers each.
+  // lse and delta of the step's rows, two buffers each.
   float* sL = reinterpret_cast<float*>(smem_raw + pad + 2 * kv_tile + 4 * tile);
   float* sD = sL + 2 * R;
   // Warpgroup (broadcast from lane 0, so the compiler knows it is warp-uniform), its thread.
@@ -148,7 +251,7 @@ __device__ __forceinline__ void dkdv_sm90(const tc_backward_params<T>& tp, std::
                          p.dout + row0 * p.do_token_stride + w.h * p.do_head_stride,
                          p.do_token_stride, rows, tid);
     if (first && tid < R) {
-      sL[buf * R + tid] = tid < rows ? p.lse[w.h * p.q_tokens + row0 + tid] * log2e : 0.0f;
+      sL[buf * R + tid] = tid < rows ? p.lse[w.h * p.q_tokens + row0 + tid] : 0.0f;
       sD[buf * R + tid] = tid < rows ? p.delta[w.h * p.q_tokens + row0 + tid] : 0.0f;
     }
   };
@@ -160,7 +263,6 @@ __device__ __forceinline__ void dkdv_sm90(const tc_backward_params<T>& tp, std::
 #pragma unroll
   for (int i = 0; i < D / 2; ++i)
     dk[i] = dv[i] = 0.0f;
-  const float scale_log2 = p.scale * log2e;
 
   for (int step = 0; !w.done(); ++step) {
     cp_async_wait_all();
@@ -168,65 +270,11 @@ __device__ __forceinline__ void dkdv_sm90(const tc_backward_params<T>& tp, std::
     __syncthreads();     // every copy landed; every product on the buffer refilled below is done
     const int buf = step & 1;
     const auto st = w.current();
-    const auto [kb, i0, jl0, rows] = st;
     w.advance(load_step, buf ^ 1);
     const std::uint32_t cQ = aQ + buf * tile, cO = aO + buf * tile;
-    const float* cL = sL + buf * R;
-    const float* cD = sD + buf * R;
-
-    // Two product groups in flight at a time: P^T is computed while dP^T is on the tensor cores,
-    // dS^T while dV's product is.
     // This warpgroup's 64 key rows of K and V (rows 64 wg.. of the block's [BK, D] tiles).
-    const std::uint32_t myK = aK + wg * (R * 128), myV = aV + wg * (R * 128);
-    float s[32], dp[32];
-    wgmma_fence();
-    product_ss<T, D, BK>(s, myK, cQ); // S^T = K Q^T
-    wgmma_commit();
-    product_ss<T, D, BK>(dp, myV, cO); // dP^T = V dO^T
-    wgmma_commit();
-    wgmma_wait<1>();
-    fence_operands(s);
-    // The tile lies wholly in the band (its corners do) and has no ragged edge: no predicate.
-    const bool whole = st.whole(cols, BK);
-    // P^T; rows are keys (this warp's 16), columns queries.
-#pragma unroll
-    for (int t = 0; t < 8; ++t)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = wg * R + warp * 16 + (lane >> 2) + (e >= 2 ? 8 : 0);
-        const int q = t * 8 + (lane & 3) * 2 + (e & 1);
-        const bool seen = whole || (key < cols && q < rows && kb.mask.sees(i0 + q, jl0 + key));
-        s[4 * t + e] = seen ? fast_exp2(fmaf(s[4 * t + e], scale_log2, -cL[q])) : 0.0f;
-      }
-    std::uint32_t pa[4][4], da[4][4];
-    pack<T>(s, pa);
-    fence_operands(s);
-    fence_operands(pa);
-    wgmma_wait<0>();
-    fence_operands(dp);
-    fence_operands(dv);
-    wgmma_fence();
-    product_rs<T>(dv, pa, cO); // dV += P^T dO
-    wgmma_commit();
-    // dS^T (P^T is 0 where the predicate said no).
-#pragma unroll
-    for (int t = 0; t < 8; ++t)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int q = t * 8 + (lane & 3) * 2 + (e & 1);
-        dp[4 * t + e] = s[4 * t + e] * (dp[4 * t + e] - cD[q]) * p.scale;
-      }
-    pack<T>(dp, da);
-    fence_operands(da);
-    fence_operands(dk);
-    wgmma_fence();
-    product_rs<T>(dk, da, cQ); // dK += dS^T Q
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_operands(pa);
-    fence_operands(da);
-    fence_operands(dv);
-    fence_operands(dk);
+    dkdv_step<T, D, BK>(dk, dv, st, cols, wg * R, aK + wg * (R * 128), aV + wg * (R * 128), cQ, cO,
+                        sL + buf * R, sD + buf * R, p.scale, warp, lane);
   }
   cp_async_wait_all(); // (a block with no cover still waits for its K/V copies)
   const std::int64_t stride = static_cast<std::int64_t>(p.kv_heads) * D;
@@ -247,32 +295,21 @@ __device__ __forceinline__ void dkdv_sm90_ws(const tc_backward_params<T>& tp, st
   constexpr int BK = 2 * R, S = sm90_backward_stages;
   constexpr std::uint32_t tile = R * D * sizeof(T), kv_tile = BK * D * sizeof(T),
                           stage_bytes = 2 * tile;
-  constexpr float log2e = 1.4426950408889634f;
   static_assert(sizeof(T) == 2 && (D == 64 || D == 128));
   const backward_params<T>& p = tp.b;
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  __shared__ alignas(8) std::uint64_t bars[2 * S + 1]; // full[S], empty[S], K/V landed
   const std::uint32_t raw = smem_address(smem_raw);
   const std::uint32_t pad = (1024u - (raw & 1023u)) & 1023u; // swizzle atoms start 1 KB aligned
   // K, V, then stage s: Q at aS + s * stage_bytes, dO after it; then lse[S][64], delta[S][64].
   const std::uint32_t aK = raw + pad, aV = aK + kv_tile, aS = aV + kv_tile;
   float* sL = reinterpret_cast<float*>(smem_raw + pad + 2 * kv_tile + S * stage_bytes);
   float* sD = sL + S * R;
-  const std::uint32_t full0 = smem_address(&bars[0]), empty0 = smem_address(&bars[S]),
-                      kv_full = smem_address(&bars[2 * S]);
   const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x >> 7), 0);
   const int kvh = static_cast<int>(b % p.kv_heads);
   const key_tile kt = tp.key_tiles[b / p.kv_heads];
   const key_interval in = p.intervals[kt.interval];
   const int cols = static_cast<int>(in.end - kt.begin < BK ? in.end - kt.begin : BK);
-  if (threadIdx.x == 0) {
-    for (int st = 0; st < S; ++st) {
-      mbarrier_init(full0 + 8 * st, 128);  // every producer thread's copies
-      mbarrier_init(empty0 + 8 * st, 256); // every consumer thread
-    }
-    mbarrier_init(kv_full, 128);
-  }
-  __syncthreads();
+  const auto bars = ws_barriers<S>::make(); // kept: K and V
 
   if (wg == 0) {
     // ---- producer: K, V; then step n's tiles into stage n % S once step n - S released it.
@@ -282,11 +319,11 @@ __device__ __forceinline__ void dkdv_sm90_ws(const tc_backward_params<T>& tp, st
                         p.k_token_stride, cols, tid);
     produce_tile<BK, D>(aV, p.v + kt.begin * p.v_token_stride + kvh * p.v_head_stride,
                         p.v_token_stride, cols, tid);
-    cp_async_mbarrier_arrive(kv_full);
+    cp_async_mbarrier_arrive(bars.kept);
     cover_walk<T> w(p, in, kt.begin, cols, kvh);
     for (int n = 0; !w.done(); ++n, w.next()) {
       const int stage = n % S;
-      if (n >= S) mbarrier_wait(empty0 + 8 * stage, ((n / S) - 1) & 1);
+      bars.wait_empty(n);
       const block_group& g = p.groups[w.cover().group];
       const std::int64_t row0 = g.q_begin + w.i0;
       const int rows = static_cast<int>(g.q_count - w.i0 < R ? g.q_count - w.i0 : R);
@@ -302,7 +339,7 @@ __device__ __forceinline__ void dkdv_sm90_ws(const tc_backward_params<T>& tp, st
       asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(
                        smem_address((tid < R ? sL : sD) + stage * R + r)),
                    "l"(src), "r"(ok ? 4 : 0));
-      cp_async_mbarrier_arrive(full0 + 8 * stage);
+      bars.filled(n);
     }
     cp_async_wait_all();
     return;
@@ -317,88 +354,107 @@ __device__ __forceinline__ void dkdv_sm90_ws(const tc_backward_params<T>& tp, st
 #pragma unroll
   for (int i = 0; i < D / 2; ++i)
     dk[i] = dv[i] = 0.0f;
-  const float scale_log2 = p.scale * log2e;
   const std::uint32_t myK = aK + cw * (R * 128), myV = aV + cw * (R * 128);
-  if (!w.done()) mbarrier_wait(kv_full, 0);
+  if (!w.done()) mbarrier_wait(bars.kept, 0);
   for (int n = 0; !w.done(); ++n, w.next()) {
     const int stage = n % S;
-    mbarrier_wait(full0 + 8 * stage, (n / S) & 1);
-    fence_proxy_async(); // the step's cp.async writes before this thread's wgmma reads
-    const auto st = w.current();
-    const auto [kb, i0, jl0, rows] = st;
-    const std::uint32_t cQ = aS + stage * stage_bytes, cO = cQ + tile;
-    const float* cL = sL + stage * R;
-    const float* cD = sD + stage * R;
-    float s[32], dp[32];
-    wgmma_fence();
-    product_ss<T, D, BK>(s, myK, cQ); // S^T = K Q^T
-    wgmma_commit();
-    product_ss<T, D, BK>(dp, myV, cO); // dP^T = V dO^T
-    wgmma_commit();
-    wgmma_wait<1>();
-    fence_operands(s);
-    const bool whole = st.whole(cols, BK);
-#pragma unroll
-    for (int t = 0; t < 8; ++t)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = cw * R + warp * 16 + (lane >> 2) + (e >= 2 ? 8 : 0);
-        const int q = t * 8 + (lane & 3) * 2 + (e & 1);
-        const bool seen = whole || (key < cols && q < rows && kb.mask.sees(i0 + q, jl0 + key));
-        s[4 * t + e] = seen ? fast_exp2(fmaf(s[4 * t + e], scale_log2, -cL[q] * log2e)) : 0.0f;
-      }
-    std::uint32_t pa[4][4], da[4][4];
-    pack<T>(s, pa);
-    fence_operands(s);
-    fence_operands(pa);
-    wgmma_wait<0>();
-    fence_operands(dp);
-    fence_operands(dv);
-    wgmma_fence();
-    product_rs<T>(dv, pa, cO); // dV += P^T dO
-    wgmma_commit();
-#pragma unroll
-    for (int t = 0; t < 8; ++t)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int q = t * 8 + (lane & 3) * 2 + (e & 1);
-        dp[4 * t + e] = s[4 * t + e] * (dp[4 * t + e] - cD[q]) * p.scale;
-      }
-    pack<T>(dp, da);
-    fence_operands(da);
-    fence_operands(dk);
-    wgmma_fence();
-    product_rs<T>(dk, da, cQ); // dK += dS^T Q
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_operands(pa);
-    fence_operands(da);
-    fence_operands(dv);
-    fence_operands(dk);
-    mbarrier_arrive(empty0 + 8 * stage); // the step's tiles fully read
+    bars.wait_full(n);
+    const std::uint32_t cQ = aS + stage * stage_bytes;
+    dkdv_step<T, D, BK>(dk, dv, w.current(), cols, cw * R, myK, myV, cQ, cQ + tile, sL + stage * R,
+                        sD + stage * R, p.scale, warp, lane);
+    bars.release(n); // the step's tiles fully read
   }
   const std::int64_t stride = static_cast<std::int64_t>(p.kv_heads) * D;
   add_rows<D>(p.dk + kt.begin * stride + kvh * D, stride, cw * R + warp * 16, cols, dk, lane);
   add_rows<D>(p.dv + kt.begin * stride + kvh * D, stride, cw * R + warp * 16, cols, dv, lane);
 }
 
+namespace sm90_backward {
+// The lse (log2 units) and delta of this lane's two rows of a dQ warpgroup's 64 (`x`: the first
+// of them in the block, `rows` valid); rows past the tile or with no key get lse = +inf (every p
+// is 0) and delta 0.
+template <class T>
+__device__ __forceinline__ void dq_rows(const backward_params<T>& p, int h, std::int64_t row0,
+                                        int x, int rows, float (&lrow)[2], float (&drow)[2]) {
+  constexpr float log2e = 1.4426950408889634f, neg_inf = -__builtin_huge_valf();
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const bool ok = x + r * 8 < rows;
+    const float l = ok ? p.lse[h * p.q_tokens + row0 + x + r * 8] : neg_inf;
+    lrow[r] = l == neg_inf ? __builtin_huge_valf() : l * log2e;
+    drow[r] = ok ? p.delta[h * p.q_tokens + row0 + x + r * 8] : 0.0f;
+  }
+}
+// One step of a dQ warpgroup: S and dP of its 64 query rows (`q`, `o`: those rows of the block's
+// [BQ, D] Q and dO tiles; `i` the group-local index of this lane's first row) against K/V tile
+// `it` of the walk (`k`, `v`), dS, then dQ += dS K. P is computed while dP is on the tensor
+// cores. Returns with every product done (the tile may be refilled).
+template <class T, int D, int BQ>
+__device__ __forceinline__ void dq_step(float (&dq)[D / 2], const kv_walk<R>& walk, int it,
+                                        std::int64_t i, std::uint32_t q, std::uint32_t o,
+                                        std::uint32_t k, std::uint32_t v, const float (&lrow)[2],
+                                        const float (&drow)[2], float scale, int lane) {
+  constexpr float log2e = 1.4426950408889634f;
+  const float scale_log2 = scale * log2e;
+  bool second;
+  std::int64_t j;
+  walk.tile(it, second, j);
+  float s[32], dp[32];
+  wgmma_fence();
+  product_ss<T, D, BQ>(s, q, k); // S = Q K^T (this warpgroup's rows)
+  wgmma_commit();
+  product_ss<T, D, BQ>(dp, o, v); // dP = dO V^T
+  wgmma_commit();
+  wgmma_wait<1>();
+  fence_operands(s);
+  const band bd = walk.mask(second);
+  const std::int64_t count = walk.count(second);
+  // Rows past the tile have lrow = +inf (p = 0); only band edges and a ragged last tile need the
+  // predicate.
+  const bool masked = walk.needs_mask(second, j);
+#pragma unroll
+  for (int t = 0; t < 8; ++t)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int r = e >= 2 ? 1 : 0;
+      const std::int64_t col = j * R + t * 8 + (lane & 3) * 2 + (e & 1);
+      const bool seen = !masked || (col < count && bd.sees(i + r * 8, col));
+      s[4 * t + e] = seen ? fast_exp2(fmaf(s[4 * t + e], scale_log2, -lrow[r])) : 0.0f;
+    }
+  fence_operands(s);
+  wgmma_wait<0>();
+  fence_operands(dp);
+#pragma unroll
+  for (int t = 0; t < 8; ++t)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      dp[4 * t + e] = s[4 * t + e] * (dp[4 * t + e] - drow[e >= 2 ? 1 : 0]) * scale;
+  std::uint32_t da[4][4];
+  pack<T>(dp, da);
+  fence_operands(dq);
+  fence_operands(da);
+  wgmma_fence();
+  product_rs<T>(dq, da, k); // dQ += dS K
+  wgmma_commit();
+  wgmma_wait<0>();
+  fence_operands(dq);
+}
+} // namespace sm90_backward
+
 //! dQ of 64 WG query rows of one query head: thread block `b` of the dQ blocks takes row tile
 //! b / q_heads (heaviest first) and query head b % q_heads.
-template <class T, int D, int WG, bool Producer = false>
+template <class T, int D, int WG>
 __device__ __forceinline__ void dq_sm90(const tc_backward_params<T>& tp, std::int64_t b) {
   using namespace sm90_backward;
   constexpr int BQ = R * WG; // query rows of the block
   constexpr std::uint32_t tile = R * D * sizeof(T), q_tile = BQ * D * sizeof(T);
-  constexpr float log2e = 1.4426950408889634f, neg_inf = -__builtin_huge_valf();
   static_assert(sizeof(T) == 2 && (D == 64 || D == 128) && (WG == 1 || WG == 2));
   const backward_params<T>& p = tp.b;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   const std::uint32_t raw = smem_address(smem_raw);
   const std::uint32_t pad = (1024u - (raw & 1023u)) & 1023u;
   const std::uint32_t aQ = raw + pad, aO = aQ + q_tile, aK = aO + q_tile, aV = aK + 2 * tile;
-  // Warpgroup among the block's (after a producer warpgroup's, which takes no part here).
-  const int wg =
-      __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x >> 7) - (Producer ? 1 : 0), 0);
+  const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x >> 7), 0);
   const int tid = static_cast<int>(threadIdx.x & 127), warp = tid >> 5, lane = tid & 31,
             h = static_cast<int>(b % p.q_heads), kvh = h / p.group_size;
   const work_tile wt = tp.row_tiles[b / p.q_heads];
@@ -410,16 +466,16 @@ __device__ __forceinline__ void dq_sm90(const tc_backward_params<T>& tp, std::in
   const bool first = wg == 0, last = wg == WG - 1;
   // Copies K/V tile `it` of the walk into buffer `buf`.
   auto load_kv = [&](int it, int buf) {
-    bool b;
+    bool second;
     std::int64_t j;
-    walk.tile(it, b, j);
-    const std::int64_t key0 = walk.begin(b) + j * R;
+    walk.tile(it, second, j);
+    const std::int64_t key0 = walk.begin(second) + j * R;
     if (first)
       produce_tile<R, D>(aK + buf * tile, p.k + key0 * p.k_token_stride + kvh * p.k_head_stride,
-                         p.k_token_stride, walk.valid(b, j), tid);
+                         p.k_token_stride, walk.valid(second, j), tid);
     if (last)
       produce_tile<R, D>(aV + buf * tile, p.v + key0 * p.v_token_stride + kvh * p.v_head_stride,
-                         p.v_token_stride, walk.valid(b, j), tid);
+                         p.v_token_stride, walk.valid(second, j), tid);
   };
   if (first)
     produce_tile<BQ, D>(aQ, p.q + row0 * p.q_token_stride + h * p.q_head_stride, p.q_token_stride,
@@ -429,17 +485,9 @@ __device__ __forceinline__ void dq_sm90(const tc_backward_params<T>& tp, std::in
                         p.do_token_stride, rows, tid);
   if (walk.total > 0) load_kv(0, 0);
   cp_async_commit();
-  // This lane's two rows: lse (log2 units) and delta; rows past the tile or with no key: none.
+  const int x = wg * R + warp * 16 + (lane >> 2); // this lane's first row in the block
   float lrow[2], drow[2];
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int x = wg * R + warp * 16 + (lane >> 2) + r * 8;
-    const bool ok = x < rows;
-    const float l = ok ? p.lse[h * p.q_tokens + row0 + x] : neg_inf;
-    lrow[r] = l == neg_inf ? __builtin_huge_valf() : l * log2e; // +inf: every p is 0
-    drow[r] = ok ? p.delta[h * p.q_tokens + row0 + x] : 0.0f;
-  }
-  const float scale_log2 = p.scale * log2e;
+  dq_rows(p, h, row0, x, rows, lrow, drow);
   float dq[D / 2];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i)
@@ -447,62 +495,92 @@ __device__ __forceinline__ void dq_sm90(const tc_backward_params<T>& tp, std::in
   for (int it = 0; it < walk.total; ++it) {
     cp_async_wait_all();
     fence_proxy_async();
-    // Tile `it` landed; every product on the buffer refilled below is done.
-    if constexpr (Producer)
-      named_barrier_sync<128 * WG>(1);
-    else
-      __syncthreads();
+    __syncthreads(); // tile `it` landed; every product on the buffer refilled below is done
     if (it + 1 < walk.total) load_kv(it + 1, (it + 1) & 1);
     cp_async_commit();
-    bool b;
-    std::int64_t j;
-    walk.tile(it, b, j);
-    const std::uint32_t cK = aK + (it & 1) * tile, cV = aV + (it & 1) * tile;
-    // P is computed while dP is on the tensor cores.
-    float s[32], dp[32];
-    wgmma_fence();
-    product_ss<T, D, BQ>(s, aQ + wg * (R * 128), cK); // S = Q K^T (this warpgroup's rows)
-    wgmma_commit();
-    product_ss<T, D, BQ>(dp, aO + wg * (R * 128), cV); // dP = dO V^T
-    wgmma_commit();
-    wgmma_wait<1>();
-    fence_operands(s);
-    const band bd = walk.mask(b);
-    const std::int64_t count = walk.count(b);
-    // Rows past the tile have lrow = +inf (p = 0); only band edges and a ragged last tile need
-    // the predicate.
-    const bool masked = walk.needs_mask(b, j);
-#pragma unroll
-    for (int t = 0; t < 8; ++t)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = e >= 2 ? 1 : 0;
-        const std::int64_t i = i0 + wg * R + warp * 16 + (lane >> 2) + r * 8;
-        const std::int64_t col = j * R + t * 8 + (lane & 3) * 2 + (e & 1);
-        const bool seen = !masked || (col < count && bd.sees(i, col));
-        s[4 * t + e] = seen ? fast_exp2(fmaf(s[4 * t + e], scale_log2, -lrow[r])) : 0.0f;
-      }
-    fence_operands(s);
-    wgmma_wait<0>();
-    fence_operands(dp);
-#pragma unroll
-    for (int t = 0; t < 8; ++t)
-#pragma unroll
-      for (int e = 0; e < 4; ++e)
-        dp[4 * t + e] = s[4 * t + e] * (dp[4 * t + e] - drow[e >= 2 ? 1 : 0]) * p.scale;
-    std::uint32_t da[4][4];
-    pack<T>(dp, da);
-    fence_operands(dq);
-    fence_operands(da);
-    wgmma_fence();
-    product_rs<T>(dq, da, cK); // dQ += dS K
-    wgmma_commit();
-    wgmma_wait<0>();
-    fence_operands(dq);
+    dq_step<T, D, BQ>(dq, walk, it, i0 + x, aQ + wg * (R * 128), aO + wg * (R * 128),
+                      aK + (it & 1) * tile, aV + (it & 1) * tile, lrow, drow, p.scale, lane);
   }
   cp_async_wait_all();
   const std::int64_t stride = static_cast<std::int64_t>(p.q_heads) * D;
   add_rows<D>(p.dq + row0 * stride + h * D, stride, wg * R + warp * 16, rows, dq, lane);
+}
+
+//! dQ of 128 query rows of one query head, warp-specialised as `dkdv_sm90_ws`: warpgroup 0
+//! copies the rows' Q and dO once and then each K/V tile of the walk into one of
+//! `sm90_backward_stages` stages (`full` / `empty` mbarriers); warpgroups 1 and 2 own 64 rows
+//! each and wait only for their tile.
+template <class T, int D>
+__device__ __forceinline__ void dq_sm90_ws(const tc_backward_params<T>& tp, std::int64_t b) {
+  using namespace sm90_backward;
+  constexpr int BQ = 2 * R, S = sm90_backward_stages;
+  constexpr std::uint32_t tile = R * D * sizeof(T), q_tile = BQ * D * sizeof(T),
+                          stage_bytes = 2 * tile;
+  static_assert(sizeof(T) == 2 && (D == 64 || D == 128));
+  const backward_params<T>& p = tp.b;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  const std::uint32_t raw = smem_address(smem_raw);
+  const std::uint32_t pad = (1024u - (raw & 1023u)) & 1023u;
+  // Q, dO, then stage s: K at aS + s * stage_bytes, V after it.
+  const std::uint32_t aQ = raw + pad, aO = aQ + q_tile, aS = aO + q_tile;
+  const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x >> 7), 0);
+  const int h = static_cast<int>(b % p.q_heads), kvh = h / p.group_size;
+  const work_tile wt = tp.row_tiles[b / p.q_heads];
+  const block_group g = p.groups[wt.group];
+  const std::int64_t i0 = wt.row_begin, row0 = g.q_begin + i0;
+  const int rows = static_cast<int>(g.q_count - i0 < BQ ? g.q_count - i0 : BQ);
+  const kv_walk<R> walk(g, i0, rows);
+  const auto bars = ws_barriers<S>::make(); // kept: Q and dO
+
+  if (wg == 0) {
+    // ---- producer: Q, dO; then K/V tile t into stage t % S once tile t - S released it.
+    setmaxnreg_dec<24>();
+    const int tid = static_cast<int>(threadIdx.x);
+    produce_tile<BQ, D>(aQ, p.q + row0 * p.q_token_stride + h * p.q_head_stride, p.q_token_stride,
+                        rows, tid);
+    produce_tile<BQ, D>(aO, p.dout + row0 * p.do_token_stride + h * p.do_head_stride,
+                        p.do_token_stride, rows, tid);
+    cp_async_mbarrier_arrive(bars.kept);
+    for (int t = 0; t < walk.total; ++t) {
+      const int stage = t % S;
+      bars.wait_empty(t);
+      bool second;
+      std::int64_t j;
+      walk.tile(t, second, j);
+      const std::int64_t key0 = walk.begin(second) + j * R;
+      const int valid = walk.valid(second, j);
+      const std::uint32_t k = aS + stage * stage_bytes;
+      produce_tile<R, D>(k, p.k + key0 * p.k_token_stride + kvh * p.k_head_stride,
+                         p.k_token_stride, valid, tid);
+      produce_tile<R, D>(k + tile, p.v + key0 * p.v_token_stride + kvh * p.v_head_stride,
+                         p.v_token_stride, valid, tid);
+      bars.filled(t);
+    }
+    cp_async_wait_all();
+    return;
+  }
+
+  // ---- consumers
+  setmaxnreg_inc<240>();
+  const int cw = wg - 1; // consumer warpgroup 0 or 1: rows 64 cw..
+  const int tid = static_cast<int>(threadIdx.x & 127), warp = tid >> 5, lane = tid & 31;
+  const int x = cw * R + warp * 16 + (lane >> 2); // this lane's first row in the block
+  float lrow[2], drow[2];
+  dq_rows(p, h, row0, x, rows, lrow, drow);
+  float dq[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i)
+    dq[i] = 0.0f;
+  if (walk.total > 0) mbarrier_wait(bars.kept, 0);
+  for (int it = 0; it < walk.total; ++it) {
+    bars.wait_full(it);
+    const std::uint32_t k = aS + (it % S) * stage_bytes;
+    dq_step<T, D, BQ>(dq, walk, it, i0 + x, aQ + cw * (R * 128), aO + cw * (R * 128), k,
+                      k + tile, lrow, drow, p.scale, lane);
+    bars.release(it); // the tile fully read
+  }
+  const std::int64_t stride = static_cast<std::int64_t>(p.q_heads) * D;
+  add_rows<D>(p.dq + row0 * stride + h * D, stride, cw * R + warp * 16, rows, dq, lane);
 }
 
 //! The whole Hopper block backward in one launch: the first key_tile_count * kv_heads thread
@@ -515,14 +593,10 @@ __global__ void __launch_bounds__(128 * WG, WG == 1 ? 2 : 1)
 #if RINGATTN_WGMMA_ENABLED
   const std::int64_t b = blockIdx.x, dkdv_blocks = tp.key_tile_count * tp.b.kv_heads;
   if constexpr (WG == 3) {
-    if (b < dkdv_blocks) {
+    if (b < dkdv_blocks)
       dkdv_sm90_ws<T, D>(tp, b);
-    } else if (threadIdx.x < 128) {
-      setmaxnreg_dec<24>(); // a dQ block's first warpgroup only hands its registers over
-    } else {
-      setmaxnreg_inc<240>();
-      dq_sm90<T, D, 2, true>(tp, b - dkdv_blocks);
-    }
+    else
+      dq_sm90_ws<T, D>(tp, b - dkdv_blocks);
   } else if (b < dkdv_blocks) {
     dkdv_sm90<T, D, WG>(tp, b);
   } else {
