@@ -59,9 +59,8 @@ TEST_CASE_TEMPLATE("CUDA block backward equals the oracle: bands x GQA x head_di
   std::vector<backward_options> paths{{backward_path::cuda_cores, 0},
                                       {backward_path::tensor_cores, 0}};
   if (backward_path_available(backward_path::wgmma))
-    paths.insert(paths.end(), {{backward_path::wgmma, 1},
-                               {backward_path::wgmma, 2},
-                               {backward_path::wgmma, 3}});
+    paths.insert(paths.end(),
+                 {{backward_path::wgmma, 1}, {backward_path::wgmma, 2}, {backward_path::wgmma, 3}});
   else
     MESSAGE("no wgmma kernels here (an sm_90a image on a compute capability 9.0 device)");
   // RINGATTN_TEST_SMALL=1 (compute-sanitizer runs): GQA 1 and 4, head_dim 64 and 128, shorter

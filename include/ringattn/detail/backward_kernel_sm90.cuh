@@ -113,8 +113,7 @@ struct ws_barriers {
   // Every thread of the block calls it (thread 0 initialises, then a block barrier).
   __device__ __forceinline__ static ws_barriers make() {
     __shared__ alignas(8) std::uint64_t bars[2 * S + 1];
-    const ws_barriers w{smem_address(&bars[0]), smem_address(&bars[S]),
-                        smem_address(&bars[2 * S])};
+    const ws_barriers w{smem_address(&bars[0]), smem_address(&bars[S]), smem_address(&bars[2 * S])};
     if (threadIdx.x == 0) {
       for (int st = 0; st < S; ++st) {
         mbarrier_init(w.full0 + 8 * st, 128);
@@ -328,8 +327,8 @@ __device__ __forceinline__ void dkdv_sm90_ws(const tc_backward_params<T>& tp, st
       const std::int64_t row0 = g.q_begin + w.i0;
       const int rows = static_cast<int>(g.q_count - w.i0 < R ? g.q_count - w.i0 : R);
       const std::uint32_t q = aS + stage * stage_bytes;
-      produce_tile<R, D>(q, p.q + row0 * p.q_token_stride + w.h * p.q_head_stride,
-                         p.q_token_stride, rows, tid);
+      produce_tile<R, D>(q, p.q + row0 * p.q_token_stride + w.h * p.q_head_stride, p.q_token_stride,
+                         rows, tid);
       produce_tile<R, D>(q + tile, p.dout + row0 * p.do_token_stride + w.h * p.do_head_stride,
                          p.do_token_stride, rows, tid);
       // lse (threads 0..63) and delta (64..127) of the rows; zero past the tile's last row.
@@ -550,8 +549,8 @@ __device__ __forceinline__ void dq_sm90_ws(const tc_backward_params<T>& tp, std:
       const std::int64_t key0 = walk.begin(second) + j * R;
       const int valid = walk.valid(second, j);
       const std::uint32_t k = aS + stage * stage_bytes;
-      produce_tile<R, D>(k, p.k + key0 * p.k_token_stride + kvh * p.k_head_stride,
-                         p.k_token_stride, valid, tid);
+      produce_tile<R, D>(k, p.k + key0 * p.k_token_stride + kvh * p.k_head_stride, p.k_token_stride,
+                         valid, tid);
       produce_tile<R, D>(k + tile, p.v + key0 * p.v_token_stride + kvh * p.v_head_stride,
                          p.v_token_stride, valid, tid);
       bars.filled(t);
@@ -575,8 +574,8 @@ __device__ __forceinline__ void dq_sm90_ws(const tc_backward_params<T>& tp, std:
   for (int it = 0; it < walk.total; ++it) {
     bars.wait_full(it);
     const std::uint32_t k = aS + (it % S) * stage_bytes;
-    dq_step<T, D, BQ>(dq, walk, it, i0 + x, aQ + cw * (R * 128), aO + cw * (R * 128), k,
-                      k + tile, lrow, drow, p.scale, lane);
+    dq_step<T, D, BQ>(dq, walk, it, i0 + x, aQ + cw * (R * 128), aO + cw * (R * 128), k, k + tile,
+                      lrow, drow, p.scale, lane);
     bars.release(it); // the tile fully read
   }
   const std::int64_t stride = static_cast<std::int64_t>(p.q_heads) * D;

@@ -32,7 +32,7 @@ inline constexpr int tc_backward_threads = 128;
 template <class T>
 struct tc_backward_params {
   backward_params<T> b;
-  const key_tile* key_tiles;  // key tiles of the dK/dV blocks, heaviest first
+  const key_tile* key_tiles; // key tiles of the dK/dV blocks, heaviest first
   std::int64_t key_tile_count;
   const work_tile* row_tiles; // query tiles of the dQ blocks, (group, first row), heaviest first
   std::int64_t row_tile_count;

@@ -33,8 +33,8 @@
 #include <algorithm>
 #include <cstddef>
 #include <limits>
-#include <string>
 #include <span>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
