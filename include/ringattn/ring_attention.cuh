@@ -133,15 +133,9 @@ public:
                               thd_view<T> out, const float* lse,
                               std::span<const std::byte> workspace) const {
     validation r = validation::ok();
-    r.require(validate_view(q, "q")).require(validate_view(k, "k")).require(validate_view(v, "v"));
-    r.require(validate_view(out, "out"));
+    require_forward_views(r, q, k, v, thd_view<const T>(out));
     if (!r) return r;
-    const std::int64_t n = local_tokens();
-    require_shard(r, q, "q", args_.q_heads);
-    require_shard(r, k, "k", args_.kv_heads);
-    require_shard(r, v, "v", args_.kv_heads);
-    require_shard(r, out, "out", args_.q_heads);
-    r.require(n == 0 || lse != nullptr, "lse is a null pointer");
+    require_forward_shards(r, q, k, v, thd_view<const T>(out), lse);
     require_workspace(r, workspace, host_workspace_bytes<T>());
     return r;
   }
@@ -350,24 +344,36 @@ private:
                             thd_view<T> dq, thd_view<T> dk, thd_view<T> dv,
                             std::span<const std::byte> workspace, std::size_t need) const {
     validation r = validation::ok();
-    r.require(validate_view(q, "q")).require(validate_view(k, "k")).require(validate_view(v, "v"));
-    r.require(validate_view(out, "out")).require(validate_view(dout, "dout"));
+    require_forward_views(r, q, k, v, out);
+    r.require(validate_view(dout, "dout"));
     r.require(validate_view(dq, "dq"))
         .require(validate_view(dk, "dk"))
         .require(validate_view(dv, "dv"));
     if (!r) return r;
-    const std::int64_t n = local_tokens();
-    require_shard(r, q, "q", args_.q_heads);
-    require_shard(r, k, "k", args_.kv_heads);
-    require_shard(r, v, "v", args_.kv_heads);
-    require_shard(r, out, "out", args_.q_heads);
+    require_forward_shards(r, q, k, v, out, lse);
     require_shard(r, dout, "dout", args_.q_heads);
     require_shard(r, dq, "dq", args_.q_heads);
     require_shard(r, dk, "dk", args_.kv_heads);
     require_shard(r, dv, "dv", args_.kv_heads);
-    r.require(n == 0 || lse != nullptr, "lse is a null pointer");
     require_workspace(r, workspace, need);
     return r;
+  }
+  // The forward's tensors (both passes take them): each a sound view; then each the shape of
+  // this rank's shard, and lse present where there are tokens.
+  template <element T>
+  static void require_forward_views(validation& r, thd_view<const T> q, thd_view<const T> k,
+                                    thd_view<const T> v, thd_view<const T> out) {
+    r.require(validate_view(q, "q")).require(validate_view(k, "k")).require(validate_view(v, "v"));
+    r.require(validate_view(out, "out"));
+  }
+  template <element T>
+  void require_forward_shards(validation& r, thd_view<const T> q, thd_view<const T> k,
+                              thd_view<const T> v, thd_view<const T> out, const float* lse) const {
+    require_shard(r, q, "q", args_.q_heads);
+    require_shard(r, k, "k", args_.kv_heads);
+    require_shard(r, v, "v", args_.kv_heads);
+    require_shard(r, out, "out", args_.q_heads);
+    r.require(local_tokens() == 0 || lse != nullptr, "lse is a null pointer");
   }
   // A workspace of at least `need` bytes, 16-byte aligned.
   static void require_workspace(validation& r, std::span<const std::byte> workspace,
