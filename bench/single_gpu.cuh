@@ -64,8 +64,8 @@ public:
     write_gradient<T>(dk_, {dk16_, s_, args_.kv_heads, args_.head_dim}, stream);
     write_gradient<T>(dv_, {dv16_, s_, args_.kv_heads, args_.head_dim}, stream);
   }
-  //! One of the block backward's two tensor-core kernels alone (1: dK/dV, 2: dQ), into the fp32
-  //! accumulators as they are: where the backward's time goes.
+  //! One kind of the tensor-core block backward's thread blocks alone (1: dK/dV, 2: dQ), into
+  //! the fp32 accumulators as they are: where the backward's time goes.
   void backward_kernel(int which, cudaStream_t stream) const {
     auto p = backward_.tc_params<T>(
         {q(), k(), v(), view(dout_, args_.q_heads), lse_, delta_, args_, {dq_, dk_, dv_}});
