@@ -63,6 +63,7 @@ using T = __nv_bfloat16;
 using ringattn_bench::no_exchange;
 constexpr int q_heads = 32, kv_heads = 8, head_dim = 128;
 constexpr int iterations = 20; // per benchmark; comm 1 and comm 0 differ by a few percent
+constexpr int training_iterations = 5;
 
 int world_rank = 0, world_size = 1;
 std::optional<ringattn::nccl_communicator> comm; // one per process, made in main
@@ -197,7 +198,9 @@ void ring_nccl_training(benchmark::State& state) {
     ringattn::bench::fill_uniform(v.as<T>(), n * kv_heads * head_dim, 3 + 5 * world_rank);
     ringattn::bench::fill_uniform(dout.as<T>(), n * q_heads * head_dim, 4 + 5 * world_rank);
     using ringattn::thd_view;
-    time_ring<Mask>(state, attn, 1, 3.5 * 4.0 * q_heads * head_dim, [&](cudaStream_t stream) {
+    // Warm-up: about 100 ms of work or more, as for the forward.
+    const int warmups = per_gpu <= 8192 ? 6 : 1;
+    time_ring<Mask>(state, attn, warmups, 3.5 * 4.0 * q_heads * head_dim, [&](cudaStream_t stream) {
       attn.forward(thd_view<const T>(q.as<T>(), n, q_heads, head_dim),
                    thd_view<const T>(k.as<T>(), n, kv_heads, head_dim),
                    thd_view<const T>(v.as<T>(), n, kv_heads, head_dim),
@@ -268,19 +271,23 @@ BENCHMARK(ring_nccl<ringattn::contiguous>)
     ->UseManualTime()
     ->Iterations(iterations)
     ->Unit(benchmark::kMillisecond);
-// Forward + backward: 8K tokens per GPU only while the block backward runs on the CUDA cores
-// (docs/kernels.md); 32K joins with the tensor-core kernel.
 BENCHMARK(ring_nccl_training<ringattn::zigzag>)
     ->ArgNames({"tokens_per_gpu", "causal"})
-    ->ArgsProduct({{8192}, {1, 0}})
+    ->ArgsProduct({{8192, 32768}, {1, 0}})
     ->UseManualTime()
-    ->Iterations(3)
+    ->Iterations(training_iterations)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(ring_nccl_training<ringattn::round_robin>)
+    ->ArgNames({"tokens_per_gpu", "causal"})
+    ->ArgsProduct({{8192, 32768}, {1, 0}})
+    ->UseManualTime()
+    ->Iterations(training_iterations)
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(ring_nccl_training<ringattn::contiguous>)
     ->ArgNames({"tokens_per_gpu", "causal"})
-    ->ArgsProduct({{8192}, {0}})
+    ->ArgsProduct({{8192, 32768}, {1, 0}})
     ->UseManualTime()
-    ->Iterations(3)
+    ->Iterations(training_iterations)
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(ring_exchange)
     ->ArgNames({"tokens_per_gpu"})

@@ -6,7 +6,8 @@
 #          compute-sanitizer memcheck/racecheck over the multigpu suite's small in-process cases;
 #   bench: for P in 1 and every power of two up to the GPU count, (1) correctness:
 #          examples/02_mpi_nccl under mpirun -np P for every partitioner x {causal, full}, checked
-#          against the float64 oracle on a sample; (2) the ring over NCCL (bench_ring_nccl:
+#          against the float64 oracle on a sample, and test/ringattn_test_mpi_nccl (forward and
+#          backward, every partitioner x mask, whole shards against the oracle); (2) the ring over NCCL (bench_ring_nccl:
 #          forward with and without the exchange, raw ring bandwidth); (3) PyTorch context
 #          parallel at the same shapes (bench/torch_cp_baseline.py under torchrun); plus our block
 #          kernel on one GPU at the local sizes, the denominator of parallel efficiency. Then
@@ -30,8 +31,8 @@ if [ -n "${RINGATTN_PREBUILT:-}" ]; then
   export LD_LIBRARY_PATH="$PWD/.device/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 else
   cmake --preset gpu -DRINGATTN_WERROR=OFF > "$OUT/log.txt" 2>&1 &&
-    cmake --build --preset gpu -j "$(nproc)" --target mpi_nccl bench_ring_nccl bench_block_forward \
-      >> "$OUT/log.txt" 2>&1 || { tail -30 "$OUT/log.txt"; exit 1; }
+    cmake --build --preset gpu -j "$(nproc)" --target mpi_nccl ringattn_test_mpi_nccl \
+      bench_ring_nccl bench_block_forward bench_block_backward >> "$OUT/log.txt" 2>&1 || { tail -30 "$OUT/log.txt"; exit 1; }
 fi
 {
   date -u; nvidia-smi --query-gpu=index,name,driver_version --format=csv; nvidia-smi topo -m
@@ -40,11 +41,11 @@ fi
 
 if [ "$PHASE" = all ] || [ "$PHASE" = tests ]; then
   echo "== tests (ctest -L gpu)" | tee -a "$OUT/log.txt"
-  timeout 540 ctest --test-dir "$BUILD" -L gpu --output-on-failure > "$OUT/ctest.log" 2>&1
+  timeout 360 ctest --test-dir "$BUILD" -L gpu --output-on-failure > "$OUT/ctest.log" 2>&1
   echo "ctest exit $?" | tee -a "$OUT/log.txt"; grep -E "tests passed|Test +#|Skipped|Failed" "$OUT/ctest.log" | tee -a "$OUT/log.txt"
   for tool in memcheck racecheck; do
     echo "== compute-sanitizer --tool $tool (multigpu, in-process and other-device cases)" >> "$OUT/sanitizer.log"
-    RINGATTN_TEST_SMALL=1 timeout 300 compute-sanitizer --tool $tool --report-api-errors no \
+    RINGATTN_TEST_SMALL=1 timeout 110 compute-sanitizer --tool $tool --report-api-errors no \
       --error-exitcode 99 "$BUILD/test/ringattn_test_multigpu" --no-intro=true \
       --test-case='*in-process*,*another device*' >> "$OUT/sanitizer.log" 2>&1
     echo "compute-sanitizer $tool exit $?" | tee -a "$OUT/log.txt"
@@ -63,6 +64,10 @@ for p in "${counts[@]}"; do
         --partitioner "$part" --mask "$mask" --iterations 2 2>&1 | tail -2 | tee -a "$OUT/log.txt"
     done
   done
+  echo "== P = $p: forward and backward against the oracle (ringattn_test_mpi_nccl)" |
+    tee -a "$OUT/log.txt"
+  timeout 300 mpirun -np "$p" "$BUILD/test/ringattn_test_mpi_nccl" 2>&1 |
+    grep -E "gradient|test cases|assertions|SKIPPED|ERROR|rank [0-9]" | tee -a "$OUT/log.txt"
   echo "== P = $p: ring over NCCL" | tee -a "$OUT/log.txt"
   timeout 600 mpirun -np "$p" "$BUILD/bench/bench_ring_nccl" \
     --benchmark_out="$OUT/ring_nccl_$p.json" --benchmark_out_format=json 2>&1 |
@@ -87,7 +92,8 @@ echo "== one GPU: our block kernel at the local sizes" | tee -a "$OUT/log.txt"
   --benchmark_out="$OUT/block_local.json" --benchmark_out_format=json 2>&1 | grep -E "^block" |
   cut -c1-150 | tee -a "$OUT/log.txt"
 if [ -x "$BUILD/bench/bench_block_backward" ]; then
-  "$BUILD/bench/bench_block_backward" --benchmark_filter='tokens:8192/kv_heads:8/' \
+  "$BUILD/bench/bench_block_backward" \
+    --benchmark_filter='tokens:(8192|32768)/kv_heads:8/causal:./path:4/kernels:0' \
     --benchmark_out="$OUT/block_backward_local.json" --benchmark_out_format=json 2>&1 |
     grep -E "^block" | cut -c1-150 | tee -a "$OUT/log.txt"
 fi

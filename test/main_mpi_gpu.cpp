@@ -1,6 +1,8 @@
 // doctest main for GPU tests launched by mpirun (labels mpi and gpu). Without a usable CUDA device
-// every rank returns 77 (CTest: Skipped). Otherwise rank r uses GPU r % (visible GPUs); every rank
-// runs every test, rank 0 reports, and the exit code is the maximum over ranks.
+// every rank returns 77 (CTest: Skipped); so does a build with RINGATTN_TEST_GPU_PER_RANK=1 (NCCL,
+// which refuses two ranks on one GPU) with fewer GPUs than ranks. Otherwise rank r uses GPU r %
+// (visible GPUs); every rank runs every test, rank 0 reports, and the exit code is the maximum over
+// ranks.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 
@@ -20,6 +22,13 @@ int main(int argc, char** argv) {
     MPI_Finalize();
     return 77;
   }
+#if RINGATTN_TEST_GPU_PER_RANK
+  if (devices < size) {
+    if (rank == 0) std::printf("SKIPPED: %d ranks need %d GPUs, %d visible\n", size, size, devices);
+    MPI_Finalize();
+    return 77;
+  }
+#endif
   cudaSetDevice(rank % devices);
   doctest::Context context(argc, argv);
   if (rank != 0) context.setOption("out", "/dev/null");
