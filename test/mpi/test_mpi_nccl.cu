@@ -15,6 +15,7 @@
 
 #include <array>
 #include <cstdlib>
+#include <string>
 
 using namespace ringattn;
 
@@ -66,7 +67,8 @@ void check_backward(nccl_communicator& comm, std::uint64_t seed) {
   for (std::size_t i = 0; i < 3; ++i) {
     CAPTURE(i);
     const double err = std::sqrt(sum_over_ranks(e.num[i]) / sum_over_ranks(e.den[i]));
-    if (comm.rank() == 0) MESSAGE(P::name, " ", Mask::name, " gradient ", i, ": ", err);
+    if (comm.rank() == 0)
+      MESSAGE(std::string(P::name), " ", std::string(Mask::name), " gradient ", i, ": ", err);
     CHECK(err < 1e-2);
   }
 }
