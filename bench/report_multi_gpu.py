@@ -135,6 +135,7 @@ def main(out, plot=None, bundle=None):
         if part == "zigzag":
             curves.setdefault(("pytorch", tok, causal), {})[p] = ceff
     training = training_results(files)
+    curves_t = {}
     if training:
         single_t = block_training_local(files, single)
         cp_t = {}
@@ -143,37 +144,48 @@ def main(out, plot=None, bundle=None):
                 if "tflops_per_gpu_forward_backward" in r:
                     cp_t[(int(p), r["tokens_per_gpu"], r["causal"])] = r["tflops_per_gpu_forward_backward"]
         print()
-        print("| P | layout | mask | tokens/GPU | forward+backward TFLOP/s/GPU | efficiency | PyTorch CP TFLOP/s/GPU |")
-        print("|---|---|---|---|---|---|---|")
+        print("| P | layout | mask | tokens/GPU | forward+backward TFLOP/s/GPU | efficiency | "
+              "PyTorch CP TFLOP/s/GPU | PyTorch efficiency |")
+        print("|---|---|---|---|---|---|---|---|")
         for (p, part, tok, causal), (ms, tf) in sorted(training.items()):
             eff = tf / single_t[(tok, causal)] if (tok, causal) in single_t else None
             c = cp_t.get((p, tok, causal))
+            c1 = cp_t.get((1, tok, causal))
+            ceff = c / c1 if c and c1 else None
             print(f"| {p} | {part} | {'causal' if causal else 'full'} | {tok} | {tf:.0f} | "
-                  f"{'-' if eff is None else f'{eff:.3f}'} | {'-' if c is None else f'{c:.0f}'} |")
+                  f"{'-' if eff is None else f'{eff:.3f}'} | {'-' if c is None else f'{c:.0f}'} | "
+                  f"{'-' if ceff is None else f'{ceff:.3f}'} |")
+            curves_t.setdefault((part, tok, causal), {})[p] = eff
+            if part == "zigzag":
+                curves_t.setdefault(("pytorch", tok, causal), {})[p] = ceff
     for (p, tok), g in sorted(bw.items()):
         print(f"ring send/recv, P = {p}, {tok} tokens/GPU block: {g:.1f} GB/s per rank")
     if plot:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        fig, ax = plt.subplots(figsize=(7, 4))
+        panels = [("forward", curves)] + ([("forward + backward", curves_t)] if curves_t else [])
+        fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 4.5), squeeze=False)
         colors = {"zigzag": "tab:blue", "round_robin": "tab:green", "contiguous": "tab:orange",
                   "pytorch": "tab:red"}
-        for (part, tok, causal), pts in sorted(curves.items()):
-            xs = [p for p in counts if pts.get(p)]
-            if not xs:
-                continue
-            # colour: layout (PyTorch CP in red); line: solid causal, dashed full; marker: size
-            ax.plot(xs, [pts[p] for p in xs], ("o" if tok < 32768 else "s") + ("-" if causal else "--"),
-                    color=colors[part],
-                    label=f"{'PyTorch CP' if part == 'pytorch' else 'ringattn ' + part}, "
-                          f"{'causal' if causal else 'full'}, {tok // 1024}K/GPU")
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(counts, [str(p) for p in counts])
-        ax.set_xlabel("GPUs (P)")
-        ax.set_ylabel("parallel efficiency")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=6)
+        for ax, (title, cv) in zip(axes[0], panels):
+            for (part, tok, causal), pts in sorted(cv.items()):
+                xs = [p for p in counts if pts.get(p)]
+                if not xs:
+                    continue
+                # colour: layout (PyTorch CP in red); line: solid causal, dashed full; marker: size
+                ax.plot(xs, [pts[p] for p in xs],
+                        ("o" if tok < 32768 else "s") + ("-" if causal else "--"),
+                        color=colors[part],
+                        label=f"{'PyTorch CP' if part == 'pytorch' else 'ringattn ' + part}, "
+                              f"{'causal' if causal else 'full'}, {tok // 1024}K/GPU")
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(counts, [str(p) for p in counts])
+            ax.set_xlabel("GPUs (P)")
+            ax.set_ylabel("parallel efficiency")
+            ax.set_title(title)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=6)
         fig.tight_layout()
         fig.savefig(plot, dpi=110)
 
