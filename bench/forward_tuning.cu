@@ -39,7 +39,7 @@ void variant(benchmark::State& state) {
   const ringattn::block_forward_args<T> a{
       {q, s, heads, D}, {k, s, heads, D}, {v, s, heads, D}, {heads, heads, D, 0.0f}, st};
   ringattn::reset(st, nullptr);
-  const auto p = ringattn::detail::forward_params_of<T>(a, sched, nullptr, nullptr);
+  const auto p = ringattn::detail::forward_params_of<T>(a, sched, nullptr, nullptr, false);
   ringattn::bench::gpu_timer timer;
   timer.time(state, [&](cudaStream_t stream) {
     ringattn::detail::launch_block_forward<T, D, Tune, true>(p, sched, stream);

@@ -685,7 +685,13 @@ private:
         block_forward_plain<T>({q, k, v, args_, state}, d.schedules[0], out, lse, stream);
       return;
     }
-    reset(state, stream);
+    // The state's fixed costs, where the steps allow: a first step whose groups cover every row
+    // (the own block: every row sees its own key) writes the state without reading it, so no
+    // reset; a last step that covers every row (full masks, unless a sequence is missing from
+    // the last block) writes the output itself, so no finalise.
+    const bool first_writes = n > 0 && rows_of(steps_.front()) == n;
+    const bool last_writes = n > 0 && rows_of(steps_.back()) == n && out.dense();
+    if (!first_writes) reset(state, stream);
     copy_own_block(k, v, buf[0], stream);
     RINGATTN_CUDA_CHECK(cudaEventRecord(d.own_ready, stream));
     RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(d.comm, d.own_ready, 0));
@@ -695,10 +701,16 @@ private:
       const std::int64_t nk = plan_.local_tokens(src);
       T* cur = buf[t % 2];
       if (t > 0) RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream, d.recv_done[t % 2], 0));
-      if (!steps_[static_cast<std::size_t>(t)].empty())
-        block_forward<T>({q, thd_view<const T>(cur, nk, kvh, dim),
-                          thd_view<const T>(cur + nk * kvh * dim, nk, kvh, dim), args_, state},
-                         d.schedules[static_cast<std::size_t>(t)], stream);
+      const block_forward_args<T> a{q, thd_view<const T>(cur, nk, kvh, dim),
+                                    thd_view<const T>(cur + nk * kvh * dim, nk, kvh, dim), args_,
+                                    state};
+      const device_block_schedule& sched = d.schedules[static_cast<std::size_t>(t)];
+      if (t == 0 && first_writes)
+        block_forward_first<T>(a, sched, stream);
+      else if (t == p - 1 && last_writes)
+        block_forward_last<T>(a, sched, out, stream);
+      else if (!steps_[static_cast<std::size_t>(t)].empty())
+        block_forward<T>(a, sched, stream);
       RINGATTN_CUDA_CHECK(cudaEventRecord(d.compute_done[t % 2], stream));
       if (t + 1 < p) {
         const int next = (r - t - 1 + p) % p;
@@ -709,7 +721,7 @@ private:
         RINGATTN_CUDA_CHECK(cudaEventRecord(d.recv_done[(t + 1) % 2], d.comm));
       }
     }
-    finalize(state, out, stream);
+    if (!last_writes) finalize(state, out, stream);
     // Everything on the communication stream is done before later work on `stream` (a next
     // forward reuses the buffers).
     RINGATTN_CUDA_CHECK(cudaEventRecord(d.comm_end, d.comm));

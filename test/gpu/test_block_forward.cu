@@ -9,6 +9,7 @@
 #include <doctest/doctest.h>
 
 #include <cstring>
+#include <limits>
 #include <tuple>
 
 using namespace ringattn;
@@ -157,6 +158,57 @@ TEST_CASE("CUDA block forward, plain output: the same values as the merged path"
   // Merging one block into an empty state is exact up to (w_a, w_b) = (0, 1): identical values.
   CHECK(std::memcmp(p.data(), out.data(), p.size() * sizeof(__half)) == 0);
   CHECK(std::memcmp(pl.data(), lse.data(), pl.size() * sizeof(float)) == 0);
+}
+
+// The ring's first and last steps (block_forward_first: no reset, the state is never read;
+// block_forward_last: the merged output in T, no finalise) give the same bits as reset, merges and
+// finalise, on every kernel, for K/V split into 2 and 3 calls; the state before the first call is
+// NaN, so a read of it would show.
+template <class T>
+void check_first_and_last(std::mt19937_64& rng) {
+  for (int d : {64, 128})
+    for (const band& b : {band{}, band{-unbounded, 0}, band{-37, 5}})
+      for (forward_path path : paths_for(d))
+        for (int pieces : {2, 3}) {
+          CAPTURE(d);
+          CAPTURE(b.lo);
+          CAPTURE(b.hi);
+          CAPTURE(to_string(path));
+          CAPTURE(pieces);
+          const attention_arguments a{8, 2, d, 0.0f};
+          test::block_case<T> c(test::random_cu_seqlens(3, 1, small_run() ? 140 : 300, rng), a, b,
+                                rng);
+          device_case<T> dc(c);
+          const auto calls = c.calls(pieces);
+          auto [want, o, want_lse] = dc.run(calls, path);
+          std::vector<device_block_schedule> sched;
+          for (const auto& g : calls) {
+            REQUIRE(rows_of(g) == c.tokens()); // what makes the first and last calls valid
+            sched.emplace_back(g, c.tokens(), c.tokens(), d, schedule_options{path});
+          }
+          const float nan = std::numeric_limits<float>::quiet_NaN();
+          dc.o.upload(std::vector<float>(dc.o.size(), nan));
+          dc.lse.upload(std::vector<float>(dc.lse.size(), nan));
+          test::device_buffer<T> out(std::vector<T>(c.q.size(), test::poison<T>()));
+          block_forward_first(dc.args(), sched.front(), nullptr);
+          for (std::size_t i = 1; i + 1 < sched.size(); ++i)
+            block_forward(dc.args(), sched[i], nullptr);
+          block_forward_last(dc.args(), sched.back(),
+                             thd_view<T>(out.get(), c.tokens(), a.q_heads, d), nullptr);
+          RINGATTN_CUDA_CHECK(cudaDeviceSynchronize());
+          const auto got = out.download();
+          const auto got_lse = dc.lse.download();
+          CHECK(std::memcmp(got.data(), want.data(), got.size() * sizeof(T)) == 0);
+          CHECK(std::memcmp(got_lse.data(), want_lse.data(), got_lse.size() * sizeof(float)) == 0);
+        }
+}
+
+TEST_CASE_TEMPLATE("CUDA block forward: the first call overwrites, the last writes the output", T,
+                   __nv_bfloat16, __half) {
+  const auto seed = test::fresh_seed();
+  CAPTURE(seed);
+  std::mt19937_64 rng(seed);
+  check_first_and_last<T>(rng);
 }
 
 TEST_CASE("CUDA block forward: which kernel a schedule picks") {

@@ -27,12 +27,15 @@ struct forward_params {
   const block_group* groups;
   const work_tile* tiles;
   attention_state state; // merge target (Merge) or o unused
-  T* out;                // plain output (!Merge): dense [tokens, q_heads, head_dim]
-  float* lse_out;        // plain output (!Merge): [q_heads, tokens]
+  // Dense [tokens, q_heads, head_dim] output: the plain output (!Merge), or with Merge, when not
+  // null, where the merged o goes in T instead of the state's o (a ring's last step).
+  T* out;
+  float* lse_out; // plain output (!Merge): [q_heads, tokens]
   std::int32_t q_heads;
   std::int32_t group_size;
   std::int64_t q_tokens;
-  float scale_log2; // softmax scale * log2(e)
+  float scale_log2;   // softmax scale * log2(e)
+  std::int32_t fresh; // Merge: the state holds nothing yet; it is written, never read
 };
 
 __device__ __forceinline__ std::uint32_t smem_address(const void* p) {
@@ -157,14 +160,19 @@ struct kv_walk {
   }
 };
 
+//! What a block-forward epilogue writes: the block's result plainly (`out`, `lse_out`), merged
+//! into the state, written into a state that holds nothing yet (never read), or merged with the
+//! state into `out` in T (the state's lse gets the merged lse; a ring's last step).
+enum class epilogue { plain, merge, fresh, merge_out };
+
 //! Finishes one query row of a block-forward thread block, in the m16n8 accumulator layout (a
 //! quad of lanes holds a row; `acc(t, x)` is element x of this lane's pair in the row's 8-column
-//! tile t of the unnormalised output): reduces the row sum across the quad, then merges the
-//! block's (o, lse) into the state (`Merge`) or writes them plainly. `m` is the row's running
-//! max in log2 units, `l` this lane's part of its sum. Every lane of the quad must call it.
-//! `old(t, x)` and `lse_old` are the state's values for the same elements (read by the caller,
-//! possibly early, so that the loads overlap other work; -inf for a row that is not live).
-template <class T, int D, bool Merge, class Acc, class Old>
+//! tile t of the unnormalised output): reduces the row sum across the quad, then writes as `E`
+//! says. `m` is the row's running max in log2 units, `l` this lane's part of its sum. Every lane
+//! of the quad must call it. `old(t, x)` and `lse_old` are the state's values for the same
+//! elements (merge and merge_out; read by the caller, possibly early, so that the loads overlap
+//! other work; -inf for a row that is not live).
+template <class T, int D, epilogue E, class Acc, class Old>
 __device__ __forceinline__ void finish_row(const forward_params<T>& p, int h, std::int64_t row,
                                            bool live, float m, float l, int lane, Acc acc, Old old,
                                            float lse_old) {
@@ -174,36 +182,62 @@ __device__ __forceinline__ void finish_row(const forward_params<T>& p, int h, st
   sum += __shfl_xor_sync(0xffffffffu, sum, 2);
   const float lse_b = sum > 0.0f ? (m + __log2f(sum)) * ln2 : neg_inf;
   const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
-  if constexpr (Merge) {
-    __syncwarp(); // every lane of the quad has read lse before one of them rewrites it
-    const merge_weights w = merge_lse(lse_old, lse_b);
-    if (live) {
-      float* o = p.state.o_row(row, h) + (lane & 3) * 2;
-#pragma unroll
-      for (int t = 0; t < D / 8; ++t)
-        *reinterpret_cast<float2*>(o + t * 8) = make_float2(
-            old(t, 0) * w.wa + acc(t, 0) * inv * w.wb, old(t, 1) * w.wa + acc(t, 1) * inv * w.wb);
-      if ((lane & 3) == 0) p.state.lse[h * p.state.tokens + row] = w.lse;
-    }
-  } else if (live) {
+  auto write_out = [&](auto value, float lse, float* lse_dst) {
+    if (!live) return;
     T* o = p.out + (row * p.q_heads + h) * D + (lane & 3) * 2;
 #pragma unroll
     for (int t = 0; t < D / 8; ++t)
-      *reinterpret_cast<std::uint32_t*>(o + t * 8) = pack2<T>(acc(t, 0) * inv, acc(t, 1) * inv);
-    if ((lane & 3) == 0) p.lse_out[h * p.q_tokens + row] = lse_b;
+      *reinterpret_cast<std::uint32_t*>(o + t * 8) = pack2<T>(value(t, 0), value(t, 1));
+    if ((lane & 3) == 0) *lse_dst = lse;
+  };
+  auto write_state = [&](auto value, float lse) {
+    if (!live) return;
+    float* o = p.state.o_row(row, h) + (lane & 3) * 2;
+#pragma unroll
+    for (int t = 0; t < D / 8; ++t)
+      *reinterpret_cast<float2*>(o + t * 8) = make_float2(value(t, 0), value(t, 1));
+    if ((lane & 3) == 0) p.state.lse[h * p.state.tokens + row] = lse;
+  };
+  auto block = [&](int t, int x) { return acc(t, x) * inv; };
+  if constexpr (E == epilogue::plain) {
+    write_out(block, lse_b, p.lse_out + h * p.q_tokens + row);
+  } else if constexpr (E == epilogue::fresh) {
+    write_state(block, lse_b);
+  } else {
+    __syncwarp(); // every lane of the quad has read lse before one of them rewrites it
+    const merge_weights w = merge_lse(lse_old, lse_b);
+    auto merged = [&](int t, int x) { return old(t, x) * w.wa + acc(t, x) * inv * w.wb; };
+    if constexpr (E == epilogue::merge)
+      write_state(merged, w.lse);
+    else
+      write_out(merged, w.lse, p.state.lse + h * p.state.tokens + row);
   }
 }
 
 //! `finish_row` reading the state's old values itself.
-template <class T, int D, bool Merge, class Acc>
+template <class T, int D, epilogue E, class Acc>
 __device__ __forceinline__ void finish_row(const forward_params<T>& p, int h, std::int64_t row,
                                            bool live, float m, float l, int lane, Acc acc) {
+  constexpr bool reads = E == epilogue::merge || E == epilogue::merge_out;
   float lse_old = -__builtin_huge_valf();
-  if constexpr (Merge)
-    if (live) lse_old = p.state.lse[h * p.state.tokens + row];
-  const float* o = Merge ? p.state.o_row(row, h) + (lane & 3) * 2 : nullptr;
-  finish_row<T, D, Merge>(
+  if (reads && live) lse_old = p.state.lse[h * p.state.tokens + row];
+  const float* o = reads ? p.state.o_row(row, h) + (lane & 3) * 2 : nullptr;
+  finish_row<T, D, E>(
       p, h, row, live, m, l, lane, acc, [&](int t, int x) { return o[t * 8 + x]; }, lse_old);
+}
+
+//! Runs `finish.template operator()<E>()` with the epilogue a launch asked for: plain output
+//! (`!Merge`), or for a merge, fresh (`p.fresh`), into the output (`p.out`) or into the state.
+template <bool Merge, class T, class Finish>
+__device__ __forceinline__ void with_epilogue(const forward_params<T>& p, Finish finish) {
+  if constexpr (!Merge)
+    finish.template operator()<epilogue::plain>();
+  else if (p.fresh)
+    finish.template operator()<epilogue::fresh>();
+  else if (p.out != nullptr)
+    finish.template operator()<epilogue::merge_out>();
+  else
+    finish.template operator()<epilogue::merge>();
 }
 
 // The tuning arrives as plain integers: nvcc's host stubs cannot spell class-type template
@@ -409,14 +443,16 @@ __global__ void __launch_bounds__(Warps * 32, Warps == 4 && D <= 128 ? 2 : 1)
   cp_async_wait_all();
 
   // The block's (o, lse) per row, then merge into the state (or write it plainly).
+  with_epilogue<Merge>(p, [&]<epilogue E>() {
 #pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int local = wrow + mt * 16 + (lane >> 2) + r * 8;
-      finish_row<T, D, Merge>(p, h, g.q_begin + row0 + local, local < rows_valid, m[mt][r],
-                              l[mt][r], lane, [&](int t, int x) { return acc[mt][t][2 * r + x]; });
-    }
+      for (int r = 0; r < 2; ++r) {
+        const int local = wrow + mt * 16 + (lane >> 2) + r * 8;
+        finish_row<T, D, E>(p, h, g.q_begin + row0 + local, local < rows_valid, m[mt][r], l[mt][r],
+                            lane, [&](int t, int x) { return acc[mt][t][2 * r + x]; });
+      }
+  });
 }
 
 //! Shared memory of one thread block: the Q tile, two K and two V tiles.

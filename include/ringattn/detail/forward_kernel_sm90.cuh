@@ -300,7 +300,7 @@ __global__ void __launch_bounds__(sm90_threads, 1) block_forward_sm90_kernel(for
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int local = wrow + (lane >> 2) + r * 8;
-      if (local < rows_valid) {
+      if (!p.fresh && local < rows_valid) {
         const std::int64_t row = g.q_begin + row0 + local;
         lse_old[r] = p.state.lse[h * p.state.tokens + row];
         const float* src = p.state.o_row(row, h) + (lane & 3) * 2;
@@ -326,14 +326,16 @@ __global__ void __launch_bounds__(sm90_threads, 1) block_forward_sm90_kernel(for
 
   // The block's (o, lse) per row, then merge into the state (or write it plainly): the same
   // epilogue as the mma.sync kernel with one 16-row tile per warp.
+  with_epilogue<Merge>(p, [&]<epilogue E>() {
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int local = wrow + (lane >> 2) + r * 8;
-    finish_row<T, D, Merge>(
-        p, h, g.q_begin + row0 + local, local < rows_valid, m[r], l[r], lane,
-        [&](int t, int x) { return o[4 * t + 2 * r + x]; },
-        [&](int t, int x) { return s[4 * t + 2 * r + x]; }, lse_old[r]);
-  }
+    for (int r = 0; r < 2; ++r) {
+      const int local = wrow + (lane >> 2) + r * 8;
+      finish_row<T, D, E>(
+          p, h, g.q_begin + row0 + local, local < rows_valid, m[r], l[r], lane,
+          [&](int t, int x) { return o[4 * t + 2 * r + x]; },
+          [&](int t, int x) { return s[4 * t + 2 * r + x]; }, lse_old[r]);
+    }
+  });
 #else
   __trap(); // launched only where sm90_path_available() said yes
 #endif

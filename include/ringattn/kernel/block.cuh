@@ -70,6 +70,14 @@ inline std::vector<block_group> group_blocks(std::span<const block> blocks) {
   return groups;
 }
 
+//! Query rows the groups cover (groups never share rows: `validate_groups`).
+inline std::int64_t rows_of(std::span<const block_group> groups) {
+  std::int64_t n = 0;
+  for (const block_group& g : groups)
+    n += g.q_count;
+  return n;
+}
+
 //! Checks that groups fit a Q shard of `q_tokens` and a K/V block of `kv_tokens` rows and that no
 //! two groups share a query row (the kernels rely on it).
 inline validation validate_groups(std::span<const block_group> groups, std::int64_t q_tokens,

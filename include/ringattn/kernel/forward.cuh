@@ -300,8 +300,8 @@ void launch_block_forward(const kernels::forward_params<T>& p, const device_bloc
 
 template <class T>
 kernels::forward_params<T> forward_params_of(const block_forward_args<T>& a,
-                                             const device_block_schedule& s, T* out,
-                                             float* lse_out) {
+                                             const device_block_schedule& s, T* out, float* lse_out,
+                                             bool fresh) {
   return {a.q.data,
           a.k.data,
           a.v.data,
@@ -319,14 +319,15 @@ kernels::forward_params<T> forward_params_of(const block_forward_args<T>& a,
           a.args.q_heads,
           a.args.group_size(),
           a.q.tokens,
-          static_cast<float>(a.args.scale() * 1.4426950408889634)};
+          static_cast<float>(a.args.scale() * 1.4426950408889634),
+          fresh ? 1 : 0};
 }
 
 template <class T, bool Merge>
 void block_forward(const block_forward_args<T>& a, const device_block_schedule& s, T* out,
-                   float* lse_out, cudaStream_t stream) {
+                   float* lse_out, cudaStream_t stream, bool fresh = false) {
   validate_device_forward(a, s).throw_if_invalid();
-  const auto p = forward_params_of(a, s, out, lse_out);
+  const auto p = forward_params_of(a, s, out, lse_out, fresh);
   switch (a.args.head_dim) {
   case 64: launch_block_forward<T, 64, forward_tuning_for<64>, Merge>(p, s, stream); break;
   case 128: launch_block_forward<T, 128, forward_tuning_for<128>, Merge>(p, s, stream); break;
@@ -341,6 +342,32 @@ template <class T>
 requires(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) void block_forward(
     const block_forward_args<T>& a, const device_block_schedule& s, cudaStream_t stream) {
   detail::block_forward<T, true>(a, s, nullptr, nullptr, stream);
+}
+
+//! The steps of a caller that knows which merge comes first and which last, to save the state's
+//! traffic (the ring does): `block_forward_first` writes the block's result into the state
+//! without reading it (no `reset` before it), `block_forward_last` merges and writes the merged
+//! output to `out` (dense `[q_tokens, q_heads, head_dim]`, T) instead of the state's o (no
+//! `finalize` after it; the state's lse gets the merged lse). Each writes every row of every
+//! group and leaves rows outside the groups untouched, so they replace `reset` or `finalize`
+//! only for a call whose groups cover every query row (`rows_of(groups) == q_tokens`).
+template <class T>
+requires(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) void block_forward_first(
+    const block_forward_args<T>& a, const device_block_schedule& s, cudaStream_t stream) {
+  detail::block_forward<T, true>(a, s, nullptr, nullptr, stream, /*fresh=*/true);
+}
+template <class T>
+requires(std::is_same_v<T, __half> ||
+         std::is_same_v<T, __nv_bfloat16>) void block_forward_last(const block_forward_args<T>& a,
+                                                                   const device_block_schedule& s,
+                                                                   thd_view<T> out,
+                                                                   cudaStream_t stream) {
+  validation r = validate_view(out, "out");
+  r.require(out.dense() && out.tokens == a.q.tokens && out.heads == a.args.q_heads &&
+                out.head_dim == a.args.head_dim,
+            "out must be a dense [q_tokens, q_heads, head_dim] tensor");
+  r.throw_if_invalid();
+  detail::block_forward<T, true>(a, s, out.data, nullptr, stream);
 }
 
 //! The same kernel writing its block result directly (no state): `out` dense
