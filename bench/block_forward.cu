@@ -62,12 +62,21 @@ struct whole_sequence {
   whole_sequence(const whole_sequence&) = delete;
   whole_sequence& operator=(const whole_sequence&) = delete;
 
+  //! What a timed call writes: plain O and LSE; a merge into the state (reads and writes its fp32
+  //! o and lse); a ring's first step (writes the state, reads nothing); a ring's last step (reads
+  //! the state, writes O in T and the merged lse).
+  enum class kind { plain, merge, first, last };
+  void call(kind k, cudaStream_t stream) const {
+    const ringattn::thd_view<T> o_view(out, s, q_heads, d);
+    switch (k) {
+    case kind::plain: ringattn::block_forward_plain(a, sched, o_view, lse, stream); break;
+    case kind::merge: ringattn::block_forward(a, sched, stream); break;
+    case kind::first: ringattn::block_forward_first(a, sched, stream); break;
+    case kind::last: ringattn::block_forward_last(a, sched, o_view, stream); break;
+    }
+  }
   void call(bool merge, cudaStream_t stream) const {
-    if (merge)
-      ringattn::block_forward(a, sched, stream);
-    else
-      ringattn::block_forward_plain(a, sched, ringattn::thd_view<T>(out, s, q_heads, d), lse,
-                                    stream);
+    call(merge ? kind::merge : kind::plain, stream);
   }
   double flops(bool causal) const {
     return ringattn::bench::attention_forward_flops(1, q_heads, s, s, d, causal);
@@ -100,12 +109,18 @@ BENCHMARK(block_forward)
     ->Unit(benchmark::kMillisecond)
     ->MinTime(0.2);
 
-// range: tokens, kv_heads, head_dim, causal, l2 (see the top of the file); the wgmma kernel
+// range: tokens, kv_heads, head_dim, causal, l2 (see the top of the file), epilogue (0 merge,
+// 1 a ring's first step, 2 its last step: which of the state's reads and writes cost); the wgmma
+// kernel
 void block_forward_merge_cost(benchmark::State& state) {
   if (!ringattn::bench::require_gpu(state)) return;
   const int d = static_cast<int>(state.range(2));
   const bool causal = state.range(3) != 0, flush = state.range(4) == 1,
              restore = state.range(4) == 2;
+  using kind = whole_sequence::kind;
+  const kind other = state.range(5) == 1   ? kind::first
+                     : state.range(5) == 2 ? kind::last
+                                           : kind::merge;
   if (!ringattn::forward_path_available(ringattn::forward_path::wgmma, d)) {
     state.SkipWithError("the wgmma kernel cannot run here");
     return;
@@ -141,7 +156,7 @@ void block_forward_merge_cost(benchmark::State& state) {
           cudaMemcpyAsync(w.lse, lse0, lse_bytes, cudaMemcpyDeviceToDevice, stream));
     }
     RINGATTN_CUDA_CHECK(cudaEventRecord(ev[0], stream));
-    w.call(merge, stream);
+    w.call(merge ? other : kind::plain, stream);
     RINGATTN_CUDA_CHECK(cudaEventRecord(ev[1], stream));
     RINGATTN_CUDA_CHECK(cudaEventSynchronize(ev[1]));
     float ms = 0.0f;
@@ -166,16 +181,21 @@ void block_forward_merge_cost(benchmark::State& state) {
   state.counters["merge_us"] = mm * 1e3;
   state.counters["merge_cost_pct"] = (mm / mp - 1.0) * 100.0;
   state.counters["plain_TFLOP/s"] = w.flops(causal) / (mp * 1e-3) / 1e12;
-  state.SetLabel(std::string(causal ? "causal" : "full") + (flush     ? ", L2 flushed"
-                                                            : restore ? ", state restored"
-                                                                      : ", L2 warm"));
+  state.SetLabel(std::string(causal ? "causal" : "full") +
+                 (flush     ? ", L2 flushed"
+                  : restore ? ", state restored"
+                            : ", L2 warm") +
+                 (other == kind::first  ? ", first step (writes the state only)"
+                  : other == kind::last ? ", last step (reads the state, writes O)"
+                                        : ""));
   for (auto& e : ev)
     cudaEventDestroy(e);
   cudaFree(scrub), cudaFree(o0), cudaFree(lse0);
 }
 BENCHMARK(block_forward_merge_cost)
-    ->ArgNames({"tokens", "kv_heads", "head_dim", "causal", "l2"})
-    ->ArgsProduct({{2048, 8192}, {32, 8}, {128, 64}, {0, 1}, {0, 1, 2}})
+    ->ArgNames({"tokens", "kv_heads", "head_dim", "causal", "l2", "epilogue"})
+    ->ArgsProduct({{2048, 8192}, {32, 8}, {128, 64}, {0, 1}, {0, 1, 2}, {0}})
+    ->ArgsProduct({{2048, 8192}, {32, 8}, {128, 64}, {0, 1}, {0, 2}, {1, 2}})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond)
     ->Iterations(300);
