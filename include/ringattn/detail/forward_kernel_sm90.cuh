@@ -35,8 +35,9 @@ namespace kernels {
 //! Copies rows [0, Rows) of a [tokens, D] global slice into a panelled swizzled tile with the 128
 //! threads of the producer warpgroup (`tid` 0..127); rows >= valid are zero-filled. Thread `tid`
 //! always copies chunk tid % (D/8) of rows tid / (D/8) + k * (1024/D): the swizzled offset then
-//! only moves by a constant per row step, so each copy costs a few instructions (the producer has
-//! 24 registers a thread and must keep ahead of two consumer warpgroups).
+//! only moves by a constant per row step (an immediate of the unrolled loop), and the source by
+//! one 64-bit add, so each copy costs a few instructions (the producer has 24 registers a thread
+//! and must keep ahead of two consumer warpgroups).
 template <int Rows, int D, class T>
 __device__ __forceinline__ void produce_tile(std::uint32_t s, const T* g, std::int64_t stride,
                                              int valid, int tid) {
@@ -46,12 +47,47 @@ __device__ __forceinline__ void produce_tile(std::uint32_t s, const T* g, std::i
   const std::uint32_t dst =
       s + 2 * ((ch >> 3) * Rows * 64 + r0 * 64 + (((ch & 7) ^ (r0 & 7)) << 3));
   const T* src = g + r0 * stride + ch * 8;
-#pragma unroll 2
-  for (int k = 0; k < Rows / step; ++k) {
-    const bool ok = r0 + k * step < valid;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst + k * step * 128),
-                 "l"(ok ? src + k * step * stride : g), "r"(ok ? 16 : 0));
+  const std::int64_t jump = step * stride;
+  if (valid >= Rows) { // a whole tile: no predicate
+#pragma unroll
+    for (int k = 0; k < Rows / step; ++k, src += jump)
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst + k * step * 128),
+                   "l"(src));
+    return;
   }
+  const int rows = valid - r0; // this thread's rows r0 + k * step with k * step < rows are real
+#pragma unroll
+  for (int k = 0; k < Rows / step; ++k, src += jump) {
+    const bool ok = k * step < rows;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst + k * step * 128),
+                 "l"(ok ? src : g), "r"(ok ? 16 : 0));
+  }
+}
+
+//! Copies the old state of rows [0, Rows) of a thread block (o: Rows x D fp32, row r at
+//! `o + r * stride`; lse: Rows floats) into shared memory with the 128 producer threads; rows >=
+//! valid are skipped. o row r is stored densely with its 16-byte chunk c at chunk
+//! (c & ~7) | ((c ^ r) & 7), so that the consumers' reads (8 rows, the same two chunks each) hit
+//! every bank group.
+template <int Rows, int D>
+__device__ __forceinline__ void stage_state(std::uint32_t s_o, std::uint32_t s_lse, const float* o,
+                                            std::int64_t stride, const float* lse, int valid,
+                                            int tid) {
+  constexpr int chunks = D / 4, step = 128 / chunks;
+  static_assert(step * chunks == 128 && Rows % step == 0);
+  const int c = tid % chunks, r0 = tid / chunks;
+#pragma unroll 4
+  for (int k = 0; k < Rows / step; ++k) {
+    const int r = r0 + k * step;
+    if (r < valid) {
+      const std::uint32_t dst = s_o + (r * chunks + ((c & ~7) | ((c ^ r) & 7))) * 16;
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst),
+                   "l"(o + r * stride + c * 4));
+    }
+  }
+  if (tid < valid)
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s_lse + 4 * tid),
+                 "l"(lse + tid));
 }
 
 //! Query rows of one thread block of the Hopper kernel (two consumer warpgroups of 64 rows),
@@ -89,6 +125,7 @@ __global__ void __launch_bounds__(sm90_threads, 1) block_forward_sm90_kernel(for
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
   __shared__ alignas(8) std::uint64_t bars[2 * Stages]; // full[Stages], empty[Stages]
+  __shared__ float lse_stage[Merge ? BM : 1]; // a merge's old lse (its old o: a K/V stage)
   const std::uint32_t raw = smem_address(smem_raw);
   const std::uint32_t pad = (1024u - (raw & 1023u)) & 1023u; // swizzle atoms start 1 KB aligned
   const std::uint32_t aQ = raw + pad; // stage s: K at aQ + q_bytes + s * 2 * kv_bytes, then V
@@ -134,6 +171,25 @@ __global__ void __launch_bounds__(sm90_threads, 1) block_forward_sm90_kernel(for
                             p.k_token_stride, valid, tid);
         produce_tile<BN, D>(k + kv_bytes, p.v + start * p.v_token_stride + kvh * p.v_head_stride,
                             p.v_token_stride, valid, tid);
+        cp_async_mbarrier_arrive(full0 + 8 * stage);
+      }
+    }
+    if constexpr (Merge) {
+      // A merge reads the rows' old state (o and lse) in its epilogue. Copy it into shared
+      // memory as if it were K/V tile `total`: into the stage that tile would take, once the
+      // last real tile has landed (so that it never delays K/V). The consumers wait for it after
+      // their last P V. Loading it from global memory in the epilogue instead left every block
+      // of a wave waiting for its rows at the same moment (docs/kernels.md, the merge's cost).
+      if (!p.fresh) {
+        const int stage = total % Stages;
+        if (total >= Stages) mbarrier_wait(empty0 + 8 * stage, ((total / Stages) - 1) & 1);
+        if (total > 0)
+          mbarrier_wait(full0 + 8 * ((total - 1) % Stages), ((total - 1) / Stages) & 1);
+        const std::int64_t row = g.q_begin + row0;
+        stage_state<BM, D>(aQ + q_bytes + stage * 2 * kv_bytes, smem_address(lse_stage),
+                           p.state.o_row(row, h), std::int64_t{p.state.q_heads} * D,
+                           p.state.lse + h * p.state.tokens + row, rows_valid,
+                           static_cast<int>(threadIdx.x));
         cp_async_mbarrier_arrive(full0 + 8 * stage);
       }
     }
@@ -292,27 +348,6 @@ __global__ void __launch_bounds__(sm90_threads, 1) block_forward_sm90_kernel(for
     pack();
     mbarrier_arrive(empty0 + 8 * ((it - 1) % Stages)); // tile it - 1 fully read
   }
-  // s is dead once the last P is packed: load the rows' old state into it now, so that the loads
-  // are in flight during the last P V (waiting for them in the epilogue cost up to 6% at 2K
-  // tokens). Same layout as the accumulators: element (t, x) of row r at s[4 t + 2 r + x].
-  float lse_old[2] = {neg_inf, neg_inf};
-  if constexpr (Merge) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int local = wrow + (lane >> 2) + r * 8;
-      if (!p.fresh && local < rows_valid) {
-        const std::int64_t row = g.q_begin + row0 + local;
-        lse_old[r] = p.state.lse[h * p.state.tokens + row];
-        const float* src = p.state.o_row(row, h) + (lane & 3) * 2;
-#pragma unroll
-        for (int t = 0; t < DTiles; ++t) {
-          const float2 v = *reinterpret_cast<const float2*>(src + t * 8);
-          s[4 * t + 2 * r] = v.x;
-          s[4 * t + 2 * r + 1] = v.y;
-        }
-      }
-    }
-  }
   if (total > 0) {
     my_turn();
     fence_operands(o);
@@ -322,6 +357,35 @@ __global__ void __launch_bounds__(sm90_threads, 1) block_forward_sm90_kernel(for
     if (cw == 0) your_turn();
     wgmma_wait<0>();
     fence_operands(o);
+  }
+  // The rows' old state, staged by the producer as "tile total", into s (dead since the last P
+  // was packed) in the accumulators' layout: element (t, x) of row r at s[4 t + 2 r + x]. (Read
+  // after the last P V: reading while it runs makes ptxas insert a wait for it anyway, C7517.)
+  float lse_old[2] = {neg_inf, neg_inf};
+  if constexpr (Merge) {
+    if (!p.fresh) {
+      static_assert(BM * D * 4 <= 2 * kv_bytes, "the old o must fit in one K/V stage");
+      wait_full(total);
+      const std::uint32_t s_o = aQ + q_bytes + (total % Stages) * 2 * kv_bytes;
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int local = wrow + (lane >> 2) + r * 8;
+        if (local < rows_valid) {
+          lse_old[r] = lse_stage[local];
+          const std::uint32_t row_base = s_o + local * (D * 4) + (lane & 1) * 8;
+#pragma unroll
+          for (int t = 0; t < DTiles; ++t) {
+            const int c = 2 * t + ((lane & 3) >> 1);
+            float2 v;
+            asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n"
+                         : "=f"(v.x), "=f"(v.y)
+                         : "r"(row_base + (((c & ~7) | ((c ^ local) & 7)) << 4)));
+            s[4 * t + 2 * r] = v.x;
+            s[4 * t + 2 * r + 1] = v.y;
+          }
+        }
+      }
+    }
   }
 
   // The block's (o, lse) per row, then merge into the state (or write it plainly): the same
