@@ -6,7 +6,8 @@ usage: report_block_backward.py BUNDLE.json [PLOT.png]
 BUNDLE is bench/results/2026-11-29-h200-block-backward.json's format: a list of runs, each with
 bench_block_backward's Google Benchmark rows, sdpa_baseline.py --backward's JSON from the same
 device call, and bench_ring_forward's forward+backward rows. The table uses the first run; ratios
-are against PyTorch measured in that run. Needs matplotlib only for the plot.
+are against PyTorch measured in that run (a run without ring rows prints no ring table). Needs
+matplotlib only for the plot.
 """
 import json
 import sys
@@ -44,7 +45,11 @@ def table(run):
 
 
 def ring(run):
-    rows = {r["name"].split("/iterations")[0]: r["real_time"] for r in run["ring_forward_backward"]}
+    """The ring forward + backward table, or "" for a run that did not time the ring."""
+    rows = {r["name"].split("/iterations")[0]: r["real_time"]
+            for r in run.get("ring_forward_backward", [])}
+    if not rows:
+        return ""
     lines = ["| layout | single call ms | P = 1 ms | P = 4 | P = 8 | P = 8 / single |", "|---|---|---|---|---|---|"]
     for layout, causal in (("zigzag", 1), ("contiguous", 0)):
         single = rows.get(f"single_call/causal:{causal}/backward:1")
