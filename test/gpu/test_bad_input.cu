@@ -83,6 +83,34 @@ TEST_CASE("the CUDA block kernel refuses fp32 inputs and a schedule made for oth
   CHECK(detail::kernel_launches.load() == launches);
 }
 
+TEST_CASE("block_forward_plain and block_forward_last refuse an out that is not 4-byte aligned") {
+  // The kernels store pairs of elements: an out 2 bytes off is element-aligned (the view check
+  // passes) and must still be refused before anything is launched or written.
+  const attention_arguments a{4, 2, 64, 0.0f};
+  constexpr std::int64_t n = 64;
+  test::device_buffer<T> q(n * 4 * 64), k(n * 2 * 64), out(n * 4 * 64 + 8);
+  test::device_buffer<float> o(n * 4 * 64), lse(n * 4);
+  block_group g{0, n, 1, {}};
+  g.kv[0] = {0, n, band{}};
+  const std::vector<block_group> groups{g};
+  const device_block_schedule sched(groups, n, n, 64);
+  const attention_state st{o.get(), lse.get(), n, 4, 64};
+  const block_forward_args<T> args{
+      {q.get(), n, 4, 64}, {k.get(), n, 2, 64}, {k.get(), n, 2, 64}, a, st};
+  const std::uint64_t launches = detail::kernel_launches.load();
+  const thd_view<T> odd(out.get() + 1, n, 4, 64);
+  CHECK_THROWS_WITH_AS(block_forward_plain(args, sched, odd, lse.get(), nullptr),
+                       doctest::Contains("out must be 4-byte aligned"), invalid_argument);
+  CHECK_THROWS_WITH_AS(block_forward_last(args, sched, odd, nullptr),
+                       doctest::Contains("out must be 4-byte aligned"), invalid_argument);
+  CHECK(detail::kernel_launches.load() == launches);
+  // The same call with an aligned out is accepted (so the check above can fail).
+  const thd_view<T> even(out.get() + 2, n, 4, 64);
+  CHECK_NOTHROW(block_forward_plain(args, sched, even, lse.get(), nullptr));
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  CHECK(detail::kernel_launches.load() > launches);
+}
+
 TEST_CASE("bad device backward inputs: a clear error, no kernel launched, nothing sent") {
   const std::vector<std::int32_t> cu{0, 100, 300};
   const attention_arguments a{8, 2, 64, 0.0f};

@@ -344,6 +344,21 @@ requires(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) void blo
   detail::block_forward<T, true>(a, s, nullptr, nullptr, stream);
 }
 
+namespace detail {
+//! The output of `block_forward_last` / `block_forward_plain`: a dense
+//! `[q_tokens, q_heads, head_dim]` tensor in T, 4-byte aligned (the kernels store pairs).
+template <class T>
+validation validate_dense_out(const thd_view<T>& out, const block_forward_args<T>& a) {
+  validation r = validate_view(out, "out");
+  r.require(out.dense() && out.tokens == a.q.tokens && out.heads == a.args.q_heads &&
+                out.head_dim == a.args.head_dim,
+            "out must be a dense [q_tokens, q_heads, head_dim] tensor");
+  r.require(reinterpret_cast<std::uintptr_t>(out.data) % 4 == 0,
+            "out must be 4-byte aligned (the kernels store pairs of elements)");
+  return r;
+}
+} // namespace detail
+
 //! The steps of a caller that knows which merge comes first and which last, to save the state's
 //! traffic (the ring does): `block_forward_first` writes the block's result into the state
 //! without reading it (no `reset` before it), `block_forward_last` merges and writes the merged
@@ -362,10 +377,7 @@ requires(std::is_same_v<T, __half> ||
                                                                    const device_block_schedule& s,
                                                                    thd_view<T> out,
                                                                    cudaStream_t stream) {
-  validation r = validate_view(out, "out");
-  r.require(out.dense() && out.tokens == a.q.tokens && out.heads == a.args.q_heads &&
-                out.head_dim == a.args.head_dim,
-            "out must be a dense [q_tokens, q_heads, head_dim] tensor");
+  validation r = detail::validate_dense_out(out, a);
   r.throw_if_invalid();
   detail::block_forward<T, true>(a, s, out.data, nullptr, stream);
 }
@@ -380,11 +392,9 @@ requires(std::is_same_v<T, __half> ||
                                                                     const device_block_schedule& s,
                                                                     thd_view<T> out, float* lse,
                                                                     cudaStream_t stream) {
-  validation r = validate_view(out, "out");
-  r.require(out.dense() && out.tokens == a.q.tokens && out.heads == a.args.q_heads &&
-                out.head_dim == a.args.head_dim,
-            "out must be a dense [q_tokens, q_heads, head_dim] tensor");
+  validation r = detail::validate_dense_out(out, a);
   r.require(lse != nullptr || a.q.tokens == 0, "lse is a null pointer");
+  r.require(reinterpret_cast<std::uintptr_t>(lse) % 4 == 0, "lse must be 4-byte aligned");
   r.throw_if_invalid();
   detail::block_forward<T, false>(a, s, out.data, lse, stream);
 }
