@@ -362,10 +362,11 @@ validation validate_dense_out(const thd_view<T>& out, const block_forward_args<T
 //! The steps of a caller that knows which merge comes first and which last, to save the state's
 //! traffic (the ring does): `block_forward_first` writes the block's result into the state
 //! without reading it (no `reset` before it), `block_forward_last` merges and writes the merged
-//! output to `out` (dense `[q_tokens, q_heads, head_dim]`, T) instead of the state's o (no
-//! `finalize` after it; the state's lse gets the merged lse). Each writes every row of every
-//! group and leaves rows outside the groups untouched, so they replace `reset` or `finalize`
-//! only for a call whose groups cover every query row (`rows_of(groups) == q_tokens`).
+//! output to `out` (dense `[q_tokens, q_heads, head_dim]`, T, 4-byte aligned) instead of the
+//! state's o (no `finalize` after it; the state's lse gets the merged lse). Each writes every
+//! row of every group and leaves rows outside the groups untouched, so they replace `reset` or
+//! `finalize` only for a call whose groups cover every query row (`rows_of(groups) ==
+//! q_tokens`).
 template <class T>
 requires(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) void block_forward_first(
     const block_forward_args<T>& a, const device_block_schedule& s, cudaStream_t stream) {
@@ -383,9 +384,9 @@ requires(std::is_same_v<T, __half> ||
 }
 
 //! The same kernel writing its block result directly (no state): `out` dense
-//! `[q_tokens, q_heads, head_dim]` in T, `lse` `[q_heads, q_tokens]`. Every row of `out` and
-//! `lse` that no group covers is left untouched. For a single-block attention and for measuring
-//! what the merge costs.
+//! `[q_tokens, q_heads, head_dim]` in T (4-byte aligned), `lse` `[q_heads, q_tokens]`. Every row of
+//! `out` and `lse` that no group covers is left untouched. For a single-block attention and for
+//! measuring what the merge costs.
 template <class T>
 requires(std::is_same_v<T, __half> ||
          std::is_same_v<T, __nv_bfloat16>) void block_forward_plain(const block_forward_args<T>& a,
