@@ -83,7 +83,8 @@ TEST_CASE("the CUDA block kernel refuses fp32 inputs and a schedule made for oth
   CHECK(detail::kernel_launches.load() == launches);
 }
 
-TEST_CASE("block_forward_plain and block_forward_last refuse an out that is not 4-byte aligned") {
+TEST_CASE("block_forward_plain and block_forward_last refuse an out (and plain an lse) that is not "
+          "4-byte aligned") {
   // The kernels store pairs of elements: an out 2 bytes off is element-aligned (the view check
   // passes) and must still be refused before anything is launched or written.
   const attention_arguments a{4, 2, 64, 0.0f};
@@ -103,9 +104,15 @@ TEST_CASE("block_forward_plain and block_forward_last refuse an out that is not 
                        doctest::Contains("out must be 4-byte aligned"), invalid_argument);
   CHECK_THROWS_WITH_AS(block_forward_last(args, sched, odd, nullptr),
                        doctest::Contains("out must be 4-byte aligned"), invalid_argument);
-  CHECK(detail::kernel_launches.load() == launches);
-  // The same call with an aligned out is accepted (so the check above can fail).
+  // block_forward_plain's lse: a float pointer 2 bytes off (a byte-offset cast) and a null one.
   const thd_view<T> even(out.get() + 2, n, 4, 64);
+  float* odd_lse = reinterpret_cast<float*>(reinterpret_cast<std::byte*>(lse.get()) + 2);
+  CHECK_THROWS_WITH_AS(block_forward_plain(args, sched, even, odd_lse, nullptr),
+                       doctest::Contains("lse must be 4-byte aligned"), invalid_argument);
+  CHECK_THROWS_WITH_AS(block_forward_plain(args, sched, even, nullptr, nullptr),
+                       doctest::Contains("lse is a null pointer"), invalid_argument);
+  CHECK(detail::kernel_launches.load() == launches);
+  // The same call with an aligned out and lse is accepted (so the checks above can fail).
   CHECK_NOTHROW(block_forward_plain(args, sched, even, lse.get(), nullptr));
   REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
   CHECK(detail::kernel_launches.load() > launches);
