@@ -22,7 +22,8 @@
 //! What bounds it (ncu, H200): the producer. Its first version computed each copy's swizzled
 //! address from scratch (~20 instructions a 16-byte copy) and the consumers spent a third of
 //! their time waiting on `full`: 308 TFLOP/s at 8K tokens, head_dim 128. `produce_tile` walks
-//! rows with constant offsets instead (4 instructions a copy): 450.
+//! rows with constant shared offsets (450) and pointer increments for the source (3 instructions
+//! a copy: 577-582; docs/kernels.md).
 
 #include <ringattn/detail/forward_kernel.cuh>
 #include <ringattn/detail/wgmma.cuh>
