@@ -46,9 +46,15 @@ TEST_CASE("host block forward equals the oracle: bands x GQA x head_dim x packed
         test::block_case<__nv_bfloat16> c(test::random_cu_seqlens(3, 1, 37, rng), a, b, rng);
         const auto ref = c.oracle();
         auto s = run(c, c.calls(1));
-        CHECK(test::out_error(ref, [&](auto t, int h, int e) { return s.view.o_row(t, h)[e]; }) <
-              1e-5);
-        CHECK(test::lse_error(ref, [&](auto t, int h) { return s.view.lse_at(t, h); }) < 1e-5);
+        // Indexed by the documented layout (o [q_heads, tokens, head_dim], lse [q_heads, tokens]),
+        // not through the state's accessors, so that a change of layout cannot go unnoticed.
+        const std::int64_t n = c.tokens();
+        CHECK(test::out_error(ref, [&](auto t, int h, int e) {
+                return s.o[static_cast<std::size_t>((h * n + t) * d + e)];
+              }) < 1e-5);
+        CHECK(test::lse_error(ref, [&](auto t, int h) {
+                return s.lse[static_cast<std::size_t>(h * n + t)];
+              }) < 1e-5);
         std::vector<__nv_bfloat16> out(c.q.size(), test::poison<__nv_bfloat16>());
         thd_view<__nv_bfloat16> ov(out.data(), c.tokens(), a.q_heads, d);
         finalize(s.view, ov);

@@ -94,9 +94,16 @@ void check_against_oracle(std::mt19937_64& rng) {
           const double el = test::lse_error(ref, [&](auto t, int h) {
             return lse[static_cast<std::size_t>(h * c.tokens() + t)];
           });
+          // The fp32 state itself, in its documented layout (o [q_heads, tokens, head_dim]).
+          const std::int64_t n = c.tokens();
+          const double es = test::out_error(ref, [&](auto t, int h, int e) {
+            return o[static_cast<std::size_t>((h * n + t) * d + e)];
+          });
           MESSAGE(to_string(path) << " d=" << d << " group=" << group << " band=[" << b.lo << ","
-                                  << b.hi << "] out err " << eo << " lse err " << el);
+                                  << b.hi << "] out err " << eo << " state err " << es
+                                  << " lse err " << el);
           CHECK(eo < out_tolerance<T>);
+          CHECK(es < out_tolerance<T>);
           CHECK(el < lse_tolerance);
         }
 }

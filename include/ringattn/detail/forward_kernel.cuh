@@ -469,16 +469,17 @@ __global__ void fill_kernel(V* p, std::int64_t n, V value) {
 }
 
 template <class T>
-__global__ void finalize_kernel(const float* o, T* out, std::int64_t rows, int q_heads,
+__global__ void finalize_kernel(const float* o, T* out, std::int64_t rows, std::int64_t tokens,
                                 int head_dim, std::int64_t token_stride, std::int64_t head_stride) {
-  // Row r of the state is (token r / q_heads, head r % q_heads); two elements a thread at a time.
+  // Row r of the (head-major) state is (head r / tokens, token r % tokens); two elements a thread
+  // at a time.
   const std::int64_t pairs = rows * (head_dim / 2);
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < pairs;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const std::int64_t row = i / (head_dim / 2);
     const int e = static_cast<int>(i % (head_dim / 2)) * 2;
     const float2 x = *reinterpret_cast<const float2*>(o + row * head_dim + e);
-    T* dst = out + (row / q_heads) * token_stride + (row % q_heads) * head_stride + e;
+    T* dst = out + (row % tokens) * token_stride + (row / tokens) * head_stride + e;
     *reinterpret_cast<std::uint32_t*>(dst) = pack2<T>(x.x, x.y);
   }
 }

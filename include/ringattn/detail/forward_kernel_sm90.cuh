@@ -65,15 +65,14 @@ __device__ __forceinline__ void produce_tile(std::uint32_t s, const T* g, std::i
   }
 }
 
-//! Copies the old state of rows [0, Rows) of a thread block (o: Rows x D fp32, row r at
-//! `o + r * stride`; lse: Rows floats) into shared memory with the 128 producer threads; rows >=
-//! valid are skipped. o row r is stored densely with its 16-byte chunk c at chunk
+//! Copies the old state of rows [0, Rows) of a thread block (o: Rows x D fp32, dense: the state is
+//! head-major; lse: Rows floats) into shared memory with the 128 producer threads; rows >= valid
+//! are skipped. o row r is stored densely with its 16-byte chunk c at chunk
 //! (c & ~7) | ((c ^ r) & 7), so that the consumers' reads (8 rows, the same two chunks each) hit
 //! every bank group.
 template <int Rows, int D>
 __device__ __forceinline__ void stage_state(std::uint32_t s_o, std::uint32_t s_lse, const float* o,
-                                            std::int64_t stride, const float* lse, int valid,
-                                            int tid) {
+                                            const float* lse, int valid, int tid) {
   constexpr int chunks = D / 4, step = 128 / chunks;
   static_assert(step * chunks == 128 && Rows % step == 0);
   const int c = tid % chunks, r0 = tid / chunks;
@@ -83,7 +82,7 @@ __device__ __forceinline__ void stage_state(std::uint32_t s_o, std::uint32_t s_l
     if (r < valid) {
       const std::uint32_t dst = s_o + (r * chunks + ((c & ~7) | ((c ^ r) & 7))) * 16;
       asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst),
-                   "l"(o + r * stride + c * 4));
+                   "l"(o + r * D + c * 4));
     }
   }
   if (tid < valid)
@@ -177,20 +176,18 @@ __global__ void __launch_bounds__(sm90_threads, 1) block_forward_sm90_kernel(for
     }
     if constexpr (Merge) {
       // A merge reads the rows' old state (o and lse) in its epilogue. Copy it into shared
-      // memory as if it were K/V tile `total`: into the stage that tile would take, once the
-      // last real tile has landed (so that it never delays K/V). The consumers wait for it after
-      // their last P V. Loading it from global memory in the epilogue instead left every block
-      // of a wave waiting for its rows at the same moment (docs/kernels.md, the merge's cost).
+      // memory as if it were K/V tile `total`: into the stage that tile would take, as soon as
+      // that stage is free (at once in a block of fewer than `Stages` tiles). The consumers wait
+      // for it after their last P V. Loading it from global memory in the epilogue instead left
+      // every block of a wave waiting for its rows at the same moment; the rows are one
+      // contiguous range of the head-major state (docs/kernels.md, the merge's cost).
       if (!p.fresh) {
         const int stage = total % Stages;
         if (total >= Stages) mbarrier_wait(empty0 + 8 * stage, ((total / Stages) - 1) & 1);
-        if (total > 0)
-          mbarrier_wait(full0 + 8 * ((total - 1) % Stages), ((total - 1) / Stages) & 1);
         const std::int64_t row = g.q_begin + row0;
         stage_state<BM, D>(aQ + q_bytes + stage * 2 * kv_bytes, smem_address(lse_stage),
-                           p.state.o_row(row, h), std::int64_t{p.state.q_heads} * D,
-                           p.state.lse + h * p.state.tokens + row, rows_valid,
-                           static_cast<int>(threadIdx.x));
+                           p.state.o_row(row, h), p.state.lse + h * p.state.tokens + row,
+                           rows_valid, static_cast<int>(threadIdx.x));
         cp_async_mbarrier_arrive(full0 + 8 * stage);
       }
     }

@@ -427,9 +427,8 @@ requires(std::is_same_v<T, __half> ||
   const std::int64_t pairs = s.tokens * s.q_heads * (s.head_dim / 2);
   if (pairs == 0) return;
   const unsigned blocks = static_cast<unsigned>(std::min<std::int64_t>((pairs + 255) / 256, 4096));
-  kernels::finalize_kernel<T><<<blocks, 256, 0, stream>>>(s.o, out.data, s.tokens * s.q_heads,
-                                                          s.q_heads, s.head_dim, out.token_stride,
-                                                          out.head_stride);
+  kernels::finalize_kernel<T><<<blocks, 256, 0, stream>>>(
+      s.o, out.data, s.tokens * s.q_heads, s.tokens, s.head_dim, out.token_stride, out.head_stride);
   RINGATTN_CUDA_CHECK_LAUNCH();
 }
 #endif // __CUDACC__

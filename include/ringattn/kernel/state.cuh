@@ -15,8 +15,11 @@
 //! changes results only by fp32 rounding. After the last merge `o` *is* the attention output; the
 //! finalise step only converts it to the input dtype.
 //!
-//! Layout: `o[tokens, q_heads, head_dim]` (dense fp32), `lse[q_heads, tokens]` (fp32, base e) —
-//! the library's LSE output layout, so the state's `lse` can be the user's LSE buffer.
+//! Layout: head-major, `o[q_heads, tokens, head_dim]` (dense fp32) and `lse[q_heads, tokens]`
+//! (fp32, base e). `lse` is the library's LSE output layout, so the state's `lse` can be the user's
+//! LSE buffer. `o` is head-major so that the rows a thread block merges (consecutive tokens of one
+//! head) are one contiguous range: reading the old state from [tokens, q_heads, head_dim], 512-byte
+//! rows 16 KB apart, made a merge cost twice as much against plain output (docs/kernels.md).
 //!
 //! \code
 //! ringattn::attention_state s{o_workspace, lse_out, tokens, q_heads, head_dim};
@@ -33,14 +36,14 @@ namespace ringattn {
 
 //! Running (o, lse) of every (row, head) of a rank's queries. Non-owning; host or device memory.
 struct attention_state {
-  float* o = nullptr;   //!< [tokens, q_heads, head_dim], dense
+  float* o = nullptr;   //!< [q_heads, tokens, head_dim], dense
   float* lse = nullptr; //!< [q_heads, tokens], natural log; -inf = no key seen yet
   std::int64_t tokens = 0;
   std::int32_t q_heads = 0;
   std::int32_t head_dim = 0;
 
   RINGATTN_HOST_DEVICE constexpr float* o_row(std::int64_t t, std::int32_t h) const {
-    return o + (t * q_heads + h) * head_dim;
+    return o + (h * tokens + t) * head_dim;
   }
   RINGATTN_HOST_DEVICE constexpr float& lse_at(std::int64_t t, std::int32_t h) const {
     return lse[h * tokens + t];
