@@ -82,7 +82,8 @@ def main(ours_path, sdpa_path, plot_path):
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("TFLOP/s")
     axes[0].legend(fontsize=7)
-    fig.suptitle("Forward attention on one H200 (same run), 2026-11-29")
+    date = json.load(open(ours_path))["context"].get("date", "")[:10]
+    fig.suptitle(f"Forward attention on one H200 (same run), {date}")
     fig.tight_layout()
     fig.savefig(plot_path, dpi=110)
 
