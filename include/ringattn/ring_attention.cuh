@@ -312,7 +312,11 @@ public:
                                             {dv.data, "dv"},
                                             {workspace, "the workspace"}},
                                            "backward"));
-    ok.require(reinterpret_cast<std::uintptr_t>(lse) % 4 == 0, "lse must be 4-byte aligned");
+    // The block backward reads q and dout in place (k and v travel in the workspace).
+    ok.require(rows_aligned_to(q, 16) && rows_aligned_to(dout, 16),
+               "q and dout must be 16-byte aligned with token and head strides that are multiples "
+               "of 8 elements (the kernels load 16-byte vectors)");
+    ok.require(aligned_to(lse, 4), "lse must be 4-byte aligned");
     if (!ok) comm_.abort(ok.reason());
     ok.throw_if_invalid();
     try {
@@ -381,8 +385,7 @@ private:
     r.require(workspace.size() >= need, "the workspace has ", workspace.size(), " bytes; ", need,
               " are needed");
     r.require(workspace.data() != nullptr || need == 0, "the workspace is a null pointer");
-    r.require(reinterpret_cast<std::uintptr_t>(workspace.data()) % 16 == 0,
-              "the workspace must be 16-byte aligned");
+    r.require(aligned_to(workspace.data(), 16), "the workspace must be 16-byte aligned");
   }
 
 #if defined(__CUDACC__)
@@ -445,16 +448,12 @@ private:
                                               {lse, "lse"},
                                               {workspace, "the workspace"}},
                                              "forward");
-    auto vectors = [](const auto& x) {
-      return reinterpret_cast<std::uintptr_t>(x.data) % 16 == 0 && x.token_stride % 8 == 0 &&
-             x.head_stride % 8 == 0;
-    };
-    r.require(vectors(q), "q must be 16-byte aligned with token and head strides that are "
-                          "multiples of 8 elements (the kernels load 16-byte vectors)");
-    r.require(reinterpret_cast<std::uintptr_t>(out.data) % 4 == 0 && out.token_stride % 2 == 0 &&
-                  out.head_stride % 2 == 0,
+    r.require(rows_aligned_to(q, 16),
+              "q must be 16-byte aligned with token and head strides that are "
+              "multiples of 8 elements (the kernels load 16-byte vectors)");
+    r.require(rows_aligned_to(out, 4),
               "out must be 4-byte aligned with even token and head strides");
-    r.require(reinterpret_cast<std::uintptr_t>(lse) % 4 == 0, "lse must be 4-byte aligned");
+    r.require(aligned_to(lse, 4), "lse must be 4-byte aligned");
     return r;
   }
 #endif

@@ -19,6 +19,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 #include <type_traits>
@@ -132,6 +133,21 @@ struct thd_view {
 template <class T>
 thd_view(T*, std::int64_t, std::int32_t, std::int32_t) -> thd_view<T>;
 
+//! Whether the address `p` is a multiple of `bytes`.
+inline bool aligned_to(const void* p, std::size_t bytes) {
+  return reinterpret_cast<std::uintptr_t>(p) % bytes == 0;
+}
+
+//! Whether every (token, head) row of `v` starts on a multiple of `bytes`: its data pointer and
+//! both strides, in bytes, are multiples of `bytes` (what the kernels' vector loads and stores
+//! need: 16 for the 16-byte loads of q, k and v, 4 for the stores of element pairs).
+template <class T>
+bool rows_aligned_to(const thd_view<T>& v, std::size_t bytes) {
+  return aligned_to(v.data, bytes) &&
+         static_cast<std::size_t>(v.token_stride) * sizeof(T) % bytes == 0 &&
+         static_cast<std::size_t>(v.head_stride) * sizeof(T) % bytes == 0;
+}
+
 //! Checks a view's shape and strides; `name` is used in the reason ("q", "k", ...).
 //! A view with tokens == 0 may have a null pointer.
 template <element T>
@@ -147,8 +163,8 @@ validation validate_view(const thd_view<T>& v, const char* name) {
             ", head_stride ", v.head_stride, ", head_dim ", v.head_dim, ")");
   r.require(v.tokens == 0 || v.data != nullptr, name, " is a null pointer with ", v.tokens,
             " tokens");
-  r.require(reinterpret_cast<std::uintptr_t>(v.data) % alignof(T) == 0, name,
-            " is not aligned to its element size (", sizeof(T), " bytes)");
+  r.require(aligned_to(v.data, alignof(T)), name, " is not aligned to its element size (",
+            sizeof(T), " bytes)");
   return r;
 }
 

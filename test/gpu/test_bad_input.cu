@@ -5,6 +5,7 @@
 // (Other-device cases need two GPUs: test/multi_gpu/test_other_device.cu.)
 #include "bad_device_call.cuh"
 
+#include <ringattn/kernel/backward.cuh>
 #include <ringattn/kernel/forward.cuh>
 
 #include <doctest/doctest.h>
@@ -131,13 +132,16 @@ TEST_CASE("bad device backward inputs: a clear error, no kernel launched, nothin
   const std::size_t bytes = attn.device_backward_workspace_bytes<T>();
   test::device_buffer<std::byte> ws(bytes);
   std::vector<T> host_dq(static_cast<std::size_t>(n * 8 * 64));
-  auto backward = [&](T* dq_ptr, std::size_t ws_bytes) -> std::string {
+  const thd_view<const T> qv(q.get(), n, 8, 64), doutv(dout.get(), n, 8, 64);
+  auto backward = [&](T* dq_ptr, std::size_t ws_bytes, thd_view<const T> qx = {},
+                      thd_view<const T> doutx = {}) -> std::string {
     const std::uint64_t launches = detail::kernel_launches.load();
     std::string what;
     try {
-      attn.backward<T>({q.get(), n, 8, 64}, {k.get(), n, 2, 64}, {v.get(), n, 2, 64},
-                       {out.get(), n, 8, 64}, lse.get(), {dout.get(), n, 8, 64}, {dq_ptr, n, 8, 64},
-                       {dk.get(), n, 2, 64}, {dv.get(), n, 2, 64}, ws.get(), ws_bytes, nullptr);
+      attn.backward<T>(qx.data ? qx : qv, {k.get(), n, 2, 64}, {v.get(), n, 2, 64},
+                       {out.get(), n, 8, 64}, lse.get(), doutx.data ? doutx : doutv,
+                       {dq_ptr, n, 8, 64}, {dk.get(), n, 2, 64}, {dv.get(), n, 2, 64}, ws.get(),
+                       ws_bytes, nullptr);
     } catch (const invalid_argument& e) {
       what = e.what();
     }
@@ -152,4 +156,62 @@ TEST_CASE("bad device backward inputs: a clear error, no kernel launched, nothin
             .find("dq is host memory; the device backward takes device memory") !=
         std::string::npos);
   CHECK(backward(dq.get(), bytes - 4).find("the workspace has") != std::string::npos);
+  // The block backward reads q and dout in place with 16-byte loads: q 8 bytes in (element-
+  // aligned, so the view check passes) and dout with a token stride of 2 x 8 x 64 - 4 elements.
+  test::device_buffer<T> spare(n * 8 * 64 * 2 + 8);
+  const thd_view<const T> q_off(spare.get() + 4, n, 8, 64);
+  thd_view<const T> dout_odd(spare.get(), 150, 8, 64, 8 * 64 * 2 - 4, 64);
+  dout_odd.tokens = n;
+  CHECK(backward(dq.get(), bytes, q_off).find("q and dout must be 16-byte aligned") !=
+        std::string::npos);
+  CHECK(backward(dq.get(), bytes, {}, dout_odd).find("q and dout must be 16-byte aligned") !=
+        std::string::npos);
+}
+
+TEST_CASE("the CUDA block backward refuses misaligned inputs, gradients, lse and delta") {
+  const attention_arguments a{4, 2, 64, 0.0f};
+  constexpr std::int64_t n = 64;
+  test::device_buffer<T> q(n * 4 * 64 + 8), k(n * 2 * 64 + 8), dout(n * 4 * 64);
+  test::device_buffer<float> lse(n * 4 + 4), delta(n * 4), dq(n * 4 * 64 + 4), dk(n * 2 * 64),
+      dv(n * 2 * 64);
+  block_group g{0, n, 1, {}};
+  g.kv[0] = {0, n, band{}};
+  const std::vector<block_group> groups{g};
+  const device_backward_schedule sched(groups, n, n);
+  REQUIRE(sched.tensor_cores(64)); // every GPU these tests run on (sm_80 and later)
+  const block_backward_args<T> good{{q.get(), n, 4, 64},
+                                    {k.get(), n, 2, 64},
+                                    {k.get(), n, 2, 64},
+                                    {dout.get(), n, 4, 64},
+                                    lse.get(),
+                                    delta.get(),
+                                    a,
+                                    {dq.get(), dk.get(), dv.get()}};
+  const std::uint64_t launches = detail::kernel_launches.load();
+  auto with = [&](auto change) {
+    block_backward_args<T> x = good;
+    change(x);
+    return x;
+  };
+  // k 8 bytes in: element-aligned (the view check passes), not vector-aligned.
+  CHECK_THROWS_WITH_AS(block_backward(with([&](auto& x) {
+                                        x.k = {k.get() + 4, n, 2, 64};
+                                      }),
+                                      sched, nullptr),
+                       doctest::Contains("q, k, v and dout must be 16-byte aligned"),
+                       invalid_argument);
+  // dq 4 bytes in: float-aligned, not pair-aligned.
+  CHECK_THROWS_WITH_AS(
+      block_backward(with([&](auto& x) { x.grad.dq = dq.get() + 1; }), sched, nullptr),
+      doctest::Contains("dq, dk and dv must be 8-byte aligned"), invalid_argument);
+  // lse 2 bytes off (a byte-offset cast).
+  const float* odd_lse =
+      reinterpret_cast<const float*>(reinterpret_cast<const std::byte*>(lse.get()) + 2);
+  CHECK_THROWS_WITH_AS(block_backward(with([&](auto& x) { x.lse = odd_lse; }), sched, nullptr),
+                       doctest::Contains("lse and delta must be 4-byte aligned"), invalid_argument);
+  CHECK(detail::kernel_launches.load() == launches);
+  // The unbroken call is accepted and runs (so the checks above can fail).
+  CHECK_NOTHROW(block_backward(good, sched, nullptr));
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  CHECK(detail::kernel_launches.load() > launches);
 }

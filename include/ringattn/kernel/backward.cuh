@@ -460,6 +460,15 @@ requires(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) void blo
   r.require(s.q_tokens() == a.q.tokens && s.kv_tokens() == a.k.tokens, "the schedule was made for ",
             s.q_tokens(), " query and ", s.kv_tokens(), " key tokens, the call has ", a.q.tokens,
             " and ", a.k.tokens);
+  if (r && s.tensor_cores(a.args.head_dim)) {
+    r.require(rows_aligned_to(a.q, 16) && rows_aligned_to(a.k, 16) && rows_aligned_to(a.v, 16) &&
+                  rows_aligned_to(a.dout, 16),
+              "q, k, v and dout must be 16-byte aligned with token and head strides that are "
+              "multiples of 8 elements (the tensor-core kernels load 16-byte vectors)");
+    r.require(aligned_to(a.grad.dq, 8) && aligned_to(a.grad.dk, 8) && aligned_to(a.grad.dv, 8),
+              "dq, dk and dv must be 8-byte aligned (the tensor-core kernels add pairs of floats)");
+  }
+  r.require(aligned_to(a.lse, 4) && aligned_to(a.delta, 4), "lse and delta must be 4-byte aligned");
   r.throw_if_invalid();
   if (s.empty()) return;
   if (s.tensor_cores(a.args.head_dim)) {
@@ -488,6 +497,7 @@ requires(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) void com
   r.require(out.tokens == dout.tokens && out.heads == dout.heads && out.head_dim == dout.head_dim,
             "out and dout differ in shape");
   r.require(out.tokens == 0 || delta != nullptr, "delta is a null pointer");
+  r.require(aligned_to(delta, 4), "delta must be 4-byte aligned");
   r.require(out.head_dim == 64 || out.head_dim == 128 || out.head_dim == 256, "head_dim ",
             out.head_dim, " is not supported (supported: 64, 128, 256)");
   r.throw_if_invalid();

@@ -237,15 +237,10 @@ validation validate_device_forward(const block_forward_args<T>& a, const device_
   if (!r) return r;
   r.require(!std::is_same_v<std::remove_const_t<T>, float>,
             "the CUDA block kernel takes fp16 or bf16 inputs (got fp32)");
-  auto aligned = [](const auto& v) {
-    return reinterpret_cast<std::uintptr_t>(v.data) % 16 == 0 && v.token_stride % 8 == 0 &&
-           v.head_stride % 8 == 0;
-  };
-  r.require(aligned(a.q) && aligned(a.k) && aligned(a.v),
+  r.require(rows_aligned_to(a.q, 16) && rows_aligned_to(a.k, 16) && rows_aligned_to(a.v, 16),
             "q, k and v must be 16-byte aligned with token and head strides that are multiples of "
             "8 elements");
-  r.require(reinterpret_cast<std::uintptr_t>(a.state.o) % 16 == 0,
-            "the state's o must be 16-byte aligned");
+  r.require(aligned_to(a.state.o, 16), "the state's o must be 16-byte aligned");
   r.require(s.block_m() == device_block_schedule::tuned_block_m(a.args.head_dim, s.path()),
             "the schedule's tiles have ", s.block_m(), " rows; the ", to_string(s.path()),
             " kernel for head_dim ", a.args.head_dim, " takes ",
@@ -353,7 +348,7 @@ validation validate_dense_out(const thd_view<T>& out, const block_forward_args<T
   r.require(out.dense() && out.tokens == a.q.tokens && out.heads == a.args.q_heads &&
                 out.head_dim == a.args.head_dim,
             "out must be a dense [q_tokens, q_heads, head_dim] tensor");
-  r.require(reinterpret_cast<std::uintptr_t>(out.data) % 4 == 0,
+  r.require(aligned_to(out.data, 4),
             "out must be 4-byte aligned (the kernels store pairs of elements)");
   return r;
 }
@@ -395,7 +390,7 @@ requires(std::is_same_v<T, __half> ||
                                                                     cudaStream_t stream) {
   validation r = detail::validate_dense_out(out, a);
   r.require(lse != nullptr || a.q.tokens == 0, "lse is a null pointer");
-  r.require(reinterpret_cast<std::uintptr_t>(lse) % 4 == 0, "lse must be 4-byte aligned");
+  r.require(aligned_to(lse, 4), "lse must be 4-byte aligned");
   r.throw_if_invalid();
   detail::block_forward<T, false>(a, s, out.data, lse, stream);
 }
@@ -420,9 +415,7 @@ requires(std::is_same_v<T, __half> ||
   r.require(out.tokens == s.tokens && out.heads == s.q_heads && out.head_dim == s.head_dim,
             "out is [", out.tokens, ", ", out.heads, ", ", out.head_dim, "] but the state is [",
             s.tokens, ", ", s.q_heads, ", ", s.head_dim, "]");
-  r.require(reinterpret_cast<std::uintptr_t>(out.data) % 4 == 0 && out.token_stride % 2 == 0 &&
-                out.head_stride % 2 == 0,
-            "out must be 4-byte aligned with even strides");
+  r.require(rows_aligned_to(out, 4), "out must be 4-byte aligned with even strides");
   r.throw_if_invalid();
   const std::int64_t pairs = s.tokens * s.q_heads * (s.head_dim / 2);
   if (pairs == 0) return;
