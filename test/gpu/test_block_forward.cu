@@ -123,28 +123,49 @@ TEST_CASE(
   const auto seed = test::fresh_seed();
   CAPTURE(seed);
   std::mt19937_64 rng(seed);
-  const attention_arguments a{8, 2, 128, 0.0f};
-  test::block_case<__nv_bfloat16> c(test::random_cu_seqlens(2, 200, 700, rng), a,
-                                    band{-unbounded, 0}, rng);
-  device_case<__nv_bfloat16> dc(c);
-  auto [out1, o1, lse1] = dc.run(c.calls(1));
-  auto [out1b, o1b, lse1b] = dc.run(c.calls(1));
-  CHECK(std::memcmp(o1.data(), o1b.data(), o1.size() * sizeof(float)) == 0); // deterministic
-  CHECK(std::memcmp(lse1.data(), lse1b.data(), lse1.size() * sizeof(float)) == 0);
-  for (int pieces : {2, 3, 8})
-    for (bool together : {false, true}) {
-      CAPTURE(pieces);
-      CAPTURE(together);
-      auto [out, o, lse] = dc.run(c.calls(pieces, together));
-      // Each block's softmax is computed with bf16 P, so splitting changes the rounding of P:
-      // within the kernel's own error, not fp32 rounding.
-      CHECK(reference::relative_error(std::vector<double>(o.begin(), o.end()),
-                                      std::vector<double>(o1.begin(), o1.end())) < 5e-3);
-      double worst = 0.0;
-      for (std::size_t i = 0; i < lse.size(); ++i)
-        worst = std::max(worst, double(std::abs(lse[i] - lse1[i])));
-      CHECK(worst < 1e-4);
+  // Short sequences (a piece is 1-3 K/V tiles of 128 keys), and long ones: in two or three
+  // pieces each spans 4 or more tiles at head_dim 128, 6 or more at 64, so that the merge's old
+  // state is staged while K/V tiles are still in flight (at head_dim 128 in two halves, one per
+  // consumer warpgroup). The long sequences end in a row tile of fewer than 64 rows and one of
+  // more, so both halves meet missing rows.
+  struct shape {
+    int head_dim;
+    int tiles; // the long sequences' whole row tiles; 0: short sequences
+  };
+  const bool small = small_run();
+  for (const shape sh : {shape{128, 0}, shape{128, small ? 8 : 12}, shape{64, small ? 8 : 20}}) {
+    CAPTURE(sh.head_dim);
+    CAPTURE(sh.tiles);
+    std::vector<std::int32_t> cu = test::random_cu_seqlens(2, 200, 700, rng);
+    if (sh.tiles > 0) {
+      std::uniform_int_distribution<int> few(1, 63), many(65, 127), extra(0, 3);
+      cu = {0, 128 * (sh.tiles + extra(rng)) + few(rng)};
+      cu.push_back(cu.back() + 128 * (sh.tiles + extra(rng)) + many(rng));
     }
+    CAPTURE(cu[1]);
+    CAPTURE(cu[2]);
+    const attention_arguments a{8, 2, sh.head_dim, 0.0f};
+    test::block_case<__nv_bfloat16> c(cu, a, band{-unbounded, 0}, rng);
+    device_case<__nv_bfloat16> dc(c);
+    auto [out1, o1, lse1] = dc.run(c.calls(1));
+    auto [out1b, o1b, lse1b] = dc.run(c.calls(1));
+    CHECK(std::memcmp(o1.data(), o1b.data(), o1.size() * sizeof(float)) == 0); // deterministic
+    CHECK(std::memcmp(lse1.data(), lse1b.data(), lse1.size() * sizeof(float)) == 0);
+    for (int pieces : {2, 3, 8})
+      for (bool together : {false, true}) {
+        CAPTURE(pieces);
+        CAPTURE(together);
+        auto [out, o, lse] = dc.run(c.calls(pieces, together));
+        // Each block's softmax is computed with bf16 P, so splitting changes the rounding of P:
+        // within the kernel's own error, not fp32 rounding.
+        CHECK(reference::relative_error(std::vector<double>(o.begin(), o.end()),
+                                        std::vector<double>(o1.begin(), o1.end())) < 5e-3);
+        double worst = 0.0;
+        for (std::size_t i = 0; i < lse.size(); ++i)
+          worst = std::max(worst, double(std::abs(lse[i] - lse1[i])));
+        CHECK(worst < 1e-4);
+      }
+  }
 }
 
 TEST_CASE("CUDA block forward, plain output: the same values as the merged path") {

@@ -65,14 +65,14 @@ __device__ __forceinline__ void produce_tile(std::uint32_t s, const T* g, std::i
   }
 }
 
-//! Copies the old state of rows [0, Rows) of a thread block (o: Rows x D fp32, dense: the state is
-//! head-major; lse: Rows floats) into shared memory with the 128 producer threads; rows >= valid
-//! are skipped. o row r is stored densely with its 16-byte chunk c at chunk
-//! (c & ~7) | ((c ^ r) & 7), so that the consumers' reads (8 rows, the same two chunks each) hit
-//! every bank group.
+//! Copies the old o of rows [0, Rows) of a thread block (Rows x D fp32, dense: the state is
+//! head-major) into shared memory with the 128 producer threads; rows >= valid are skipped. Row r
+//! is stored densely with its 16-byte chunk c at chunk (c & ~7) | ((c ^ r) & 7), so that the
+//! consumers' reads (8 rows, the same two chunks each) hit every bank group. (Rows a multiple of 8
+//! from the block's first: copying rows [64, 128) as rows [0, 64) of `s_o + 64 * D * 4` gives the
+//! same layout.)
 template <int Rows, int D>
-__device__ __forceinline__ void stage_state(std::uint32_t s_o, std::uint32_t s_lse, const float* o,
-                                            const float* lse, int valid, int tid) {
+__device__ __forceinline__ void stage_rows(std::uint32_t s_o, const float* o, int valid, int tid) {
   constexpr int chunks = D / 4, step = 128 / chunks;
   static_assert(step * chunks == 128 && Rows % step == 0);
   const int c = tid % chunks, r0 = tid / chunks;
@@ -85,6 +85,11 @@ __device__ __forceinline__ void stage_state(std::uint32_t s_o, std::uint32_t s_l
                    "l"(o + r * D + c * 4));
     }
   }
+}
+
+//! Copies the old lse of a thread block's `valid` rows (at most 128) into shared memory.
+__device__ __forceinline__ void stage_lse(std::uint32_t s_lse, const float* lse, int valid,
+                                          int tid) {
   if (tid < valid)
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s_lse + 4 * tid),
                  "l"(lse + tid));
@@ -100,6 +105,12 @@ inline constexpr int sm90_registers = 168;
 //! K/V stages: as many as fit next to Q in 227 KB of shared memory.
 template <int D>
 inline constexpr int sm90_stages = D == 64 ? 5 : 3;
+
+//! Whether a merge stages the old state in two halves (the kernel's producer branch): at head_dim
+//! 128, where the whole state arrives late; at head_dim 64 its five stages leave the whole copy
+//! time enough, and the split measured 2-4% slower there (docs/kernels.md).
+template <int D>
+inline constexpr bool sm90_split_state = D == 128;
 
 //! Keys per K/V tile of the Hopper kernel.
 template <int D>
@@ -124,12 +135,15 @@ __global__ void __launch_bounds__(sm90_threads, 1) block_forward_sm90_kernel(for
   constexpr std::uint32_t q_bytes = BM * D * 2, kv_bytes = BN * D * 2;
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  __shared__ alignas(8) std::uint64_t bars[2 * Stages]; // full[Stages], empty[Stages]
+  // full[Stages], empty[Stages], then a merge's two: k_free (the consumers are done with the K
+  // half of the stage the old state takes) and k_full (its first half landed).
+  __shared__ alignas(8) std::uint64_t bars[2 * Stages + 2];
   __shared__ float lse_stage[Merge ? BM : 1]; // a merge's old lse (its old o: a K/V stage)
   const std::uint32_t raw = smem_address(smem_raw);
   const std::uint32_t pad = (1024u - (raw & 1023u)) & 1023u; // swizzle atoms start 1 KB aligned
   const std::uint32_t aQ = raw + pad; // stage s: K at aQ + q_bytes + s * 2 * kv_bytes, then V
   const std::uint32_t full0 = smem_address(&bars[0]), empty0 = smem_address(&bars[Stages]);
+  const std::uint32_t k_free = smem_address(&bars[2 * Stages]), k_full = k_free + 8;
 
   const work_tile tile = p.tiles[blockIdx.x];
   const block_group g = p.groups[tile.group];
@@ -148,6 +162,8 @@ __global__ void __launch_bounds__(sm90_threads, 1) block_forward_sm90_kernel(for
       mbarrier_init(full0 + 8 * s, 128);  // every producer thread's copies
       mbarrier_init(empty0 + 8 * s, 256); // every consumer thread
     }
+    mbarrier_init(k_free, 256);
+    mbarrier_init(k_full, 128);
   }
   __syncthreads();
 
@@ -176,18 +192,38 @@ __global__ void __launch_bounds__(sm90_threads, 1) block_forward_sm90_kernel(for
     }
     if constexpr (Merge) {
       // A merge reads the rows' old state (o and lse) in its epilogue. Copy it into shared
-      // memory as if it were K/V tile `total`: into the stage that tile would take, as soon as
-      // that stage is free (at once in a block of fewer than `Stages` tiles). The consumers wait
-      // for it after their last P V. Loading it from global memory in the epilogue instead left
-      // every block of a wave waiting for its rows at the same moment; the rows are one
-      // contiguous range of the head-major state (docs/kernels.md, the merge's cost).
+      // memory as if it were K/V tile `total`, into the stage that tile would take (at once in a
+      // block of fewer than `Stages` tiles). At head_dim 128 in two halves (`sm90_split_state`):
+      // consumer 0's rows and every lse into the stage's K half as soon as the consumers' S of
+      // the last tile there is done, consumer 1's rows into its V half once that tile's P V is
+      // done too. The first half thus starts a K/V tile before the stage frees, while no K/V
+      // copy waits for it. Loading the rows from global memory in the epilogue instead left
+      // every block of a wave waiting for them at the same moment; they are one contiguous
+      // range of the head-major state (docs/kernels.md, the merge's cost).
       if (!p.fresh) {
+        const int tid = static_cast<int>(threadIdx.x);
         const int stage = total % Stages;
-        if (total >= Stages) mbarrier_wait(empty0 + 8 * stage, ((total / Stages) - 1) & 1);
+        const std::uint32_t s_o = aQ + q_bytes + stage * 2 * kv_bytes;
         const std::int64_t row = g.q_begin + row0;
-        stage_state<BM, D>(aQ + q_bytes + stage * 2 * kv_bytes, smem_address(lse_stage),
-                           p.state.o_row(row, h), p.state.lse + h * p.state.tokens + row,
-                           rows_valid, static_cast<int>(threadIdx.x));
+        const float* o = p.state.o_row(row, h);
+        const float* lse = p.state.lse + h * p.state.tokens + row;
+        auto free_stage = [&] {
+          if (total >= Stages) mbarrier_wait(empty0 + 8 * stage, ((total / Stages) - 1) & 1);
+        };
+        if constexpr (sm90_split_state<D>) {
+          constexpr int half = BM / 2;
+          static_assert(half * D * 4 == kv_bytes, "a consumer's old o fills one K or V tile");
+          if (total >= Stages) mbarrier_wait(k_free, 0);
+          stage_rows<half, D>(s_o, o, rows_valid, tid);
+          stage_lse(smem_address(lse_stage), lse, rows_valid, tid);
+          cp_async_mbarrier_arrive(k_full);
+          free_stage();
+          stage_rows<half, D>(s_o + kv_bytes, o + half * D, rows_valid - half, tid);
+        } else {
+          free_stage();
+          stage_rows<BM, D>(s_o, o, rows_valid, tid);
+          stage_lse(smem_address(lse_stage), lse, rows_valid, tid);
+        }
         cp_async_mbarrier_arrive(full0 + 8 * stage);
       }
     }
@@ -296,6 +332,13 @@ __global__ void __launch_bounds__(sm90_threads, 1) block_forward_sm90_kernel(for
   // with an extra arrive for consumer 0's first turn and skips its arrive after its last turn.
   auto my_turn = [&] { named_barrier_sync<256>(1 + cw); };
   auto your_turn = [&] { named_barrier_arrive<256>(2 - cw); };
+  // The K half of tile total - Stages's stage is free once its S is done: the old state's first
+  // half may go there (the producer's merge branch). A predicated arrive, so that the loop body
+  // stays one block of straight-line code for the scheduler.
+  auto k_read = [&](int it) {
+    if constexpr (Merge && sm90_split_state<D>)
+      mbarrier_arrive_if(k_free, !p.fresh && it == total - Stages);
+  };
   auto wait_full = [&](int t) {
     mbarrier_wait(full0 + 8 * (t % Stages), (t / Stages) & 1);
     fence_proxy_async(); // the tile's cp.async writes before this thread's wgmma reads
@@ -310,6 +353,7 @@ __global__ void __launch_bounds__(sm90_threads, 1) block_forward_sm90_kernel(for
     your_turn();
     wgmma_wait<0>();
     fence_operands(s);
+    k_read(0);
     float corr[2];
     softmax(0, corr);
     pack();
@@ -325,6 +369,7 @@ __global__ void __launch_bounds__(sm90_threads, 1) block_forward_sm90_kernel(for
     your_turn();
     wgmma_wait<1>(); // S_it is done; P V_{it-1} may still run
     fence_operands(s);
+    k_read(it);
     float corr[2];
     softmax(it, corr);
     // Keep the softmax ahead of the wait in the PTX. (ptxas 13.0 still places the wait for P V
@@ -356,14 +401,19 @@ __global__ void __launch_bounds__(sm90_threads, 1) block_forward_sm90_kernel(for
     wgmma_wait<0>();
     fence_operands(o);
   }
-  // The rows' old state, staged by the producer as "tile total", into s (dead since the last P
-  // was packed) in the accumulators' layout: element (t, x) of row r at s[4 t + 2 r + x]. (Read
-  // after the last P V: reading while it runs makes ptxas insert a wait for it anyway, C7517.)
+  // The rows' old state, staged by the producer in the stage of "tile total", into s (dead since
+  // the last P was packed) in the accumulators' layout: element (t, x) of row r at
+  // s[4 t + 2 r + x]. (Read after the last P V: reading while it runs makes ptxas insert a wait
+  // for it anyway, C7517; and reading before it, while waiting for the turn to issue it, made
+  // the merge dearer: docs/kernels.md.)
   float lse_old[2] = {neg_inf, neg_inf};
   if constexpr (Merge) {
     if (!p.fresh) {
       static_assert(BM * D * 4 <= 2 * kv_bytes, "the old o must fit in one K/V stage");
-      wait_full(total);
+      if (sm90_split_state<D> && cw == 0)
+        mbarrier_wait(k_full, 0); // this warpgroup's rows, in the stage's K half
+      else
+        wait_full(total);
       const std::uint32_t s_o = aQ + q_bytes + (total % Stages) * 2 * kv_bytes;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {

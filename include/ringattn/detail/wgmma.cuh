@@ -53,6 +53,14 @@ __device__ __forceinline__ void mbarrier_arrive(std::uint32_t bar) {
   asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar)
                : "memory");
 }
+//! Arrives on `bar` if `cond`, as one predicated instruction: no branch splits the code around
+//! it into separately scheduled blocks.
+__device__ __forceinline__ void mbarrier_arrive_if(std::uint32_t bar, bool cond) {
+  asm volatile("{\n.reg .pred p;\n.reg .b64 state;\nsetp.ne.b32 p, %1, 0;\n"
+               "@p mbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar),
+               "r"(static_cast<int>(cond))
+               : "memory");
+}
 //! Arrives on `bar` once every cp.async this thread issued so far has landed (the barrier's
 //! expected count includes this arrival).
 __device__ __forceinline__ void cp_async_mbarrier_arrive(std::uint32_t bar) {
