@@ -196,10 +196,10 @@ __global__ void __launch_bounds__(sm90_threads, 1) block_forward_sm90_kernel(for
       // block of fewer than `Stages` tiles). At head_dim 128 in two halves (`sm90_split_state`):
       // consumer 0's rows and every lse into the stage's K half as soon as the consumers' S of
       // the last tile there is done, consumer 1's rows into its V half once that tile's P V is
-      // done too. The first half thus starts a K/V tile before the stage frees, while no K/V
-      // copy waits for it. Loading the rows from global memory in the epilogue instead left
-      // every block of a wave waiting for them at the same moment; they are one contiguous
-      // range of the head-major state (docs/kernels.md, the merge's cost).
+      // done too (an iteration and a half later). No K/V copy waits for either. Loading the rows
+      // from global memory in the epilogue instead left every block of a wave waiting for them at
+      // the same moment; they are one contiguous range of the head-major state (docs/kernels.md,
+      // the merge's cost).
       if (!p.fresh) {
         const int tid = static_cast<int>(threadIdx.x);
         const int stage = total % Stages;
