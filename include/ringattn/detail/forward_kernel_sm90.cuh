@@ -108,7 +108,9 @@ inline constexpr int sm90_stages = D == 64 ? 5 : 3;
 
 //! Whether a merge stages the old state in two halves (the kernel's producer branch): at head_dim
 //! 128, where the whole state arrives late; at head_dim 64 its five stages leave the whole copy
-//! time enough, and the split measured 2-4% slower there (docs/kernels.md).
+//! time enough, and every form of the split measured up to 4% slower there (docs/benchmarks.md,
+//! "The state in two halves"). (The k_free / k_full barriers are initialised in every
+//! instantiation but used only by a splitting merge.)
 template <int D>
 inline constexpr bool sm90_split_state = D == 128;
 
