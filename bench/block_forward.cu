@@ -30,7 +30,7 @@ struct whole_sequence {
   std::int64_t s;
   int q_heads, kv_heads, d;
   T *q, *k, *v, *out = nullptr;
-  float *o = nullptr, *lse = nullptr;
+  float *o = nullptr, *lse = nullptr, *sum = nullptr;
   ringattn::device_block_schedule sched;
   ringattn::block_forward_args<T> a;
 
@@ -39,16 +39,18 @@ struct whole_sequence {
     g.kv[0] = {0, s, causal ? ringattn::band{-ringattn::unbounded, 0} : ringattn::band{}};
     return {g};
   }
-  whole_sequence(std::int64_t tokens, int kv, int dim, bool causal, ringattn::forward_path path)
+  whole_sequence(std::int64_t tokens, int kv, int dim, bool causal, ringattn::forward_path path,
+                 ringattn::merge_path merge = ringattn::merge_path::automatic)
       : s(tokens), q_heads(32), kv_heads(kv), d(dim),
         q(ringattn::bench::device_uniform<T>(static_cast<std::size_t>(s * q_heads * d), 1)),
         k(ringattn::bench::device_uniform<T>(static_cast<std::size_t>(s * kv_heads * d), 2)),
         v(ringattn::bench::device_uniform<T>(static_cast<std::size_t>(s * kv_heads * d), 3)),
-        sched(groups(s, causal), s, s, d, {path}) {
+        sched(groups(s, causal), s, s, d, {.path = path, .merge = merge}) {
     RINGATTN_CUDA_CHECK(cudaMalloc(&o, sizeof(float) * s * q_heads * d));
     RINGATTN_CUDA_CHECK(cudaMalloc(&lse, sizeof(float) * s * q_heads));
+    RINGATTN_CUDA_CHECK(cudaMalloc(&sum, sizeof(float) * s * q_heads));
     RINGATTN_CUDA_CHECK(cudaMalloc(&out, sizeof(T) * s * q_heads * d));
-    const ringattn::attention_state st{o, lse, s, q_heads, d};
+    const ringattn::attention_state st{o, lse, sum, s, q_heads, d};
     a = {{q, s, q_heads, d},
          {k, s, kv_heads, d},
          {v, s, kv_heads, d},
@@ -57,7 +59,7 @@ struct whole_sequence {
     ringattn::reset(st, nullptr);
   }
   ~whole_sequence() {
-    cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(o), cudaFree(lse), cudaFree(out);
+    cudaFree(q), cudaFree(k), cudaFree(v), cudaFree(o), cudaFree(lse), cudaFree(sum), cudaFree(out);
   }
   whole_sequence(const whole_sequence&) = delete;
   whole_sequence& operator=(const whole_sequence&) = delete;
@@ -110,8 +112,9 @@ BENCHMARK(block_forward)
     ->MinTime(0.2);
 
 // range: tokens, kv_heads, head_dim, causal, l2 (see the top of the file), epilogue (0 merge,
-// 1 a ring's first step, 2 its last step: which of the state's reads and writes cost); the wgmma
-// kernel
+// 1 a ring's first step, 2 its last step: which of the state's reads and writes cost), merge
+// path (0 automatic, 1 rewrite, 2 reduce: how a merge adds to the state; first and last steps
+// always rewrite); the wgmma kernel
 void block_forward_merge_cost(benchmark::State& state) {
   if (!ringattn::bench::require_gpu(state)) return;
   const int d = static_cast<int>(state.range(2));
@@ -125,8 +128,11 @@ void block_forward_merge_cost(benchmark::State& state) {
     state.SkipWithError("the wgmma kernel cannot run here");
     return;
   }
+  const ringattn::merge_path how = state.range(6) == 1   ? ringattn::merge_path::rewrite
+                                   : state.range(6) == 2 ? ringattn::merge_path::reduce
+                                                         : ringattn::merge_path::automatic;
   const whole_sequence w(state.range(0), static_cast<int>(state.range(1)), d, causal,
-                         ringattn::forward_path::wgmma);
+                         ringattn::forward_path::wgmma, how);
   int device = 0, l2 = 0;
   RINGATTN_CUDA_CHECK(cudaGetDevice(&device));
   RINGATTN_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device));
@@ -138,13 +144,15 @@ void block_forward_merge_cost(benchmark::State& state) {
   // One block's result as the state to restore: a reset state merged with the block once.
   const std::size_t o_bytes = sizeof(float) * w.s * w.q_heads * w.d,
                     lse_bytes = sizeof(float) * w.s * w.q_heads;
-  float *o0 = nullptr, *lse0 = nullptr;
+  float *o0 = nullptr, *lse0 = nullptr, *sum0 = nullptr;
   RINGATTN_CUDA_CHECK(cudaMalloc(&o0, o_bytes));
   RINGATTN_CUDA_CHECK(cudaMalloc(&lse0, lse_bytes));
+  RINGATTN_CUDA_CHECK(cudaMalloc(&sum0, lse_bytes));
   ringattn::reset(w.a.state, stream);
   w.call(true, stream);
   RINGATTN_CUDA_CHECK(cudaMemcpyAsync(o0, w.o, o_bytes, cudaMemcpyDeviceToDevice, stream));
   RINGATTN_CUDA_CHECK(cudaMemcpyAsync(lse0, w.lse, lse_bytes, cudaMemcpyDeviceToDevice, stream));
+  RINGATTN_CUDA_CHECK(cudaMemcpyAsync(sum0, w.sum, lse_bytes, cudaMemcpyDeviceToDevice, stream));
   cudaEvent_t ev[2];
   for (auto& e : ev)
     RINGATTN_CUDA_CHECK(cudaEventCreate(&e));
@@ -154,6 +162,8 @@ void block_forward_merge_cost(benchmark::State& state) {
       RINGATTN_CUDA_CHECK(cudaMemcpyAsync(w.o, o0, o_bytes, cudaMemcpyDeviceToDevice, stream));
       RINGATTN_CUDA_CHECK(
           cudaMemcpyAsync(w.lse, lse0, lse_bytes, cudaMemcpyDeviceToDevice, stream));
+      RINGATTN_CUDA_CHECK(
+          cudaMemcpyAsync(w.sum, sum0, lse_bytes, cudaMemcpyDeviceToDevice, stream));
     }
     RINGATTN_CUDA_CHECK(cudaEventRecord(ev[0], stream));
     w.call(merge ? other : kind::plain, stream);
@@ -185,17 +195,18 @@ void block_forward_merge_cost(benchmark::State& state) {
                  (flush     ? ", L2 flushed"
                   : restore ? ", state restored"
                             : ", L2 warm") +
-                 (other == kind::first  ? ", first step (writes the state only)"
-                  : other == kind::last ? ", last step (reads the state, writes O)"
-                                        : ""));
+                 (other == kind::first ? ", first step (writes the state only)"
+                  : other == kind::last
+                      ? ", last step (reads the state, writes O)"
+                      : std::string(", merge: ") + ringattn::to_string(w.sched.merge())));
   for (auto& e : ev)
     cudaEventDestroy(e);
-  cudaFree(scrub), cudaFree(o0), cudaFree(lse0);
+  cudaFree(scrub), cudaFree(o0), cudaFree(lse0), cudaFree(sum0);
 }
 BENCHMARK(block_forward_merge_cost)
-    ->ArgNames({"tokens", "kv_heads", "head_dim", "causal", "l2", "epilogue"})
-    ->ArgsProduct({{2048, 8192}, {32, 8}, {128, 64}, {0, 1}, {0, 1, 2}, {0}})
-    ->ArgsProduct({{2048, 8192}, {32, 8}, {128, 64}, {0, 1}, {0, 2}, {1, 2}})
+    ->ArgNames({"tokens", "kv_heads", "head_dim", "causal", "l2", "epilogue", "merge_path"})
+    ->ArgsProduct({{2048, 8192}, {32, 8}, {128, 64}, {0, 1}, {0, 1, 2}, {0}, {0, 1, 2}})
+    ->ArgsProduct({{2048, 8192}, {32, 8}, {128, 64}, {0, 1}, {0, 2}, {1, 2}, {0}})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond)
     ->Iterations(300);

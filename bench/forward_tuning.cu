@@ -23,19 +23,20 @@ void variant(benchmark::State& state) {
   for (auto& x : h)
     x = ringattn::from_float<T>(u(rng));
   T *q, *k, *v;
-  float *o, *lse;
+  float *o, *lse, *sum;
   for (T** p : {&q, &k, &v}) {
     RINGATTN_CUDA_CHECK(cudaMalloc(p, h.size() * sizeof(T)));
     RINGATTN_CUDA_CHECK(cudaMemcpy(*p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
   }
   RINGATTN_CUDA_CHECK(cudaMalloc(&o, h.size() * sizeof(float)));
   RINGATTN_CUDA_CHECK(cudaMalloc(&lse, s * heads * sizeof(float)));
+  RINGATTN_CUDA_CHECK(cudaMalloc(&sum, s * heads * sizeof(float)));
   ringattn::block_group g{0, s, 1, {}};
   g.kv[0] = {0, s, causal ? ringattn::band{-ringattn::unbounded, 0} : ringattn::band{}};
   const std::vector<ringattn::block_group> groups{g};
   ringattn::device_block_schedule sched(
       groups, s, s, D, {ringattn::forward_path::mma_sync, Tune.block_m(), Tune.block_n});
-  const ringattn::attention_state st{o, lse, s, heads, D};
+  const ringattn::attention_state st{o, lse, sum, s, heads, D};
   const ringattn::block_forward_args<T> a{
       {q, s, heads, D}, {k, s, heads, D}, {v, s, heads, D}, {heads, heads, D, 0.0f}, st};
   ringattn::reset(st, nullptr);
@@ -46,7 +47,7 @@ void variant(benchmark::State& state) {
   });
   ringattn::bench::report_flops(
       state, ringattn::bench::attention_forward_flops(1, heads, s, s, D, causal));
-  for (void* x : {(void*)q, (void*)k, (void*)v, (void*)o, (void*)lse})
+  for (void* x : {(void*)q, (void*)k, (void*)v, (void*)o, (void*)lse, (void*)sum})
     cudaFree(x);
 }
 using ringattn::forward_tuning;

@@ -46,8 +46,8 @@ public:
 
   //! out and lse from q, k, v.
   void forward(cudaStream_t stream) const {
-    // The plain kernel writes out and lse directly; the state's o is not touched.
-    const attention_state st{dq_, lse_, s_, args_.q_heads, args_.head_dim};
+    // The plain kernel writes out and lse directly; the state (any valid pointers) is not touched.
+    const attention_state st{dq_, lse_, delta_, s_, args_.q_heads, args_.head_dim};
     block_forward_plain<T>({q(), k(), v(), args_, st}, forward_, view(out_, args_.q_heads), lse_,
                            stream);
   }

@@ -118,13 +118,13 @@ public:
            sizeof(T);
   }
   //! Host workspace of `forward_host`: two K/V ring buffers of the largest shard and the fp32
-  //! output accumulator of this rank's shard.
+  //! state of this rank's shard (its o and its weight sums; the lse is the caller's).
   template <element T>
   std::size_t host_workspace_bytes() const {
     const std::size_t kv = align(2 * static_cast<std::size_t>(plan_.max_local_tokens()) *
                                  args_.kv_heads * args_.head_dim * sizeof(T));
-    return 2 * kv + static_cast<std::size_t>(local_tokens()) * args_.q_heads * args_.head_dim *
-                        sizeof(float);
+    return 2 * kv + state_o_bytes() +
+           static_cast<std::size_t>(local_tokens()) * args_.q_heads * sizeof(float);
   }
 
   //! Why `forward_host(q, k, v, out, lse, workspace)` cannot run, or ok.
@@ -512,6 +512,21 @@ private:
     return partition_plan<Partitioner>(cu, comm.size());
   }
 
+  //! The fp32 o of this rank's state, aligned for what follows it (the weight sums).
+  std::size_t state_o_bytes() const {
+    return align(static_cast<std::size_t>(local_tokens()) * args_.q_heads * args_.head_dim *
+                 sizeof(float));
+  }
+  //! The state in workspace memory at `at` (o, then the weight sums), with the caller's lse.
+  attention_state state_in(std::byte* at, float* lse) const {
+    return {reinterpret_cast<float*>(at),
+            lse,
+            reinterpret_cast<float*>(at + state_o_bytes()),
+            local_tokens(),
+            args_.q_heads,
+            args_.head_dim};
+  }
+
   template <element T>
   void run_host(thd_view<const T> q, thd_view<const T> k, thd_view<const T> v, thd_view<T> out,
                 float* lse, std::span<std::byte> workspace) {
@@ -522,8 +537,7 @@ private:
         align(2 * static_cast<std::size_t>(plan_.max_local_tokens()) * kvh * d * sizeof(T));
     T* buf[2] = {reinterpret_cast<T*>(workspace.data()),
                  reinterpret_cast<T*>(workspace.data() + slot)};
-    const attention_state state{reinterpret_cast<float*>(workspace.data() + 2 * slot), lse, n,
-                                args_.q_heads, d};
+    const attention_state state = state_in(workspace.data() + 2 * slot, lse);
     reset(state);
     // The K/V block in a ring buffer: k of `tokens` rows, then v, both dense.
     auto block_views = [&](T* b, std::int64_t tokens) {
@@ -675,8 +689,7 @@ private:
     const std::size_t slot =
         align(2 * static_cast<std::size_t>(plan_.max_local_tokens()) * kvh * dim * sizeof(T));
     T* buf[2] = {reinterpret_cast<T*>(workspace), reinterpret_cast<T*>(workspace + slot)};
-    const attention_state state{reinterpret_cast<float*>(workspace + 2 * slot), lse, n,
-                                args_.q_heads, dim};
+    const attention_state state = state_in(workspace + 2 * slot, lse);
     if (p == 1 && out.dense()) {
       // One block, and every row sees at least its own key: the kernel writes `out` and `lse`
       // directly (no state to reset, merge or finalise, no copy of K/V).

@@ -350,18 +350,22 @@ TEST_CASE("block kernel: a state of the wrong shape and lengths past int32 are r
   std::mt19937_64 rng(test::fresh_seed());
   const attention_arguments a{4, 2, 64, 0.0f};
   std::vector<T> q = call::random(10 * 4 * 64, rng), k = call::random(10 * 2 * 64, rng);
-  std::vector<float> o(10 * 4 * 64, -7.0f), lse(10 * 4, -7.0f);
+  std::vector<float> o(10 * 4 * 64, -7.0f), lse(10 * 4, -7.0f), sum(10 * 4, -7.0f);
   block_group g{0, 10, 1, {}};
   g.kv[0] = {0, 10, band{}};
   const std::vector<block_group> groups{g};
   const thd_view<const T> qv(q.data(), 10, 4, 64), kv(k.data(), 10, 2, 64);
-  const attention_state wrong{o.data(), lse.data(), 9, 4, 64};
+  const attention_state wrong{o.data(), lse.data(), sum.data(), 9, 4, 64};
   CHECK_THROWS_WITH_AS(host_block_forward<T>({qv, kv, kv, a, wrong}, groups),
                        doctest::Contains("the state is [9, 4, 64] but q is [10, 4, 64]"),
                        invalid_argument);
+  const attention_state no_sum{o.data(), lse.data(), nullptr, 10, 4, 64};
+  CHECK_THROWS_WITH_AS(host_block_forward<T>({qv, kv, kv, a, no_sum}, groups),
+                       doctest::Contains("the state's o, lse or sum is a null pointer"),
+                       invalid_argument);
   // A view claiming 3 billion tokens (never read: validation stops first).
   const std::int64_t huge = 3'000'000'000;
-  const attention_state big{o.data(), lse.data(), huge, 4, 64};
+  const attention_state big{o.data(), lse.data(), sum.data(), huge, 4, 64};
   block_group h{0, huge, 1, {}};
   h.kv[0] = {0, 10, band{}};
   CHECK_THROWS_WITH_AS(
@@ -369,5 +373,7 @@ TEST_CASE("block kernel: a state of the wrong shape and lengths past int32 are r
                             std::vector<block_group>{h}),
       doctest::Contains("exceeds the int32 limit of 2147483647 tokens"), invalid_argument);
   for (float x : o)
+    CHECK(x == -7.0f);
+  for (float x : sum)
     CHECK(x == -7.0f);
 }

@@ -9,13 +9,28 @@ using namespace ringattn;
 
 namespace {
 struct host_state {
-  std::vector<float> o, lse;
+  std::vector<float> o, lse, sum;
   attention_state view;
   host_state(std::int64_t tokens, const attention_arguments& a)
       : o(static_cast<std::size_t>(tokens * a.q_heads * a.head_dim), -7.0f),
-        lse(static_cast<std::size_t>(tokens * a.q_heads), -7.0f), view{o.data(), lse.data(), tokens,
-                                                                       a.q_heads, a.head_dim} {
+        lse(static_cast<std::size_t>(tokens * a.q_heads), -7.0f),
+        sum(static_cast<std::size_t>(tokens * a.q_heads), -7.0f), view{o.data(),   lse.data(),
+                                                                       sum.data(), tokens,
+                                                                       a.q_heads,  a.head_dim} {
     reset(view); // poisoned first: reset must write every element
+  }
+  // The attention output and lse the state holds (o / sum, reference + log(sum)), indexed by the
+  // documented layout (o [q_heads, tokens, head_dim], lse and sum [q_heads, tokens]), not through
+  // the state's accessors, so that a change of layout cannot go unnoticed.
+  double out(std::int64_t t, int h, int e) const {
+    const std::size_t r = static_cast<std::size_t>(h * view.tokens + t);
+    return sum[r] > 0.0f ? double(o[r * static_cast<std::size_t>(view.head_dim) + e]) / sum[r]
+                         : 0.0;
+  }
+  double lse_of(std::int64_t t, int h) const {
+    const std::size_t r = static_cast<std::size_t>(h * view.tokens + t);
+    return sum[r] > 0.0f ? double(lse[r]) + std::log(double(sum[r]))
+                         : -std::numeric_limits<double>::infinity();
   }
 };
 
@@ -46,20 +61,17 @@ TEST_CASE("host block forward equals the oracle: bands x GQA x head_dim x packed
         test::block_case<__nv_bfloat16> c(test::random_cu_seqlens(3, 1, 37, rng), a, b, rng);
         const auto ref = c.oracle();
         auto s = run(c, c.calls(1));
-        // Indexed by the documented layout (o [q_heads, tokens, head_dim], lse [q_heads, tokens]),
-        // not through the state's accessors, so that a change of layout cannot go unnoticed.
-        const std::int64_t n = c.tokens();
-        CHECK(test::out_error(ref, [&](auto t, int h, int e) {
-                return s.o[static_cast<std::size_t>((h * n + t) * d + e)];
-              }) < 1e-5);
-        CHECK(test::lse_error(ref, [&](auto t, int h) {
-                return s.lse[static_cast<std::size_t>(h * n + t)];
-              }) < 1e-5);
+        CHECK(test::out_error(ref, [&](auto t, int h, int e) { return s.out(t, h, e); }) < 1e-5);
+        CHECK(test::lse_error(ref, [&](auto t, int h) { return s.lse_of(t, h); }) < 1e-5);
         std::vector<__nv_bfloat16> out(c.q.size(), test::poison<__nv_bfloat16>());
         thd_view<__nv_bfloat16> ov(out.data(), c.tokens(), a.q_heads, d);
         finalize(s.view, ov);
         CHECK(test::out_error(ref, [&](auto t, int h, int e) { return to_float(ov(t, h, e)); }) <
               4e-3);
+        // finalize replaced the reference by the rows' lse
+        CHECK(test::lse_error(ref, [&](auto t, int h) {
+                return s.lse[static_cast<std::size_t>(h * c.tokens() + t)];
+              }) < 1e-5);
       }
 }
 
@@ -77,14 +89,20 @@ TEST_CASE("host block forward: K/V split into 1..8 blocks merges to the single-b
         CAPTURE(together);
         const auto split = run(c, c.calls(pieces, together));
         // Same function, different order of fp32 merges: equal to fp32 rounding.
-        CHECK(reference::relative_error(std::vector<double>(split.o.begin(), split.o.end()),
-                                        std::vector<double>(one.o.begin(), one.o.end())) < 1e-6);
-        for (std::size_t i = 0; i < one.lse.size(); ++i) {
-          if (std::isinf(one.lse[i]))
-            REQUIRE(split.lse[i] == one.lse[i]);
-          else
-            REQUIRE(std::abs(split.lse[i] - one.lse[i]) < 1e-5f);
-        }
+        std::vector<double> so, oo;
+        for (std::int64_t t = 0; t < c.tokens(); ++t)
+          for (int h = 0; h < a.q_heads; ++h) {
+            for (int e = 0; e < a.head_dim; ++e) {
+              so.push_back(split.out(t, h, e));
+              oo.push_back(one.out(t, h, e));
+            }
+            const double l1 = one.lse_of(t, h), ls = split.lse_of(t, h);
+            if (std::isinf(l1))
+              REQUIRE(ls == l1);
+            else
+              REQUIRE(std::abs(ls - l1) < 1e-5);
+          }
+        CHECK(reference::relative_error(so, oo) < 1e-6);
       }
   }
 }
@@ -99,18 +117,56 @@ TEST_CASE("rows that see no key: o = 0, lse = -inf, never NaN; the state survive
     for (std::int64_t t : {4, 11}) {
       CHECK(std::isinf(s.view.lse_at(t, h)));
       CHECK(s.view.lse_at(t, h) < 0);
+      CHECK(s.view.sum_at(t, h) == 0.0f);
       for (int e = 0; e < 64; ++e)
         CHECK(s.view.o_row(t, h)[e] == 0.0f);
     }
   for (float x : s.o)
     CHECK_FALSE(std::isnan(x));
-  // Huge logits: exp would overflow without the running maximum.
+  // Huge logits: exp would overflow without the running maximum, and the blocks' lse differ by
+  // far more than `rescale_above`, so rows move their reference (both ways round).
   test::block_case<__nv_bfloat16> big({0, 9}, {2, 2, 64, 1000.0f}, band{}, rng);
   auto sb = run(big, big.calls(4));
   for (float x : sb.o)
     CHECK(std::isfinite(x));
   for (float x : sb.lse)
     CHECK(std::isfinite(x));
+  const auto ref = big.oracle();
+  CHECK(test::out_error(ref, [&](auto t, int h, int e) { return sb.out(t, h, e); }) < 1e-5);
+  // lse is of the order of 1e3 here: fp32 keeps it to about 1e-4
+  CHECK(test::lse_error(ref, [&](auto t, int h) { return sb.lse_of(t, h); }) < 1e-3);
+}
+
+TEST_CASE("merge_into: the state only adds unless the reference has to move") {
+  constexpr float inf = std::numeric_limits<float>::infinity();
+  // nothing seen in the block: the row is unchanged, whatever it holds
+  for (float ref : {-inf, 0.0f, 50.0f}) {
+    const row_merge w = merge_into(ref, -inf);
+    CHECK(w.old == 1.0f);
+    CHECK(w.block == 0.0f);
+    CHECK(w.new_ref == ref);
+    CHECK_FALSE(w.moves);
+  }
+  // nothing seen before: the block is taken as it is
+  const row_merge first = merge_into(-inf, 3.0f);
+  CHECK(first.old == 0.0f);
+  CHECK(first.block == 1.0f);
+  CHECK(first.new_ref == 3.0f);
+  CHECK(first.moves);
+  // within rescale_above of the reference, above or below: an add
+  for (float d : {-80.0f, -1.0f, 0.0f, 5.0f, rescale_above}) {
+    const row_merge w = merge_into(2.0f, 2.0f + d);
+    CHECK(w.old == 1.0f);
+    CHECK(w.block == doctest::Approx(std::exp(double(d))).epsilon(1e-6));
+    CHECK(w.new_ref == 2.0f);
+    CHECK_FALSE(w.moves);
+  }
+  // beyond it: the reference moves to the block's lse
+  const row_merge up = merge_into(2.0f, 2.0f + rescale_above + 1.0f);
+  CHECK(up.old == doctest::Approx(std::exp(-double(rescale_above) - 1.0)).epsilon(1e-6));
+  CHECK(up.block == 1.0f);
+  CHECK(up.new_ref == 2.0f + rescale_above + 1.0f);
+  CHECK(up.moves);
 }
 
 TEST_CASE("host block forward validates before writing anything") {
@@ -198,10 +254,9 @@ TEST_CASE_TEMPLATE("every rank's shard against every rank's K/V equals the oracl
         for (std::int64_t l = 0; l < n; ++l) {
           const std::int64_t g = c.plan.global_token(r, l);
           for (int h = 0; h < c.args.q_heads; ++h) {
-            worst_l = std::max(worst_l, std::abs(double(s.view.lse_at(l, h)) - ref.lse_at(h, g)));
+            worst_l = std::max(worst_l, std::abs(s.lse_of(l, h) - ref.lse_at(h, g)));
             for (int e = 0; e < 64; ++e)
-              worst_o =
-                  std::max(worst_o, std::abs(double(s.view.o_row(l, h)[e]) - ref.out(g, h, e)));
+              worst_o = std::max(worst_o, std::abs(s.out(l, h, e) - ref.out(g, h, e)));
           }
         }
       }

@@ -63,19 +63,20 @@ TEST_CASE("bad device inputs: a clear error, no kernel launched, nothing sent or
 
 TEST_CASE("the CUDA block kernel refuses fp32 inputs and a schedule made for other shapes") {
   const attention_arguments a{4, 2, 64, 0.0f};
-  test::device_buffer<float> qf(64 * 4 * 64), kf(64 * 2 * 64), o(64 * 4 * 64), lse(64 * 4);
+  test::device_buffer<float> qf(64 * 4 * 64), kf(64 * 2 * 64), o(64 * 4 * 64), lse(64 * 4),
+      sum(64 * 4);
   block_group g{0, 64, 1, {}};
   g.kv[0] = {0, 64, band{}};
   const std::vector<block_group> groups{g};
   const device_block_schedule sched(groups, 64, 64, 64);
-  const attention_state st{o.get(), lse.get(), 64, 4, 64};
+  const attention_state st{o.get(), lse.get(), sum.get(), 64, 4, 64};
   const std::uint64_t launches = detail::kernel_launches.load();
   const block_forward_args<float> fa{
       {qf.get(), 64, 4, 64}, {kf.get(), 64, 2, 64}, {kf.get(), 64, 2, 64}, a, st};
   CHECK(validate_device_forward(fa, sched).reason().find(
             "the CUDA block kernel takes fp16 or bf16 inputs (got fp32)") != std::string::npos);
   test::device_buffer<T> q(128 * 4 * 64), k(128 * 2 * 64);
-  const attention_state st2{o.get(), lse.get(), 64, 4, 64};
+  const attention_state st2{o.get(), lse.get(), sum.get(), 64, 4, 64};
   const block_forward_args<T> other{
       {q.get(), 64, 4, 64}, {k.get(), 128, 2, 64}, {k.get(), 128, 2, 64}, a, st2};
   CHECK_THROWS_WITH_AS(block_forward(other, sched, nullptr),
@@ -91,12 +92,12 @@ TEST_CASE("block_forward_plain and block_forward_last refuse an out (and plain a
   const attention_arguments a{4, 2, 64, 0.0f};
   constexpr std::int64_t n = 64;
   test::device_buffer<T> q(n * 4 * 64), k(n * 2 * 64), out(n * 4 * 64 + 8);
-  test::device_buffer<float> o(n * 4 * 64), lse(n * 4);
+  test::device_buffer<float> o(n * 4 * 64), lse(n * 4), sum(n * 4);
   block_group g{0, n, 1, {}};
   g.kv[0] = {0, n, band{}};
   const std::vector<block_group> groups{g};
   const device_block_schedule sched(groups, n, n, 64);
-  const attention_state st{o.get(), lse.get(), n, 4, 64};
+  const attention_state st{o.get(), lse.get(), sum.get(), n, 4, 64};
   const block_forward_args<T> args{
       {q.get(), n, 4, 64}, {k.get(), n, 2, 64}, {k.get(), n, 2, 64}, a, st};
   const std::uint64_t launches = detail::kernel_launches.load();

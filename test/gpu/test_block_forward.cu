@@ -19,13 +19,14 @@ template <class T>
 struct device_case {
   const test::block_case<T>& c;
   test::device_buffer<T> q, k, v;
-  test::device_buffer<float> o, lse;
+  test::device_buffer<float> o, lse, sum;
   attention_state state;
   explicit device_case(const test::block_case<T>& bc)
       : c(bc), q(bc.q), k(bc.k), v(bc.v),
         o(std::vector<float>(bc.q.size(), -7.0f)), // poisoned: reset must write every element
         lse(std::vector<float>(static_cast<std::size_t>(bc.tokens() * bc.args.q_heads), -7.0f)),
-        state{o.get(), lse.get(), bc.tokens(), bc.args.q_heads, bc.args.head_dim} {}
+        sum(std::vector<float>(static_cast<std::size_t>(bc.tokens() * bc.args.q_heads), -7.0f)),
+        state{o.get(), lse.get(), sum.get(), bc.tokens(), bc.args.q_heads, bc.args.head_dim} {}
   block_forward_args<T> args() const {
     const auto& a = c.args;
     return {{q.get(), c.tokens(), a.q_heads, a.head_dim},
@@ -34,20 +35,29 @@ struct device_case {
             a,
             state};
   }
-  //! Runs every call, finalises into a poisoned output; returns (out, o, lse) on the host.
+  //! Runs every call, finalises into a poisoned output; returns on the host the output, the
+  //! state's output in fp32 (o / sum, read in the documented layout: o [q_heads, tokens,
+  //! head_dim], sum [q_heads, tokens]) and the lse.
   std::tuple<std::vector<T>, std::vector<float>, std::vector<float>>
   run(const std::vector<std::vector<block_group>>& calls,
-      forward_path path = forward_path::automatic) {
+      forward_path path = forward_path::automatic, merge_path merge = merge_path::automatic) {
     std::vector<device_block_schedule> schedules;
     for (const auto& g : calls)
-      schedules.emplace_back(g, c.tokens(), c.tokens(), c.args.head_dim, schedule_options{path});
+      schedules.emplace_back(g, c.tokens(), c.tokens(), c.args.head_dim,
+                             schedule_options{.path = path, .merge = merge});
     reset(state, nullptr);
     for (const auto& s : schedules)
       block_forward(args(), s, nullptr);
+    RINGATTN_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<float> so = o.download();
+    const std::vector<float> ss = sum.download();
+    const std::size_t d = static_cast<std::size_t>(c.args.head_dim);
+    for (std::size_t i = 0; i < so.size(); ++i)
+      so[i] = ss[i / d] > 0.0f ? so[i] / ss[i / d] : so[i];
     test::device_buffer<T> out(std::vector<T>(c.q.size(), test::poison<T>()));
     finalize(state, thd_view<T>(out.get(), c.tokens(), c.args.q_heads, c.args.head_dim), nullptr);
     RINGATTN_CUDA_CHECK(cudaDeviceSynchronize());
-    return {out.download(), o.download(), lse.download()};
+    return {out.download(), so, lse.download()};
   }
 };
 
@@ -94,14 +104,14 @@ void check_against_oracle(std::mt19937_64& rng) {
           const double el = test::lse_error(ref, [&](auto t, int h) {
             return lse[static_cast<std::size_t>(h * c.tokens() + t)];
           });
-          // The fp32 state itself, in its documented layout (o [q_heads, tokens, head_dim]).
+          // The fp32 state's own output (o / sum).
           const std::int64_t n = c.tokens();
           const double es = test::out_error(ref, [&](auto t, int h, int e) {
             return o[static_cast<std::size_t>((h * n + t) * d + e)];
           });
-          MESSAGE(to_string(path) << " d=" << d << " group=" << group << " band=[" << b.lo << ","
-                                  << b.hi << "] out err " << eo << " state err " << es
-                                  << " lse err " << el);
+          MESSAGE("path " << to_string(path) << " d=" << d << " group=" << group << " band=["
+                          << b.lo << "," << b.hi << "] out err " << eo << " state err " << es
+                          << " lse err " << el);
           CHECK(eo < out_tolerance<T>);
           CHECK(es < out_tolerance<T>);
           CHECK(el < lse_tolerance);
@@ -183,7 +193,8 @@ TEST_CASE("CUDA block forward, plain output: the same values as the merged path"
   RINGATTN_CUDA_CHECK(cudaDeviceSynchronize());
   const auto p = plain.download();
   const auto pl = plse.download();
-  // Merging one block into an empty state is exact up to (w_a, w_b) = (0, 1): identical values.
+  // Merging one block into an empty state takes it as it is (o * 0 + o_b, sum 1): identical
+  // values.
   CHECK(std::memcmp(p.data(), out.data(), p.size() * sizeof(__half)) == 0);
   CHECK(std::memcmp(pl.data(), lse.data(), pl.size() * sizeof(float)) == 0);
 }
@@ -217,6 +228,7 @@ void check_first_and_last(std::mt19937_64& rng) {
           const float nan = std::numeric_limits<float>::quiet_NaN();
           dc.o.upload(std::vector<float>(dc.o.size(), nan));
           dc.lse.upload(std::vector<float>(dc.lse.size(), nan));
+          dc.sum.upload(std::vector<float>(dc.sum.size(), nan));
           test::device_buffer<T> out(std::vector<T>(c.q.size(), test::poison<T>()));
           block_forward_first(dc.args(), sched.front(), nullptr);
           for (std::size_t i = 1; i + 1 < sched.size(); ++i)
@@ -262,6 +274,104 @@ TEST_CASE("CUDA block forward: which kernel a schedule picks") {
   if (!forward_path_available(forward_path::wgmma, 128))
     CHECK_THROWS_AS(device_block_schedule(groups, 130, 130, 128, {forward_path::wgmma}),
                     invalid_argument);
+  // How merges add to the state: through the L2 for banded blocks at head_dim 128 on wgmma,
+  // else by rewriting; the mma_sync kernel always rewrites.
+  test::block_case<__nv_bfloat16> causal({0, 130}, a, band{-unbounded, 0}, rng);
+  const auto banded = causal.calls(1)[0];
+  const bool hopper = forward_path_available(forward_path::wgmma, 128);
+  CHECK(device_block_schedule(banded, 130, 130, 128).merge() ==
+        (hopper ? merge_path::reduce : merge_path::rewrite));
+  CHECK(device_block_schedule(groups, 130, 130, 128).merge() == merge_path::rewrite);
+  CHECK(device_block_schedule(banded, 130, 130, 128, {forward_path::mma_sync}).merge() ==
+        merge_path::rewrite);
+  if (hopper) {
+    CHECK(device_block_schedule(banded, 130, 130, 64).merge() == merge_path::rewrite);
+    CHECK(device_block_schedule(groups, 130, 130, 128,
+                                {.path = forward_path::wgmma, .merge = merge_path::reduce})
+              .merge() == merge_path::reduce);
+    CHECK(device_block_schedule(banded, 130, 130, 128,
+                                {.path = forward_path::wgmma, .merge = merge_path::rewrite})
+              .merge() == merge_path::rewrite);
+  }
+}
+
+// The Hopper kernel's two ways of merging (merge_path): reading and rewriting the rows, or adding
+// them through the L2. Both round every element as o + (o_b * weight), so they agree to the last
+// bit but for subnormal values (the L2's addition flushes them); checked to 1e-6 here, the
+// differing elements counted. Split K/V (the first call, into a reset state, moves every row's
+// reference: the reduce kernel rewrites those) and both head_dims.
+TEST_CASE("CUDA block forward: merging through the L2 equals reading and rewriting") {
+  if (!forward_path_available(forward_path::wgmma, 128)) {
+    MESSAGE("no wgmma kernel here: nothing to compare");
+    return;
+  }
+  const auto seed = test::fresh_seed();
+  CAPTURE(seed);
+  std::mt19937_64 rng(seed);
+  for (int d : {64, 128})
+    for (const band& b : {band{}, band{-unbounded, 0}, band{-37, 5}})
+      for (int pieces : {1, 2, 3}) {
+        CAPTURE(d);
+        CAPTURE(b.lo);
+        CAPTURE(b.hi);
+        CAPTURE(pieces);
+        const attention_arguments a{8, 2, d, 0.0f};
+        test::block_case<__nv_bfloat16> c(
+            test::random_cu_seqlens(3, 1, small_run() ? 200 : 500, rng), a, b, rng);
+        device_case<__nv_bfloat16> dc(c);
+        auto [out_w, o_w, lse_w] =
+            dc.run(c.calls(pieces), forward_path::wgmma, merge_path::rewrite);
+        auto [out_r, o_r, lse_r] = dc.run(c.calls(pieces), forward_path::wgmma, merge_path::reduce);
+        std::size_t differ = 0;
+        for (std::size_t i = 0; i < o_w.size(); ++i)
+          differ += std::memcmp(&o_w[i], &o_r[i], sizeof(float)) != 0;
+        MESSAGE("d=" << d << " band=[" << b.lo << "," << b.hi << "] pieces=" << pieces << ": "
+                     << differ << " of " << o_w.size() << " fp32 elements differ");
+        CHECK(reference::relative_error(std::vector<double>(o_r.begin(), o_r.end()),
+                                        std::vector<double>(o_w.begin(), o_w.end())) < 1e-6);
+        double worst = 0.0;
+        for (std::size_t i = 0; i < lse_w.size(); ++i)
+          worst = std::max(worst, std::isinf(lse_w[i]) && lse_w[i] == lse_r[i]
+                                      ? 0.0
+                                      : double(std::abs(lse_w[i] - lse_r[i])));
+        CHECK(worst < 1e-5);
+        const auto ref = c.oracle();
+        thd_view<const __nv_bfloat16> ov(out_r.data(), c.tokens(), a.q_heads, d);
+        CHECK(test::out_error(ref, [&](auto t, int h, int e) { return to_float(ov(t, h, e)); }) <
+              out_tolerance<__nv_bfloat16>);
+      }
+}
+
+// Blocks whose lse differ by far more than `rescale_above` (a softmax scale of 20: scores in the
+// hundreds), so that rows move their reference, up and down, in every call: against the oracle,
+// on every kernel and both merge paths.
+TEST_CASE("CUDA block forward: rows whose reference moves equal the oracle") {
+  const auto seed = test::fresh_seed();
+  CAPTURE(seed);
+  std::mt19937_64 rng(seed);
+  for (int d : {64, 128})
+    for (forward_path path : paths_for(d))
+      for (merge_path how : {merge_path::rewrite, merge_path::reduce}) {
+        if (path == forward_path::mma_sync && how == merge_path::reduce) continue;
+        CAPTURE(d);
+        CAPTURE(to_string(path));
+        CAPTURE(to_string(how));
+        const attention_arguments a{4, 2, d, 20.0f};
+        test::block_case<__nv_bfloat16> c(test::random_cu_seqlens(2, 100, 400, rng), a,
+                                          band{-unbounded, 0}, rng);
+        device_case<__nv_bfloat16> dc(c);
+        auto [out, o, lse] = dc.run(c.calls(4), path, how);
+        const auto ref = c.oracle();
+        thd_view<const __nv_bfloat16> ov(out.data(), c.tokens(), a.q_heads, d);
+        const double eo =
+            test::out_error(ref, [&](auto t, int h, int e) { return to_float(ov(t, h, e)); });
+        const double el = test::lse_error(
+            ref, [&](auto t, int h) { return lse[static_cast<std::size_t>(h * c.tokens() + t)]; });
+        MESSAGE("path " << to_string(path) << ", merge " << to_string(how) << ", d=" << d
+                        << ": out err " << eo << " lse err " << el);
+        CHECK(eo < out_tolerance<__nv_bfloat16>);
+        CHECK(el < lse_tolerance);
+      }
 }
 
 // Numerics (docs/reliability.md): rows that see no key finish as O = 0, LSE = -inf; huge logits
@@ -368,7 +478,8 @@ TEST_CASE_TEMPLATE("CUDA: every rank's shard against every rank's K/V equals the
         test::device_buffer<__nv_bfloat16> q(c.qs[r]);
         test::device_buffer<float> o(static_cast<std::size_t>(n * a.q_heads * a.head_dim));
         test::device_buffer<float> lse(static_cast<std::size_t>(n * a.q_heads));
-        const attention_state st{o.get(), lse.get(), n, a.q_heads, a.head_dim};
+        test::device_buffer<float> sum(static_cast<std::size_t>(n * a.q_heads));
+        const attention_state st{o.get(), lse.get(), sum.get(), n, a.q_heads, a.head_dim};
         reset(st, nullptr);
         for (int step = 0; step < ranks; ++step) {
           const int src = (r - step + ranks) % ranks;

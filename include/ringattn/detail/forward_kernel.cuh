@@ -169,19 +169,22 @@ enum class epilogue { plain, merge, fresh, merge_out };
 //! quad of lanes holds a row; `acc(t, x)` is element x of this lane's pair in the row's 8-column
 //! tile t of the unnormalised output): reduces the row sum across the quad, then writes as `E`
 //! says. `m` is the row's running max in log2 units, `l` this lane's part of its sum. Every lane
-//! of the quad must call it. `old(t, x)` and `lse_old` are the state's values for the same
-//! elements (merge and merge_out; read by the caller, possibly early, so that the loads overlap
-//! other work; -inf for a row that is not live).
+//! of the quad must call it. `old(t, x)`, `ref` and `sum` are the state's o, reference and sum for
+//! the same elements (merge and merge_out; read by the caller, possibly early, so that the loads
+//! overlap other work; -inf and 0 for a row that is not live). The merge is state.cuh's, each
+//! element `old * w.old + acc * (inv * w.block)` rounded step by step (no fused multiply-add), so
+//! that a merge that only adds (`w.old` = 1) rounds as the L2's reduction does.
 template <class T, int D, epilogue E, class Acc, class Old>
 __device__ __forceinline__ void finish_row(const forward_params<T>& p, int h, std::int64_t row,
                                            bool live, float m, float l, int lane, Acc acc, Old old,
-                                           float lse_old) {
+                                           float ref, float sum_old) {
   constexpr float ln2 = 0.6931471805599453f, neg_inf = -__builtin_huge_valf();
   float sum = l;
   sum += __shfl_xor_sync(0xffffffffu, sum, 1);
   sum += __shfl_xor_sync(0xffffffffu, sum, 2);
   const float lse_b = sum > 0.0f ? (m + __log2f(sum)) * ln2 : neg_inf;
   const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+  const std::int64_t at = h * p.state.tokens + row; // the row's lse and sum in the state
   auto write_out = [&](auto value, float lse, float* lse_dst) {
     if (!live) return;
     T* o = p.out + (row * p.q_heads + h) * D + (lane & 3) * 2;
@@ -190,27 +193,37 @@ __device__ __forceinline__ void finish_row(const forward_params<T>& p, int h, st
       *reinterpret_cast<std::uint32_t*>(o + t * 8) = pack2<T>(value(t, 0), value(t, 1));
     if ((lane & 3) == 0) *lse_dst = lse;
   };
-  auto write_state = [&](auto value, float lse) {
+  auto write_state = [&](auto value, float new_ref, float new_sum) {
     if (!live) return;
     float* o = p.state.o_row(row, h) + (lane & 3) * 2;
 #pragma unroll
     for (int t = 0; t < D / 8; ++t)
       *reinterpret_cast<float2*>(o + t * 8) = make_float2(value(t, 0), value(t, 1));
-    if ((lane & 3) == 0) p.state.lse[h * p.state.tokens + row] = lse;
+    if ((lane & 3) == 0) {
+      p.state.lse[at] = new_ref;
+      p.state.sum[at] = new_sum;
+    }
   };
   auto block = [&](int t, int x) { return acc(t, x) * inv; };
   if constexpr (E == epilogue::plain) {
     write_out(block, lse_b, p.lse_out + h * p.q_tokens + row);
   } else if constexpr (E == epilogue::fresh) {
-    write_state(block, lse_b);
+    write_state(block, lse_b, sum > 0.0f ? 1.0f : 0.0f);
   } else {
-    __syncwarp(); // every lane of the quad has read lse before one of them rewrites it
-    const merge_weights w = merge_lse(lse_old, lse_b);
-    auto merged = [&](int t, int x) { return old(t, x) * w.wa + acc(t, x) * inv * w.wb; };
-    if constexpr (E == epilogue::merge)
-      write_state(merged, w.lse);
-    else
-      write_out(merged, w.lse, p.state.lse + h * p.state.tokens + row);
+    __syncwarp(); // every lane of the quad has read the row's lse and sum before one rewrites them
+    const row_merge w = merge_into(ref, lse_b);
+    const float k = inv * w.block;
+    auto merged = [&](int t, int x) {
+      return __fadd_rn(__fmul_rn(old(t, x), w.old), __fmul_rn(acc(t, x), k));
+    };
+    const float new_sum = __fadd_rn(__fmul_rn(sum_old, w.old), w.block);
+    if constexpr (E == epilogue::merge) {
+      write_state(merged, w.new_ref, new_sum);
+    } else {
+      const float inv_sum = new_sum > 0.0f ? 1.0f / new_sum : 0.0f;
+      write_out([&](int t, int x) { return merged(t, x) * inv_sum; }, final_lse(w.new_ref, new_sum),
+                p.state.lse + at);
+    }
   }
 }
 
@@ -219,11 +232,14 @@ template <class T, int D, epilogue E, class Acc>
 __device__ __forceinline__ void finish_row(const forward_params<T>& p, int h, std::int64_t row,
                                            bool live, float m, float l, int lane, Acc acc) {
   constexpr bool reads = E == epilogue::merge || E == epilogue::merge_out;
-  float lse_old = -__builtin_huge_valf();
-  if (reads && live) lse_old = p.state.lse[h * p.state.tokens + row];
+  float ref = -__builtin_huge_valf(), sum = 0.0f;
+  if (reads && live) {
+    ref = p.state.lse[h * p.state.tokens + row];
+    sum = p.state.sum[h * p.state.tokens + row];
+  }
   const float* o = reads ? p.state.o_row(row, h) + (lane & 3) * 2 : nullptr;
   finish_row<T, D, E>(
-      p, h, row, live, m, l, lane, acc, [&](int t, int x) { return o[t * 8 + x]; }, lse_old);
+      p, h, row, live, m, l, lane, acc, [&](int t, int x) { return o[t * 8 + x]; }, ref, sum);
 }
 
 //! Runs `finish.template operator()<E>()` with the epilogue a launch asked for: plain output
@@ -468,19 +484,23 @@ __global__ void fill_kernel(V* p, std::int64_t n, V value) {
     p[i] = value;
 }
 
+//! o / sum of every row of a (head-major) state into `out`, and the row's lse over its reference
+//! (the thread that handles a row's first pair).
 template <class T>
-__global__ void finalize_kernel(const float* o, T* out, std::int64_t rows, std::int64_t tokens,
-                                int head_dim, std::int64_t token_stride, std::int64_t head_stride) {
-  // Row r of the (head-major) state is (head r / tokens, token r % tokens); two elements a thread
-  // at a time.
+__global__ void finalize_kernel(const float* o, float* lse, const float* sum, T* out,
+                                std::int64_t rows, std::int64_t tokens, int head_dim,
+                                std::int64_t token_stride, std::int64_t head_stride) {
+  // Row r of the state is (head r / tokens, token r % tokens); two elements a thread at a time.
   const std::int64_t pairs = rows * (head_dim / 2);
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < pairs;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const std::int64_t row = i / (head_dim / 2);
     const int e = static_cast<int>(i % (head_dim / 2)) * 2;
+    const float s = sum[row], inv = s > 0.0f ? 1.0f / s : 0.0f;
     const float2 x = *reinterpret_cast<const float2*>(o + row * head_dim + e);
     T* dst = out + (row % tokens) * token_stride + (row / tokens) * head_stride + e;
-    *reinterpret_cast<std::uint32_t*>(dst) = pack2<T>(x.x, x.y);
+    *reinterpret_cast<std::uint32_t*>(dst) = pack2<T>(x.x * inv, x.y * inv);
+    if (e == 0) lse[row] = final_lse(lse[row], s);
   }
 }
 

@@ -87,7 +87,8 @@ __device__ __forceinline__ void stage_rows(std::uint32_t s_o, const float* o, in
   }
 }
 
-//! Copies the old lse of a thread block's `valid` rows (at most 128) into shared memory.
+//! Copies one float a row (the old reference lse or sum) of a thread block's `valid` rows (at most
+//! 128) into shared memory.
 __device__ __forceinline__ void stage_lse(std::uint32_t s_lse, const float* lse, int valid,
                                           int tid) {
   if (tid < valid)
@@ -126,7 +127,9 @@ constexpr int sm90_smem_bytes() {
          1024;
 }
 
-template <class T, int D, int BN, bool Merge>
+//! `Reduce` (a plain merge only: not fresh, no `out`): merge_path::reduce, the block's rows added
+//! to the state through the L2 with no old state read (tuning.cuh).
+template <class T, int D, int BN, bool Merge, bool Reduce>
 __global__ void __launch_bounds__(sm90_threads, 1) block_forward_sm90_kernel(forward_params<T> p) {
 #if RINGATTN_WGMMA_ENABLED
   constexpr int BM = sm90_block_m, Stages = sm90_stages<D>;
@@ -140,7 +143,8 @@ __global__ void __launch_bounds__(sm90_threads, 1) block_forward_sm90_kernel(for
   // full[Stages], empty[Stages], then a merge's two: k_free (the consumers are done with the K
   // half of the stage the old state takes) and k_full (its first half landed).
   __shared__ alignas(8) std::uint64_t bars[2 * Stages + 2];
-  __shared__ float lse_stage[Merge ? BM : 1]; // a merge's old lse (its old o: a K/V stage)
+  // A merge's old reference lse and sum (its old o: a K/V stage).
+  __shared__ float lse_stage[Merge ? BM : 1], sum_stage[Merge ? BM : 1];
   const std::uint32_t raw = smem_address(smem_raw);
   const std::uint32_t pad = (1024u - (raw & 1023u)) & 1023u; // swizzle atoms start 1 KB aligned
   const std::uint32_t aQ = raw + pad; // stage s: K at aQ + q_bytes + s * 2 * kv_bytes, then V
@@ -192,7 +196,7 @@ __global__ void __launch_bounds__(sm90_threads, 1) block_forward_sm90_kernel(for
         cp_async_mbarrier_arrive(full0 + 8 * stage);
       }
     }
-    if constexpr (Merge) {
+    if constexpr (Merge && !Reduce) {
       // A merge reads the rows' old state (o and lse) in its epilogue. Copy it into shared
       // memory as if it were K/V tile `total`, into the stage that tile would take (at once in a
       // block of fewer than `Stages` tiles). At head_dim 128 in two halves (`sm90_split_state`):
@@ -209,6 +213,7 @@ __global__ void __launch_bounds__(sm90_threads, 1) block_forward_sm90_kernel(for
         const std::int64_t row = g.q_begin + row0;
         const float* o = p.state.o_row(row, h);
         const float* lse = p.state.lse + h * p.state.tokens + row;
+        const float* sum = p.state.sum + h * p.state.tokens + row;
         auto free_stage = [&] {
           if (total >= Stages) mbarrier_wait(empty0 + 8 * stage, ((total / Stages) - 1) & 1);
         };
@@ -218,6 +223,7 @@ __global__ void __launch_bounds__(sm90_threads, 1) block_forward_sm90_kernel(for
           if (total >= Stages) mbarrier_wait(k_free, 0);
           stage_rows<half, D>(s_o, o, rows_valid, tid);
           stage_lse(smem_address(lse_stage), lse, rows_valid, tid);
+          stage_lse(smem_address(sum_stage), sum, rows_valid, tid);
           cp_async_mbarrier_arrive(k_full);
           free_stage();
           stage_rows<half, D>(s_o + kv_bytes, o + half * D, rows_valid - half, tid);
@@ -225,6 +231,7 @@ __global__ void __launch_bounds__(sm90_threads, 1) block_forward_sm90_kernel(for
           free_stage();
           stage_rows<BM, D>(s_o, o, rows_valid, tid);
           stage_lse(smem_address(lse_stage), lse, rows_valid, tid);
+          stage_lse(smem_address(sum_stage), sum, rows_valid, tid);
         }
         cp_async_mbarrier_arrive(full0 + 8 * stage);
       }
@@ -238,6 +245,15 @@ __global__ void __launch_bounds__(sm90_threads, 1) block_forward_sm90_kernel(for
   const int cw = wg - 1;                               // consumer warpgroup 0 or 1
   const int ctid = threadIdx.x - 128;                  // 0..255
   const int lane = ctid & 31, wrow = (ctid >> 5) * 16; // first row of this warp in the tile
+  // merge_path::reduce: the rows' references, wanted only at the end (loaded now, to be there).
+  float ref[2] = {neg_inf, neg_inf};
+  if constexpr (Reduce) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int local = wrow + (lane >> 2) + r * 8;
+      if (local < rows_valid) ref[r] = p.state.lse[h * p.state.tokens + g.q_begin + row0 + local];
+    }
+  }
 
   // Descriptors. Q: this warpgroup's 64 rows of panel kk / 4, k-step kk % 4 (32 bytes) within
   // it. K: all BN rows, the same k-steps. V: k-step kk is 16 rows (2 KB) down; N = D spans the
@@ -338,7 +354,7 @@ __global__ void __launch_bounds__(sm90_threads, 1) block_forward_sm90_kernel(for
   // half may go there (the producer's merge branch). A predicated arrive, so that the loop body
   // stays one block of straight-line code for the scheduler.
   auto k_read = [&](int it) {
-    if constexpr (Merge && sm90_split_state<D>)
+    if constexpr (Merge && !Reduce && sm90_split_state<D>)
       mbarrier_arrive_if(k_free, !p.fresh && it == total - Stages);
   };
   auto wait_full = [&](int t) {
@@ -403,12 +419,82 @@ __global__ void __launch_bounds__(sm90_threads, 1) block_forward_sm90_kernel(for
     wgmma_wait<0>();
     fence_operands(o);
   }
+  if constexpr (Reduce) {
+    // merge_path::reduce. Each consumer writes its rows' share, o_b * exp(lse_b - ref) (rounded
+    // as finish_row rounds it), into its half of the free stage of "tile total" as dense fp32
+    // rows, and one of its threads adds the whole to the state with one bulk reduction; the
+    // rows' sums get their weights with one reduction a row, and the reference stays. A
+    // warpgroup with a row whose reference moves (state.cuh) merges all its rows by reading and
+    // rewriting them instead (finish_row), as no bulk addition can rescale.
+    constexpr float ln2 = 0.6931471805599453f;
+    bool moves = false;
+    float k[2], weight[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float sum = l[r];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      const float lse_b = sum > 0.0f ? (m[r] + __log2f(sum)) * ln2 : neg_inf;
+      const row_merge w = merge_into(ref[r], lse_b);
+      const int local = wrow + (lane >> 2) + r * 8;
+      moves = moves || (local < rows_valid && w.moves);
+      k[r] = (sum > 0.0f ? 1.0f / sum : 0.0f) * w.block;
+      weight[r] = w.block;
+    }
+    if (warpgroup_any(moves, 3 + cw)) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int local = wrow + (lane >> 2) + r * 8;
+        finish_row<T, D, epilogue::merge>(p, h, g.q_begin + row0 + local, local < rows_valid, m[r],
+                                          l[r], lane,
+                                          [&](int t, int x) { return o[4 * t + 2 * r + x]; });
+      }
+      return;
+    }
+    const int stage = total % Stages;
+    if (total >= Stages) mbarrier_wait(empty0 + 8 * stage, ((total / Stages) - 1) & 1);
+    const std::uint32_t rows_at = aQ + q_bytes + stage * 2 * kv_bytes + cw * kv_bytes;
+    static_assert(64 * D * 4 == kv_bytes, "a consumer's rows fill one K or V tile");
+    // Row-major and dense, as in the state; the 8-column pieces a thread writes in turn are
+    // permuted by (row % 4) XOR, so that a warp's eight rows hit four bank groups at a time.
+    const int x4 = (lane >> 2) & 3;
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int local = wrow + (lane >> 2) + r * 8;
+      const std::uint32_t row_at = rows_at + (local - cw * 64) * (D * 4) + (lane & 3) * 8;
+#pragma unroll
+      for (int t = 0; t < DTiles; ++t) {
+        float v[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float a0 = o[4 * t + 2 * r + e], a1 = o[4 * (t ^ 1) + 2 * r + e],
+                      a2 = o[4 * (t ^ 2) + 2 * r + e], a3 = o[4 * (t ^ 3) + 2 * r + e];
+          v[e] = __fmul_rn(x4 == 0 ? a0 : x4 == 1 ? a1 : x4 == 2 ? a2 : a3, k[r]);
+        }
+        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(row_at + ((t ^ x4) << 5)),
+                     "f"(v[0]), "f"(v[1]));
+      }
+      if ((lane & 3) == 0 && local < rows_valid && weight[r] != 0.0f)
+        atomicAdd(&p.state.sum[h * p.state.tokens + g.q_begin + row0 + local], weight[r]);
+    }
+    fence_proxy_async(); // the rows, written through the generic proxy, before the bulk read
+    named_barrier_sync<128>(3 + cw);
+    if ((ctid & 127) == 0) {
+      const int rows = rows_valid - cw * 64 < 64 ? rows_valid - cw * 64 : 64;
+      if (rows > 0) {
+        bulk_reduce_add_f32(p.state.o_row(g.q_begin + row0 + cw * 64, h), rows_at, rows * D * 4);
+        bulk_wait_read();
+      }
+    }
+    return;
+  }
+
   // The rows' old state, staged by the producer in the stage of "tile total", into s (dead since
   // the last P was packed) in the accumulators' layout: element (t, x) of row r at
   // s[4 t + 2 r + x]. (Read after the last P V: reading while it runs makes ptxas insert a wait
   // for it anyway, C7517; and reading before it, while waiting for the turn to issue it, made
   // the merge dearer: docs/kernels.md.)
-  float lse_old[2] = {neg_inf, neg_inf};
+  float lse_old[2] = {neg_inf, neg_inf}, sum_old[2] = {0.0f, 0.0f};
   if constexpr (Merge) {
     if (!p.fresh) {
       static_assert(BM * D * 4 <= 2 * kv_bytes, "the old o must fit in one K/V stage");
@@ -422,6 +508,7 @@ __global__ void __launch_bounds__(sm90_threads, 1) block_forward_sm90_kernel(for
         const int local = wrow + (lane >> 2) + r * 8;
         if (local < rows_valid) {
           lse_old[r] = lse_stage[local];
+          sum_old[r] = sum_stage[local];
           const std::uint32_t row_base = s_o + local * (D * 4) + (lane & 1) * 8;
 #pragma unroll
           for (int t = 0; t < DTiles; ++t) {
@@ -447,7 +534,7 @@ __global__ void __launch_bounds__(sm90_threads, 1) block_forward_sm90_kernel(for
       finish_row<T, D, E>(
           p, h, g.q_begin + row0 + local, local < rows_valid, m[r], l[r], lane,
           [&](int t, int x) { return o[4 * t + 2 * r + x]; },
-          [&](int t, int x) { return s[4 * t + 2 * r + x]; }, lse_old[r]);
+          [&](int t, int x) { return s[4 * t + 2 * r + x]; }, lse_old[r], sum_old[r]);
     }
   });
 #else

@@ -76,6 +76,30 @@ __device__ __forceinline__ void mbarrier_wait(std::uint32_t bar, std::uint32_t p
                  : "memory");
   } while (!done);
 }
+//! Whether `x` holds in any of the 128 threads of a warpgroup, through named barrier `id` (a
+//! barrier with a reduction; every thread of the warpgroup must call it).
+__device__ __forceinline__ bool warpgroup_any(bool x, int id) {
+  std::uint32_t any;
+  asm volatile("{\n.reg .pred p, q;\nsetp.ne.u32 p, %1, 0;\nbar.red.or.pred q, %2, 128, p;\n"
+               "selp.u32 %0, 1, 0, q;\n}\n"
+               : "=r"(any)
+               : "r"(static_cast<std::uint32_t>(x)), "r"(id)
+               : "memory");
+  return any != 0;
+}
+//! Adds `bytes` (a multiple of 16) of fp32 from shared memory at `src` to global memory at `dst`
+//! (16-byte aligned), element by element, in the L2; committed as one bulk group.
+__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, std::uint32_t src, int bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+               "cp.async.bulk.commit_group;\n" ::"l"(dst),
+               "r"(src), "r"(bytes)
+               : "memory");
+}
+//! Waits until this thread's bulk groups have read their shared memory (which may then change or
+//! go away; the writes to global memory complete on their own).
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
 //! Named barriers (ids 1..15; 0 is __syncthreads) over `Threads` threads.
 template <int Threads>
 __device__ __forceinline__ void named_barrier_sync(int id) {

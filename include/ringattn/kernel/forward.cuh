@@ -18,10 +18,10 @@
 //!
 //! \code
 //! ringattn::device_block_schedule sched(groups, q_tokens, kv_tokens, head_dim); // plan time
-//! ringattn::reset(state, stream);                          // o = 0, lse = -inf
+//! ringattn::reset(state, stream);                          // o = 0, lse = -inf, sum = 0
 //! for (each K/V block)
 //!   ringattn::block_forward({q, k, v, args, state}, sched, stream);
-//! ringattn::finalize(state, out, stream);                  // o -> out
+//! ringattn::finalize(state, out, stream);                  // o / sum -> out, the lse
 //! \endcode
 
 #include <ringattn/cuda_check.cuh>
@@ -50,6 +50,8 @@ struct schedule_options {
   //! with another row count is rejected by `block_forward`.
   int block_m = 0;
   int block_n = 0;
+  //! How the wgmma kernel's merging calls add to the state (ignored by the mma_sync kernel).
+  merge_path merge = merge_path::automatic;
 };
 
 } // namespace ringattn
@@ -107,6 +109,16 @@ public:
         head_dim_(head_dim) {
     validate_groups(groups, q_tokens, kv_tokens).throw_if_invalid();
     path_ = resolve(options.path, head_dim);
+    merge_ = options.merge;
+    if (merge_ == merge_path::automatic) {
+      bool banded = false;
+      for (const block_group& g : groups_)
+        for (int b = 0; b < g.count; ++b)
+          banded = banded || g.kv[b].mask.lo > -(g.q_count - 1) ||
+                   g.kv[b].mask.hi < g.kv[b].kv_count - 1;
+      merge_ = head_dim == 128 && banded ? merge_path::reduce : merge_path::rewrite;
+    }
+    if (path_ != forward_path::wgmma) merge_ = merge_path::rewrite;
     block_m_ = options.block_m > 0 ? options.block_m : tuned_block_m(head_dim, path_);
     const int bm = block_m_,
               bn = options.block_n > 0 ? options.block_n : tuned_block_n(head_dim, path_);
@@ -152,9 +164,10 @@ public:
   }
   device_block_schedule(device_block_schedule&& o) noexcept
       : groups_(std::move(o.groups_)), q_tokens_(o.q_tokens_), kv_tokens_(o.kv_tokens_),
-        head_dim_(o.head_dim_), path_(o.path_), block_m_(o.block_m_), tile_count_(o.tile_count_),
-        work_tiles_(o.work_tiles_), memory_(std::exchange(o.memory_, nullptr)),
-        groups_device_(o.groups_device_), tiles_device_(o.tiles_device_) {}
+        head_dim_(o.head_dim_), path_(o.path_), merge_(o.merge_), block_m_(o.block_m_),
+        tile_count_(o.tile_count_), work_tiles_(o.work_tiles_),
+        memory_(std::exchange(o.memory_, nullptr)), groups_device_(o.groups_device_),
+        tiles_device_(o.tiles_device_) {}
   device_block_schedule(const device_block_schedule&) = delete;
   device_block_schedule& operator=(const device_block_schedule&) = delete;
   device_block_schedule& operator=(device_block_schedule&&) = delete;
@@ -174,6 +187,9 @@ public:
   }
   //! The kernel this schedule's launches run (never `automatic`).
   forward_path path() const noexcept { return path_; }
+  //! How its merging calls add to the state (never `automatic`; `rewrite` on mma_sync). A ring's
+  //! first and last steps always rewrite.
+  merge_path merge() const noexcept { return merge_; }
   //! Query rows per work tile of this schedule.
   int block_m() const noexcept { return block_m_; }
   std::span<const block_group> groups() const noexcept { return groups_; }
@@ -192,6 +208,7 @@ private:
   std::int64_t q_tokens_, kv_tokens_;
   int head_dim_;
   forward_path path_ = forward_path::mma_sync;
+  merge_path merge_ = merge_path::rewrite;
   int block_m_ = 0;
   std::int64_t tile_count_ = 0, work_tiles_ = 0;
   void* memory_ = nullptr;
@@ -264,15 +281,23 @@ void launch_block_forward(const kernels::forward_params<T>& p, const device_bloc
   if constexpr (D == 64 || D == 128) {
     if (s.path() == forward_path::wgmma) {
       constexpr int bytes = kernels::sm90_smem_bytes<T, D>();
-      auto* kernel = &kernels::block_forward_sm90_kernel<T, D, kernels::sm90_block_n<D>, Merge>;
+      // A plain merge may add through the L2 (merge_path::reduce); a first or last step may not.
+      const bool reduce = Merge && s.merge() == merge_path::reduce && !p.fresh && p.out == nullptr;
+      constexpr int BN = kernels::sm90_block_n<D>;
+      auto* rewrite_kernel = &kernels::block_forward_sm90_kernel<T, D, BN, Merge, false>;
+      auto* reduce_kernel = &kernels::block_forward_sm90_kernel<T, D, BN, Merge, Merge>;
+      auto* kernel = reduce ? reduce_kernel : rewrite_kernel;
       // The warpgroups trade registers (setmaxnreg: 24 producer, 240 consumers), which balances
       // only if the kernel starts with 65536 / 384 = 168 a thread; fewer (-maxrregcount) would
       // leave the consumers waiting for registers forever.
-      static const int registers = [&] {
+      auto registers_of = [](auto* k) {
         cudaFuncAttributes attr{};
-        RINGATTN_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+        RINGATTN_CUDA_CHECK(cudaFuncGetAttributes(&attr, k));
         return attr.numRegs;
-      }();
+      };
+      static const int registers_rewrite = registers_of(rewrite_kernel);
+      static const int registers_reduce = registers_of(reduce_kernel);
+      const int registers = reduce ? registers_reduce : registers_rewrite;
       if (registers != kernels::sm90_registers)
         throw error("ringattn: the wgmma block kernel was compiled with " +
                     std::to_string(registers) + " registers a thread instead of " +
@@ -395,18 +420,20 @@ requires(std::is_same_v<T, __half> ||
   detail::block_forward<T, false>(a, s, out.data, lse, stream);
 }
 
-//! Sets a device state to "no key seen" (o = 0, lse = -inf), asynchronously on `stream`.
+//! Sets a device state to "no key seen" (o = 0, lse = -inf, sum = 0), asynchronously on `stream`.
 inline void reset(const attention_state& s, cudaStream_t stream) {
   if (s.o_elements() == 0) return;
   RINGATTN_CUDA_CHECK(cudaMemsetAsync(s.o, 0, sizeof(float) * s.o_elements(), stream));
   const std::int64_t n = s.lse_elements();
+  RINGATTN_CUDA_CHECK(cudaMemsetAsync(s.sum, 0, sizeof(float) * n, stream));
   const unsigned blocks = static_cast<unsigned>(std::min<std::int64_t>((n + 255) / 256, 1024));
   kernels::fill_kernel<<<blocks, 256, 0, stream>>>(s.lse, n,
                                                    -std::numeric_limits<float>::infinity());
   RINGATTN_CUDA_CHECK_LAUNCH();
 }
 
-//! Converts a device state's output to `out` (fp16/bf16), asynchronously on `stream`.
+//! Writes a device state's output, o / sum, to `out` (fp16/bf16) and replaces the state's lse (the
+//! reference) by the rows' lse, asynchronously on `stream`.
 template <class T>
 requires(std::is_same_v<T, __half> ||
          std::is_same_v<T, __nv_bfloat16>) void finalize(const attention_state& s, thd_view<T> out,
@@ -420,8 +447,9 @@ requires(std::is_same_v<T, __half> ||
   const std::int64_t pairs = s.tokens * s.q_heads * (s.head_dim / 2);
   if (pairs == 0) return;
   const unsigned blocks = static_cast<unsigned>(std::min<std::int64_t>((pairs + 255) / 256, 4096));
-  kernels::finalize_kernel<T><<<blocks, 256, 0, stream>>>(
-      s.o, out.data, s.tokens * s.q_heads, s.tokens, s.head_dim, out.token_stride, out.head_stride);
+  kernels::finalize_kernel<T>
+      <<<blocks, 256, 0, stream>>>(s.o, s.lse, s.sum, out.data, s.tokens * s.q_heads, s.tokens,
+                                   s.head_dim, out.token_stride, out.head_stride);
   RINGATTN_CUDA_CHECK_LAUNCH();
 }
 #endif // __CUDACC__

@@ -46,8 +46,9 @@ validation validate_block_forward(const block_forward_args<T>& a,
                 a.state.head_dim == a.args.head_dim,
             "the state is [", a.state.tokens, ", ", a.state.q_heads, ", ", a.state.head_dim,
             "] but q is [", a.q.tokens, ", ", a.args.q_heads, ", ", a.args.head_dim, "]");
-  r.require(a.q.tokens == 0 || (a.state.o != nullptr && a.state.lse != nullptr),
-            "the state's o or lse is a null pointer");
+  r.require(a.q.tokens == 0 ||
+                (a.state.o != nullptr && a.state.lse != nullptr && a.state.sum != nullptr),
+            "the state's o, lse or sum is a null pointer");
   if (r) r.require(validate_groups(groups, a.q.tokens, a.k.tokens));
   return r;
 }

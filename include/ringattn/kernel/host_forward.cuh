@@ -5,9 +5,9 @@
 //! CI and on machines without a GPU.
 //!
 //! \code
-//! ringattn::reset(state);                                  // o = 0, lse = -inf
+//! ringattn::reset(state);                                  // o = 0, lse = -inf, sum = 0
 //! for (each K/V block) ringattn::host_block_forward({q, k, v, args, state}, groups);
-//! ringattn::finalize(state, out);                          // o -> out in the input dtype
+//! ringattn::finalize(state, out);                          // o / sum -> out, the lse
 //! \endcode
 
 #include <ringattn/kernel/forward_args.cuh>
@@ -20,10 +20,11 @@
 
 namespace ringattn {
 
-//! Sets a host state to "no key seen": o = 0, lse = -inf.
+//! Sets a host state to "no key seen": o = 0, lse = -inf, sum = 0.
 inline void reset(const attention_state& s) {
   std::fill(s.o, s.o + s.o_elements(), 0.0f);
   std::fill(s.lse, s.lse + s.lse_elements(), -std::numeric_limits<float>::infinity());
+  std::fill(s.sum, s.sum + s.lse_elements(), 0.0f);
 }
 
 //! Host block forward: merges attention of `a.q` against the K/V block into `a.state`.
@@ -66,17 +67,21 @@ void host_block_forward(const block_forward_args<T>& a, std::span<const block_gr
             o[static_cast<std::size_t>(e)] += p * to_float(a.v(col[x], kvh, e));
         }
         const float lse_b = static_cast<float>(m + std::log(sum));
-        float& lse = a.state.lse_at(row, h);
-        const merge_weights w = merge_lse(lse, lse_b);
+        float& ref = a.state.lse_at(row, h);
+        const row_merge w = merge_into(ref, lse_b);
         float* os = a.state.o_row(row, h);
         for (int e = 0; e < d; ++e)
-          os[e] = os[e] * w.wa + static_cast<float>(o[static_cast<std::size_t>(e)] / sum) * w.wb;
-        lse = w.lse;
+          os[e] =
+              os[e] * w.old + static_cast<float>(o[static_cast<std::size_t>(e)] / sum) * w.block;
+        float& row_sum = a.state.sum_at(row, h);
+        row_sum = row_sum * w.old + w.block;
+        ref = w.new_ref;
       }
     }
 }
 
-//! Writes the state's output in the output dtype (rows that saw no key are 0).
+//! Writes the state's output, o / sum, in the output dtype (rows that saw no key are 0), and
+//! replaces the state's lse (the reference) by the rows' lse.
 template <element T>
 void finalize(const attention_state& s, thd_view<T> out) {
   validation r = validate_view(out, "out");
@@ -85,9 +90,12 @@ void finalize(const attention_state& s, thd_view<T> out) {
             s.tokens, ", ", s.q_heads, ", ", s.head_dim, "]");
   r.throw_if_invalid();
   for (std::int64_t t = 0; t < s.tokens; ++t)
-    for (int h = 0; h < s.q_heads; ++h)
+    for (int h = 0; h < s.q_heads; ++h) {
+      const float sum = s.sum_at(t, h), inv = sum > 0.0f ? 1.0f / sum : 0.0f;
       for (int e = 0; e < s.head_dim; ++e)
-        out(t, h, e) = from_float<T>(s.o_row(t, h)[e]);
+        out(t, h, e) = from_float<T>(s.o_row(t, h)[e] * inv);
+      s.lse_at(t, h) = final_lse(s.lse_at(t, h), sum);
+    }
 }
 
 } // namespace ringattn

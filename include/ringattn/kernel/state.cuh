@@ -2,28 +2,37 @@
 //! \file
 //! The running attention state that ring steps merge into, and its numerics.
 //!
-//! State of one (query row, head): the *normalised* partial output `o` (fp32, the softmax-weighted
-//! mean of the values seen so far) and `lse`, the natural-log log-sum-exp of the scaled scores seen
-//! so far. A row that has seen no key has `lse = -inf` and `o = 0`. Two partial results over
-//! disjoint key sets combine exactly:
+//! State of one (query row, head): a *reference* log-sum-exp `ref` (natural log; the lse of the
+//! first block merged, moved only when a later block outgrows it), `o`, the sum of the merged
+//! blocks' normalised outputs, each weighted by `exp(lse_block - ref)`, and `sum`, the sum of those
+//! weights (fp32). A row that has seen no key has `ref = -inf`, `sum = 0`, `o = 0`. The attention
+//! output is `o / sum` and its lse `ref + log(sum)`; `finalize` (or a ring's last step) writes
+//! them. A block with log-sum-exp `lse_b` and normalised output `o_b` merges as
 //!
-//!     lse = log(exp(lse_a) + exp(lse_b))
-//!     o   = o_a * exp(lse_a - lse) + o_b * exp(lse_b - lse)
+//!     c    = exp(lse_b - ref)
+//!     o   += c * o_b
+//!     sum += c
 //!
-//! computed as `m = max(lse_a, lse_b)`, `lse = m + log(exp(lse_a - m) + exp(lse_b - m))`, so no
-//! exponential overflows, and a -inf side contributes weight 0 (never NaN). The order of merges
-//! changes results only by fp32 rounding. After the last merge `o` *is* the attention output; the
-//! finalise step only converts it to the input dtype.
+//! with `ref` unchanged, so a merge only *adds* to the state: the GPU may leave the read, the add
+//! and the write to the L2 (`cp.reduce.async.bulk`, docs/kernels.md), and every merge rounds the
+//! old values once, not once per rescale. Only when `ref = -inf` (nothing seen yet) or `lse_b`
+//! exceeds `ref` by more than `rescale_above` (so that `c` and the sums stay far inside fp32's
+//! range) does the row move its reference to `lse_b`: `o = o * s + o_b`, `sum = sum * s + 1`
+//! with `s = exp(ref - lse_b)`. A block that saw no key (`lse_b = -inf`) changes nothing. The order
+//! of merges changes results only by fp32 rounding. `merge_into` gives the factors; the kernels
+//! round `c * o_b` (with `c * (1 / block sum)` as one factor) before adding, never fusing the two.
 //!
-//! Layout: head-major, `o[q_heads, tokens, head_dim]` (dense fp32) and `lse[q_heads, tokens]`
-//! (fp32, base e). `lse` is the library's LSE output layout, so the state's `lse` can be the user's
-//! LSE buffer. `o` is head-major so that the rows a thread block merges (consecutive tokens of one
-//! head) are one contiguous range: reading the old state from [tokens, q_heads, head_dim], 512-byte
-//! rows 16 KB apart, made a merge cost twice as much against plain output (docs/kernels.md).
+//! Layout: head-major, `o[q_heads, tokens, head_dim]` (dense fp32), `lse[q_heads, tokens]` (the
+//! reference until `finalize`, which replaces it by the row's lse; fp32, base e) and
+//! `sum[q_heads, tokens]`. `lse` is the library's LSE output layout, so the state's `lse` can be
+//! the user's LSE buffer. `o` is head-major so that the rows a thread block merges (consecutive
+//! tokens of one head) are one contiguous range: reading the old state from [tokens, q_heads,
+//! head_dim], 512-byte rows 16 KB apart, made a merge cost twice as much against plain output
+//! (docs/kernels.md).
 //!
 //! \code
-//! ringattn::attention_state s{o_workspace, lse_out, tokens, q_heads, head_dim};
-//! // ring steps merge into s; then finalise converts s.o to the output dtype
+//! ringattn::attention_state s{o_workspace, lse_out, sum_workspace, tokens, q_heads, head_dim};
+//! // ring steps merge into s; then finalise writes o / sum in the output dtype and the lse
 //! \endcode
 
 #include <ringattn/config.cuh>
@@ -34,10 +43,12 @@
 
 namespace ringattn {
 
-//! Running (o, lse) of every (row, head) of a rank's queries. Non-owning; host or device memory.
+//! Running (o, reference lse, sum) of every (row, head) of a rank's queries. Non-owning; host or
+//! device memory.
 struct attention_state {
   float* o = nullptr;   //!< [q_heads, tokens, head_dim], dense
-  float* lse = nullptr; //!< [q_heads, tokens], natural log; -inf = no key seen yet
+  float* lse = nullptr; //!< [q_heads, tokens], natural log: the reference; -inf = no key seen yet
+  float* sum = nullptr; //!< [q_heads, tokens]: the merged blocks' weights, summed
   std::int64_t tokens = 0;
   std::int32_t q_heads = 0;
   std::int32_t head_dim = 0;
@@ -48,29 +59,44 @@ struct attention_state {
   RINGATTN_HOST_DEVICE constexpr float& lse_at(std::int64_t t, std::int32_t h) const {
     return lse[h * tokens + t];
   }
-  //! Elements of `o` and `lse` (the workspace a caller provides).
+  RINGATTN_HOST_DEVICE constexpr float& sum_at(std::int64_t t, std::int32_t h) const {
+    return sum[h * tokens + t];
+  }
+  //! Elements of `o`, and of `lse` and of `sum` each (the workspace a caller provides).
   RINGATTN_HOST_DEVICE constexpr std::int64_t o_elements() const {
     return tokens * q_heads * head_dim;
   }
   RINGATTN_HOST_DEVICE constexpr std::int64_t lse_elements() const { return tokens * q_heads; }
 };
 
-//! Weights `(w_a, w_b)` and merged lse of two partial states with log-sum-exps `a` and `b`.
-struct merge_weights {
-  float lse;
-  float wa;
-  float wb;
+//! How far (natural log) a block's lse may exceed a row's reference before the row moves its
+//! reference. A merge's weight is then at most exp(24) = 2.6e10, so that o (a weighted sum of
+//! the values) stays inside fp32's range over a thousand merges of values below 1e25.
+inline constexpr float rescale_above = 24.0f;
+
+//! How a block with log-sum-exp `lse_b` merges into a row whose reference is `ref`:
+//! `o = o * old + o_b * block`, `sum = sum * old + block`, then `ref = new_ref`. In the common
+//! case `old` is exactly 1 (`moves` false): the merge only adds.
+struct row_merge {
+  float old;     //!< factor on the row's o and sum
+  float block;   //!< weight of the block's normalised output
+  float new_ref; //!< the row's reference afterwards
+  bool moves;    //!< the reference moves (old != 1)
 };
 
-//! The merge rule above, safe for -inf on either or both sides (a row with no key on both sides
-//! stays at lse = -inf with both weights 0).
-RINGATTN_HOST_DEVICE inline merge_weights merge_lse(float a, float b) {
-  const float m = a > b ? a : b;
+//! The merge rule above, safe for -inf on either or both sides: a block that saw no key changes
+//! nothing; a row that saw none takes the block as it is.
+RINGATTN_HOST_DEVICE inline row_merge merge_into(float ref, float lse_b) {
   constexpr float inf = __builtin_huge_valf(); // numeric_limits is host-only under nvcc
-  if (m == -inf) return {-inf, 0.0f, 0.0f};
-  const float ea = expf(a - m), eb = expf(b - m); // one of them is exactly 1
-  const float s = ea + eb;
-  return {m + logf(s), ea / s, eb / s};
+  if (lse_b == -inf) return {1.0f, 0.0f, ref, false};
+  if (ref != -inf && lse_b - ref <= rescale_above) return {1.0f, expf(lse_b - ref), ref, false};
+  return {ref == -inf ? 0.0f : expf(ref - lse_b), 1.0f, lse_b, true};
+}
+
+//! The attention output's lse of a row with reference `ref` and weight sum `sum` (-inf when the
+//! row saw no key).
+RINGATTN_HOST_DEVICE inline float final_lse(float ref, float sum) {
+  return sum > 0.0f ? ref + logf(sum) : -__builtin_huge_valf();
 }
 
 } // namespace ringattn

@@ -28,6 +28,22 @@ inline const char* to_string(forward_path p) {
                                        : "wgmma";
 }
 
+//! How a merging call of the Hopper kernel adds its block to the state (state.cuh).
+//! - `rewrite`: each thread block reads the rows' old o (staged through shared memory while the
+//!   last K/V tiles are in flight), adds, and writes them back. The mma.sync kernel, a ring's
+//!   first and last steps, and rows whose reference moves always merge this way.
+//! - `reduce`: no read on the SM; each consumer warpgroup scales its rows, writes them to shared
+//!   memory and adds them to the state with one `cp.reduce.async.bulk` (the L2 reads, adds and
+//!   writes). Cheaper where a launch's thread blocks end at different times (banded masks);
+//!   dearer where they all end together (full masks), as the reductions then queue at the L2.
+//! - `automatic`: `reduce` at head_dim 128 when some block of the call is banded (a causal
+//!   diagonal, a round-robin shard pair), else `rewrite` (docs/kernels.md, the merge's cost).
+enum class merge_path { automatic, rewrite, reduce };
+
+inline const char* to_string(merge_path p) {
+  return p == merge_path::automatic ? "automatic" : p == merge_path::rewrite ? "rewrite" : "reduce";
+}
+
 struct forward_tuning {
   int warps;
   int m_tiles;
