@@ -34,16 +34,19 @@ void variant(benchmark::State& state) {
   ringattn::block_group g{0, s, 1, {}};
   g.kv[0] = {0, s, causal ? ringattn::band{-ringattn::unbounded, 0} : ringattn::band{}};
   const std::vector<ringattn::block_group> groups{g};
-  ringattn::device_block_schedule sched(
-      groups, s, s, D, {ringattn::forward_path::mma_sync, Tune.block_m(), Tune.block_n});
+  ringattn::device_block_schedule sched(groups, s, s, D,
+                                        {.path = ringattn::forward_path::mma_sync,
+                                         .block_m = Tune.block_m(),
+                                         .block_n = Tune.block_n});
   const ringattn::attention_state st{o, lse, sum, s, heads, D};
   const ringattn::block_forward_args<T> a{
       {q, s, heads, D}, {k, s, heads, D}, {v, s, heads, D}, {heads, heads, D, 0.0f}, st};
   ringattn::reset(st, nullptr);
-  const auto p = ringattn::detail::forward_params_of<T>(a, sched, nullptr, nullptr, false);
+  const auto p = ringattn::detail::forward_params_of<T>(a, sched, nullptr, nullptr);
   ringattn::bench::gpu_timer timer;
   timer.time(state, [&](cudaStream_t stream) {
-    ringattn::detail::launch_block_forward<T, D, Tune, true>(p, sched, stream);
+    ringattn::detail::launch_block_forward<T, D, Tune, ringattn::kernels::epilogue::merge>(p, sched,
+                                                                                           stream);
   });
   ringattn::bench::report_flops(
       state, ringattn::bench::attention_forward_flops(1, heads, s, s, D, causal));

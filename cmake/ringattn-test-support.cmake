@@ -40,13 +40,15 @@ function(ringattn_warnings target)
   endif()
 endfunction()
 
-# ringattn_add_doctest_suite(<label> MAIN <main> SOURCES <files...> LIBRARIES <libs...>)
+# ringattn_add_doctest_suite(<label> MAIN <main> SOURCES <files...> [SUPPORT <files...>]
+#                            LIBRARIES <libs...>)
 # One executable per label; one CTest test per source file (doctest --source-file filter), named
-# <label>.<file stem>. GPU suites (gpu, multigpu) map exit code 77 to "Skipped".
+# <label>.<file stem>; SUPPORT files (helpers without test cases) are compiled in, not registered.
+# GPU suites (gpu, multigpu) map exit code 77 to "Skipped".
 function(ringattn_add_doctest_suite label)
-  cmake_parse_arguments(arg "" "MAIN" "SOURCES;LIBRARIES" ${ARGN})
+  cmake_parse_arguments(arg "" "MAIN" "SOURCES;SUPPORT;LIBRARIES" ${ARGN})
   set(exe ringattn_test_${label})
-  add_executable(${exe} ${arg_MAIN} ${arg_SOURCES})
+  add_executable(${exe} ${arg_MAIN} ${arg_SOURCES} ${arg_SUPPORT})
   target_link_libraries(${exe} PRIVATE ${arg_LIBRARIES} ringattn_doctest Threads::Threads)
   ringattn_warnings(${exe})
   foreach(src IN LISTS arg_SOURCES)

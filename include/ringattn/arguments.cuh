@@ -11,6 +11,7 @@
 //! args.validate().throw_if_invalid();          // GQA 4:1, scale defaults to 1/sqrt(128)
 //! \endcode
 
+#include <ringattn/core/mask.cuh>
 #include <ringattn/error.cuh>
 
 #include <cmath>
@@ -18,19 +19,10 @@
 
 namespace ringattn {
 
-//! Which (query, key) pairs of one sequence interact. Positions are global positions in the
-//! sequence (0-based), whatever partitioner placed the tokens.
-enum class mask_kind {
-  full,   //!< every query sees every key of its sequence
-  causal, //!< query at position p sees keys at positions <= p
-};
-
-constexpr const char* to_string(mask_kind m) noexcept {
-  return m == mask_kind::causal ? "causal" : "full";
-}
-
 //! Head dimensions the tensor-core kernels are built for.
 inline constexpr int supported_head_dims[] = {64, 128, 256};
+//! The largest of them (the host kernels keep a row of this many doubles on the stack).
+inline constexpr int max_head_dim = 256;
 
 //! Heads, head_dim and softmax scale of an attention problem (self-attention; q and k/v share
 //! their token positions).

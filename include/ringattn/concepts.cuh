@@ -4,11 +4,18 @@
 //! They state type-level requirements only; the driver re-checks them with `static_assert` and a
 //! sentence a user can act on.
 
-#include <ringattn/partition/segment.cuh>
+#include <ringattn/core/segment.cuh>
+#include <ringattn/kernel/backward_args.cuh>
+#include <ringattn/kernel/block.cuh>
+#include <ringattn/kernel/forward_args.cuh>
+#include <ringattn/tensor.cuh>
+
+#include <cuda_bf16.h>
 
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 
 namespace ringattn {
@@ -52,11 +59,44 @@ concept device_communicator_for = host_communicator<C> &&
   c.exchange_async(s, n, peer, r, n, peer, step, stream);
 };
 
-//! A mask policy names its mask kind (`full`, `causal`).
+//! A mask names its kind.
 template <class M>
 concept mask_policy = requires {
-  { M::mask } -> std::convertible_to<mask_kind>;
+  { M::kind } -> std::convertible_to<mask_kind>;
   { M::name } -> std::convertible_to<const char*>;
+};
+
+//! A BlockKernel names its mask and computes a block on the host: `host_forward(args, groups)`
+//! merges a block into `args.state`; `host_backward(args, groups)` adds its gradients. The ring
+//! validates the groups once, at plan time, and the tensors on every call, before either runs.
+template <class K>
+concept block_kernel = requires(const block_forward_args<__nv_bfloat16>& f,
+                                const block_backward_args<__nv_bfloat16>& b,
+                                std::span<const block_group> groups) {
+  { K::name } -> std::convertible_to<const char*>;
+  { K::mask } -> std::convertible_to<mask_kind>;
+  K::host_forward(f, groups);
+  K::host_backward(b, groups);
+};
+
+//! A BlockKernel with a device path: schedules made once per step at plan time (on the current
+//! device), and the forward (with the step's epilogue) and backward enqueued on a stream.
+//! The stream type is a template parameter so this header needs no CUDA.
+template <class K, class Stream>
+concept device_block_kernel_for = block_kernel<K> &&
+    requires(std::span<const block_group> groups, std::int64_t tokens, int head_dim,
+             const typename K::forward_schedule& fs, const typename K::backward_schedule& bs,
+             const block_forward_args<__nv_bfloat16>& f,
+             const block_backward_args<__nv_bfloat16>& b, thd_view<__nv_bfloat16> out, float* lse,
+             Stream stream) {
+  {
+    K::make_forward_schedule(groups, tokens, tokens, head_dim)
+    } -> std::same_as<typename K::forward_schedule>;
+  {
+    K::make_backward_schedule(groups, tokens, tokens)
+    } -> std::same_as<typename K::backward_schedule>;
+  K::device_forward(step_epilogue::merge, f, fs, out, lse, stream);
+  K::device_backward(b, bs, stream);
 };
 
 } // namespace ringattn

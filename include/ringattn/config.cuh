@@ -9,6 +9,9 @@
 //! Macros a user may set before including any ringattn header:
 //! - `RINGATTN_DEBUG_SYNC`: synchronise and check the last CUDA error after every launch
 //!   (off by default; never use in production, it serialises the stream with the host).
+//! - `RINGATTN_EXPERIMENTS`: compile the kernel variants kept for tuning comparisons (the wgmma
+//!   block backward with 1 or 2 warpgroups, the mma.sync forward's tile-shape options). Define it
+//!   for a whole program or not at all; the ABI namespace carries it.
 
 #include <ringattn/version.cuh>
 
@@ -53,11 +56,17 @@
                                           RINGATTN_DETAIL_CAT(_, RINGATTN_VERSION_MINOR)),         \
                       RINGATTN_DETAIL_CAT(_, RINGATTN_VERSION_PATCH))
 
+#if defined(RINGATTN_EXPERIMENTS)
+#define RINGATTN_DETAIL_VARIANT_TAG RINGATTN_DETAIL_CAT(RINGATTN_DETAIL_VERSION_TAG, _x)
+#else
+#define RINGATTN_DETAIL_VARIANT_TAG RINGATTN_DETAIL_VERSION_TAG
+#endif
+
 #if defined(__CUDA_ARCH_LIST__)
 #define RINGATTN_ABI_NAMESPACE                                                                     \
-  RINGATTN_DETAIL_CAT(RINGATTN_DETAIL_VERSION_TAG, RINGATTN_DETAIL_ARCH_TAG(__CUDA_ARCH_LIST__))
+  RINGATTN_DETAIL_CAT(RINGATTN_DETAIL_VARIANT_TAG, RINGATTN_DETAIL_ARCH_TAG(__CUDA_ARCH_LIST__))
 #else
-#define RINGATTN_ABI_NAMESPACE RINGATTN_DETAIL_CAT(RINGATTN_DETAIL_VERSION_TAG, _host)
+#define RINGATTN_ABI_NAMESPACE RINGATTN_DETAIL_CAT(RINGATTN_DETAIL_VARIANT_TAG, _host)
 #endif
 
 //! Opens `namespace ringattn { inline namespace <abi tag> {`; for code that launches kernels.

@@ -13,6 +13,7 @@
 #include <cuda_runtime_api.h>
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -38,6 +39,36 @@ inline std::atomic<std::uint64_t> kernel_launches{0};
 #else
 #define RINGATTN_NOTE_LAUNCH() (void)0
 #endif
+
+// RINGATTN_COUNT_ALLOCATIONS (tests): every device or pinned allocation the library makes, and
+// every kernel attribute it sets, is counted, so a test can show that a warmed-up run path makes
+// neither.
+#if defined(RINGATTN_COUNT_ALLOCATIONS)
+namespace ringattn::detail {
+inline std::atomic<std::uint64_t> device_allocations{0};
+inline std::atomic<std::uint64_t> attribute_sets{0};
+} // namespace ringattn::detail
+#define RINGATTN_NOTE_ALLOCATION() (void)::ringattn::detail::device_allocations.fetch_add(1)
+#define RINGATTN_NOTE_ATTRIBUTE() (void)::ringattn::detail::attribute_sets.fetch_add(1)
+#else
+#define RINGATTN_NOTE_ALLOCATION() (void)0
+#define RINGATTN_NOTE_ATTRIBUTE() (void)0
+#endif
+
+namespace ringattn::detail {
+//! cudaMalloc, counted under RINGATTN_COUNT_ALLOCATIONS (plan-time paths only).
+template <class T>
+cudaError_t device_malloc(T** p, std::size_t bytes) {
+  RINGATTN_NOTE_ALLOCATION();
+  return cudaMalloc(reinterpret_cast<void**>(p), bytes);
+}
+//! cudaHostAlloc, likewise.
+template <class T>
+cudaError_t pinned_malloc(T** p, std::size_t bytes) {
+  RINGATTN_NOTE_ALLOCATION();
+  return cudaHostAlloc(reinterpret_cast<void**>(p), bytes, cudaHostAllocDefault);
+}
+} // namespace ringattn::detail
 
 #if defined(RINGATTN_DEBUG_SYNC)
 #define RINGATTN_CUDA_CHECK_LAUNCH()                                                               \

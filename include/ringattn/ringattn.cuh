@@ -1,6 +1,8 @@
 #pragma once
 //! \file
-//! Umbrella header: everything public in ringattn.
+//! Umbrella header: everything public in ringattn except the transport-specific communicators
+//! (`<ringattn/comm/mpi.cuh>`, `<ringattn/comm/nccl.cuh>`, `<ringattn/comm/nccl_mpi.cuh>`), which
+//! need MPI or NCCL.
 //!
 //! \code
 //! #include <ringattn/ringattn.cuh>
@@ -8,25 +10,34 @@
 //! \endcode
 
 #include <ringattn/arguments.cuh>
+#include <ringattn/block_kernel.cuh>
+#include <ringattn/comm/in_process.cuh>
 #include <ringattn/concepts.cuh>
 #include <ringattn/config.cuh>
+#include <ringattn/core/block.cuh>
+#include <ringattn/core/element.cuh>
+#include <ringattn/core/mask.cuh>
+#include <ringattn/core/segment.cuh>
+#include <ringattn/core/state.cuh>
+#include <ringattn/core/tuning.cuh>
 #include <ringattn/cuda_check.cuh>
 #include <ringattn/error.cuh>
+#include <ringattn/kernel/backward.cuh>
 #include <ringattn/kernel/backward_args.cuh>
 #include <ringattn/kernel/block.cuh>
 #include <ringattn/kernel/forward.cuh>
 #include <ringattn/kernel/forward_args.cuh>
 #include <ringattn/kernel/host_backward.cuh>
 #include <ringattn/kernel/host_forward.cuh>
-#include <ringattn/kernel/state.cuh>
-#include <ringattn/kernel/tuning.cuh>
 #include <ringattn/partition/contiguous.cuh>
 #include <ringattn/partition/device_plan.cuh>
 #include <ringattn/partition/plan.cuh>
 #include <ringattn/partition/round_robin.cuh>
 #include <ringattn/partition/scatter.cuh>
-#include <ringattn/partition/segment.cuh>
 #include <ringattn/partition/zigzag.cuh>
 #include <ringattn/reference/attention.cuh>
+#include <ringattn/ring/schedule.cuh>
+#include <ringattn/ring/workspace.cuh>
+#include <ringattn/ring_attention.cuh>
 #include <ringattn/tensor.cuh>
 #include <ringattn/version.cuh>

@@ -10,6 +10,9 @@
 
 #include <doctest/doctest.h>
 
+#include <string>
+#include <vector>
+
 using namespace ringattn;
 
 namespace {
@@ -260,4 +263,22 @@ TEST_CASE_TEMPLATE("the device backward's work lists cover every seen key once",
                    round_robin, zigzag) {
   check_backward_plans<P>(mask_kind::causal);
   check_backward_plans<P>(mask_kind::full);
+}
+
+TEST_CASE(
+    "the wgmma backward's 1- and 2-warpgroup variants are refused outside experiment builds") {
+#if defined(RINGATTN_EXPERIMENTS)
+  MESSAGE("built with RINGATTN_EXPERIMENTS: the variants exist");
+#else
+  block_group g{0, 16, 1, {}};
+  g.kv[0] = {0, 16, band{}};
+  const std::vector<block_group> groups{g};
+  for (int w : {1, 2, 4})
+    CHECK_THROWS_WITH_AS(
+        device_backward_schedule(groups, 16, 16, backward_options{backward_path::wgmma, w}),
+        ("ringattn: the wgmma block backward takes 3 warpgroups a thread block (got " +
+         std::to_string(w) + "; 1 and 2 are tuning experiments, built with RINGATTN_EXPERIMENTS)")
+            .c_str(),
+        invalid_argument);
+#endif
 }

@@ -1,7 +1,7 @@
 // The band algebra against brute-force position comparison.
 #include "../common.hpp"
 
-#include <ringattn/partition/segment.cuh>
+#include <ringattn/core/segment.cuh>
 
 #include <doctest/doctest.h>
 

@@ -200,7 +200,7 @@ private:
     if (p) RINGATTN_CUDA_CHECK(cudaFreeHost(p));
     p = nullptr;
     capacity = 0;
-    RINGATTN_CUDA_CHECK(cudaHostAlloc(&p, bytes, cudaHostAllocDefault));
+    RINGATTN_CUDA_CHECK(detail::pinned_malloc(&p, bytes));
     capacity = bytes;
   }
 

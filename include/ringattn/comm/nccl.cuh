@@ -270,7 +270,7 @@ private:
       wait(stream_, -1); // the old buffer may still be in use
       if (staging_) RINGATTN_CUDA_CHECK(cudaFree(staging_));
       staging_ = nullptr;
-      RINGATTN_CUDA_CHECK(cudaMalloc(&staging_, bytes));
+      RINGATTN_CUDA_CHECK(detail::device_malloc(&staging_, bytes));
       staging_bytes_ = bytes;
     }
     return static_cast<std::byte*>(staging_);

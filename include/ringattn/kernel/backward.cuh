@@ -22,11 +22,13 @@
 //! (`plan_backward_tiles`). docs/kernels.md has the numbers.
 
 #include <ringattn/cuda_check.cuh>
-#include <ringattn/detail/backward_kernel.cuh>
-#include <ringattn/detail/backward_kernel_sm90.cuh>
-#include <ringattn/detail/backward_kernel_tc.cuh>
+#include <ringattn/detail/device_tables.cuh>
+#include <ringattn/device/backward_cuda_cores.cuh>
+#include <ringattn/device/backward_sm80.cuh>
+#include <ringattn/device/backward_sm90.cuh>
 #include <ringattn/kernel/backward_args.cuh>
 #include <ringattn/kernel/forward.cuh>
+#include <ringattn/kernel/launch.cuh>
 
 #include <cuda_runtime_api.h>
 
@@ -167,16 +169,24 @@ inline backward_tiles plan_backward_tiles(std::span<const block_group> groups,
 //! on the CUDA cores whatever the path.
 enum class backward_path { automatic, cuda_cores, tensor_cores, wgmma };
 
+inline const char* to_string(backward_path p) {
+  return p == backward_path::automatic      ? "automatic"
+         : p == backward_path::cuda_cores   ? "cuda_cores"
+         : p == backward_path::tensor_cores ? "tensor_cores"
+                                            : "wgmma";
+}
+
 //! Options of a `device_backward_schedule`.
 struct backward_options {
   backward_path path = backward_path::automatic;
-  //! Warpgroups a thread block of the wgmma kernels (1: 64 key columns or query rows a block,
-  //! two blocks an SM; 2: 128, one block; 3: a producer warpgroup and two consumers of 64 each);
-  //! 0 = the tuned count. For tuning experiments (bench/block_backward.cu).
+  //! Warpgroups a thread block of the wgmma kernels: 0 or 3 (the tuned count: a producer
+  //! warpgroup and two consumers of 64 rows each). Builds with `RINGATTN_EXPERIMENTS` also take
+  //! 1 (64 key columns or query rows a block, two blocks an SM) and 2 (128, one block), kept for
+  //! comparison (bench/block_backward.cu).
   int wgmma_warpgroups = 0;
 };
 //! The tuned warpgroup count of the wgmma backward kernels.
-inline constexpr int tuned_wgmma_warpgroups = 3;
+inline constexpr int tuned_wgmma_warpgroups = backward_tuning_tuned.sm90_warpgroups;
 
 //! The device side of one call's groups for the backward kernels; made at plan time (it
 //! allocates and copies), used by any number of calls with the same groups and sizes.
@@ -191,10 +201,18 @@ public:
         wgmma_warpgroups_(options.wgmma_warpgroups == 0 ? tuned_wgmma_warpgroups
                                                         : options.wgmma_warpgroups) {
     validate_groups(groups, q_tokens, kv_tokens).throw_if_invalid();
+#if defined(RINGATTN_EXPERIMENTS)
     if (wgmma_warpgroups_ < 1 || wgmma_warpgroups_ > 3)
       throw invalid_argument("ringattn: the wgmma block backward takes 1, 2 or 3 warpgroups a "
                              "thread block (got " +
                              std::to_string(wgmma_warpgroups_) + ")");
+#else
+    if (wgmma_warpgroups_ != tuned_wgmma_warpgroups)
+      throw invalid_argument(
+          "ringattn: the wgmma block backward takes " + std::to_string(tuned_wgmma_warpgroups) +
+          " warpgroups a thread block (got " + std::to_string(wgmma_warpgroups_) +
+          "; 1 and 2 are tuning experiments, built with RINGATTN_EXPERIMENTS)");
+#endif
     if (path_ != backward_path::cuda_cores) {
       int device = 0, major = 0;
       RINGATTN_CUDA_CHECK(cudaGetDevice(&device));
@@ -231,49 +249,18 @@ public:
     const auto& row_tiles = tiles.row_tiles;
     key_tile_count_ = static_cast<std::int64_t>(key_tiles.size());
     row_tile_count_ = static_cast<std::int64_t>(row_tiles.size());
-    // One allocation: groups, intervals, covers, rows (each 16-byte aligned).
-    auto round = [](std::size_t n) { return (n + 15) / 16 * 16; };
-    const std::size_t gb = round(groups.size() * sizeof(block_group)),
-                      ib = round(intervals.size() * sizeof(kernels::key_interval)),
-                      cb = round(covers.size() * sizeof(kernels::key_cover)),
-                      rb = round(rows.size() * sizeof(kernels::query_row)),
-                      kb = round(key_tiles.size() * sizeof(kernels::key_tile)),
-                      tb = round(row_tiles.size() * sizeof(work_tile));
-    RINGATTN_CUDA_CHECK(
-        cudaMalloc(&memory_, std::max<std::size_t>(gb + ib + cb + rb + kb + tb, 16)));
-    char* m = static_cast<char*>(memory_);
-    groups_ = reinterpret_cast<block_group*>(m);
-    intervals_ = reinterpret_cast<kernels::key_interval*>(m + gb);
-    covers_ = reinterpret_cast<kernels::key_cover*>(m + gb + ib);
-    rows_ = reinterpret_cast<kernels::query_row*>(m + gb + ib + cb);
-    key_tiles_ = reinterpret_cast<kernels::key_tile*>(m + gb + ib + cb + rb);
-    row_tiles_ = reinterpret_cast<work_tile*>(m + gb + ib + cb + rb + kb);
-    cudaError_t e = cudaSuccess;
-    auto up = [&](void* dst, const void* src, std::size_t n) {
-      if (e == cudaSuccess && n) e = cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice);
-    };
-    up(groups_, groups.data(), groups.size() * sizeof(block_group));
-    up(intervals_, intervals.data(), intervals.size() * sizeof(kernels::key_interval));
-    up(covers_, covers.data(), covers.size() * sizeof(kernels::key_cover));
-    up(rows_, rows.data(), rows.size() * sizeof(kernels::query_row));
-    up(key_tiles_, key_tiles.data(), key_tiles.size() * sizeof(kernels::key_tile));
-    up(row_tiles_, row_tiles.data(), row_tiles.size() * sizeof(work_tile));
-    if (e != cudaSuccess) {
-      cudaFree(memory_);
-      RINGATTN_CUDA_CHECK(e);
-    }
+    tables_ = detail::device_tables(
+        groups, std::span<const kernels::key_interval>(intervals),
+        std::span<const kernels::key_cover>(covers), std::span<const kernels::query_row>(rows),
+        std::span<const kernels::key_tile>(key_tiles), std::span<const work_tile>(row_tiles));
+    groups_ = tables_.at<block_group>(0);
+    intervals_ = tables_.at<kernels::key_interval>(1);
+    covers_ = tables_.at<kernels::key_cover>(2);
+    rows_ = tables_.at<kernels::query_row>(3);
+    key_tiles_ = tables_.at<kernels::key_tile>(4);
+    row_tiles_ = tables_.at<work_tile>(5);
   }
-  ~device_backward_schedule() {
-    if (memory_) cudaFree(memory_);
-  }
-  device_backward_schedule(device_backward_schedule&& o) noexcept
-      : q_tokens_(o.q_tokens_), kv_tokens_(o.kv_tokens_), path_(o.path_),
-        wgmma_warpgroups_(o.wgmma_warpgroups_), tensor_cores_ok_(o.tensor_cores_ok_),
-        wgmma_ok_(o.wgmma_ok_), key_items_(o.key_items_), row_items_(o.row_items_),
-        interval_count_(o.interval_count_), key_tile_count_(o.key_tile_count_),
-        row_tile_count_(o.row_tile_count_), memory_(std::exchange(o.memory_, nullptr)),
-        groups_(o.groups_), intervals_(o.intervals_), covers_(o.covers_), rows_(o.rows_),
-        key_tiles_(o.key_tiles_), row_tiles_(o.row_tiles_) {}
+  device_backward_schedule(device_backward_schedule&&) noexcept = default;
   device_backward_schedule(const device_backward_schedule&) = delete;
   device_backward_schedule& operator=(const device_backward_schedule&) = delete;
   device_backward_schedule& operator=(device_backward_schedule&&) = delete;
@@ -339,7 +326,7 @@ private:
   std::int64_t key_items_ = 0, row_items_ = 0;
   std::int32_t interval_count_ = 0;
   std::int64_t key_tile_count_ = 0, row_tile_count_ = 0;
-  void* memory_ = nullptr;
+  detail::device_tables tables_; // groups, intervals, covers, rows, key tiles, row tiles
   block_group* groups_ = nullptr;
   kernels::key_interval* intervals_ = nullptr;
   kernels::key_cover* covers_ = nullptr;
@@ -385,8 +372,7 @@ void launch_tc_pair(void (*dkdv)(kernels::tc_backward_params<T>),
   for (auto [kernel, dkdv_list] : {std::pair{dkdv, true}, std::pair{dq, false}}) {
     const std::int64_t count = dkdv_list ? p.key_tile_count : p.row_tile_count;
     if (count == 0) continue;
-    RINGATTN_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem);
     for (std::int64_t first = 0; first < count; first += most) {
       kernels::tc_backward_params<T> part = p;
       const unsigned n = static_cast<unsigned>(std::min(most, count - first));
@@ -413,28 +399,25 @@ void launch_block_backward_tc(const kernels::tc_backward_params<T>& p, int wgmma
   }
   const unsigned blocks = sm90_backward_grid(p);
   if (blocks == 0) return;
+  constexpr int W = tuned_wgmma_warpgroups;
+#if defined(RINGATTN_EXPERIMENTS)
   auto kernel = wgmma_warpgroups == 3   ? &kernels::backward_sm90_kernel<T, D, 3>
                 : wgmma_warpgroups == 2 ? &kernels::backward_sm90_kernel<T, D, 2>
                                         : &kernels::backward_sm90_kernel<T, D, 1>;
   const int smem = wgmma_warpgroups == 3   ? kernels::sm90_backward_smem_bytes<T, D, 3>()
                    : wgmma_warpgroups == 2 ? kernels::sm90_backward_smem_bytes<T, D, 2>()
                                            : kernels::sm90_backward_smem_bytes<T, D, 1>();
+#else
+  auto kernel = &kernels::backward_sm90_kernel<T, D, W>;
+  const int smem = kernels::sm90_backward_smem_bytes<T, D, W>();
+#endif
   if (wgmma_warpgroups == 3) {
-    // As the forward's Hopper kernel: the setmaxnreg hand-over (24 producer, 240 consumers)
-    // balances only if the kernel starts with 65536 / 384 = 168 registers a thread.
-    static const int registers = [&] {
-      cudaFuncAttributes attr{};
-      RINGATTN_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
-      return attr.numRegs;
-    }();
-    if (registers != kernels::sm90_registers)
-      throw error("ringattn: the wgmma block backward was compiled with " +
-                  std::to_string(registers) + " registers a thread instead of " +
-                  std::to_string(kernels::sm90_registers) +
-                  " (is -maxrregcount set?); use backward_path::tensor_cores");
+    // As the forward's Hopper kernel (require_sm90_registers), checked once.
+    static const bool checked =
+        (require_sm90_registers(kernel, "backward_path::tensor_cores"), true);
+    (void)checked;
   }
-  RINGATTN_CUDA_CHECK(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem);
   kernel<<<blocks, 128 * wgmma_warpgroups, smem, stream>>>(p);
   RINGATTN_CUDA_CHECK_LAUNCH();
 }

@@ -46,10 +46,9 @@ struct block_backward_args {
   gradient_state grad;
 };
 
-//! Shapes agree with the arguments, views are valid, pointers are there, groups fit.
+//! Shapes agree with the arguments, views are valid, pointers are there (the groups aside).
 template <element T>
-validation validate_block_backward(const block_backward_args<T>& a,
-                                   std::span<const block_group> groups) {
+validation validate_block_backward_tensors(const block_backward_args<T>& a) {
   validation r = a.args.validate();
   r.require(validate_view(a.q, "q"))
       .require(validate_view(a.k, "k"))
@@ -71,6 +70,14 @@ validation validate_block_backward(const block_backward_args<T>& a,
             "lse, delta or dq is a null pointer");
   r.require(a.k.tokens == 0 || (a.grad.dk != nullptr && a.grad.dv != nullptr),
             "dk or dv is a null pointer");
+  return r;
+}
+
+//! The tensors as above, and the groups fit them.
+template <element T>
+validation validate_block_backward(const block_backward_args<T>& a,
+                                   std::span<const block_group> groups) {
+  validation r = validate_block_backward_tensors(a);
   if (r) r.require(validate_groups(groups, a.q.tokens, a.k.tokens));
   return r;
 }

@@ -1,7 +1,7 @@
 #pragma once
 //! \file
 //! What one call of a block kernel computes: a rank's queries against one K/V block, described as
-//! *block groups*, and the mask policies `full` and `causal`.
+//! *block groups*, and what an epilogue does with the state (`step_epilogue`).
 //!
 //! A block group is one query segment (rows `[q_begin, q_begin + q_count)` of the rank's Q shard)
 //! with the key segments of the K/V block it attends to (at most `max_blocks_per_group`: zigzag
@@ -15,8 +15,8 @@
 //! \endcode
 
 #include <ringattn/arguments.cuh>
+#include <ringattn/core/block.cuh>
 #include <ringattn/error.cuh>
-#include <ringattn/partition/segment.cuh>
 
 #include <algorithm>
 #include <cstdint>
@@ -25,30 +25,6 @@
 #include <vector>
 
 namespace ringattn {
-
-//! Most key segments one query segment meets in one K/V block (zigzag: 2).
-inline constexpr int max_blocks_per_group = 2;
-
-//! One key segment of a K/V block and the band of a query segment against it.
-struct kv_block {
-  std::int64_t kv_begin = 0; //!< first row in the K/V block
-  std::int64_t kv_count = 0;
-  band mask; //!< visible (i, j): lo <= j - i <= hi
-};
-
-//! One query segment and the key segments it attends to.
-struct block_group {
-  std::int64_t q_begin = 0; //!< first row in the Q shard
-  std::int64_t q_count = 0;
-  std::int32_t count = 0; //!< used entries of kv
-  kv_block kv[max_blocks_per_group] = {};
-};
-
-//! One unit of a kernel launch: query rows [row_begin, row_begin + block_m) of group `group`.
-struct work_tile {
-  std::int32_t group = 0;
-  std::int32_t row_begin = 0;
-};
 
 //! Groups a plan's blocks (`partition_plan::blocks`) by query segment. Empty blocks are dropped.
 inline std::vector<block_group> group_blocks(std::span<const block> blocks) {
@@ -112,15 +88,25 @@ inline validation validate_groups(std::span<const block_group> groups, std::int6
   return r;
 }
 
-//! Mask policy: every query sees every key of its sequence.
-struct full {
-  static constexpr mask_kind mask = mask_kind::full;
-  static constexpr const char* name = "full";
-};
-//! Mask policy: a query sees the keys at positions up to its own.
-struct causal {
-  static constexpr mask_kind mask = mask_kind::causal;
-  static constexpr const char* name = "causal";
-};
+//! What a block kernel's epilogue does with the running state in one call (a ring decides it per
+//! step when its schedule is built, ring/schedule.cuh):
+//! - `none`: no query sees the block; nothing runs;
+//! - `plain`: no state; the block's result is the output (`out` and the lse);
+//! - `fresh`: the first merge, covering every query row: writes the state without reading it;
+//! - `merge`: merges into the state;
+//! - `merge_out`: the last merge, covering every query row: merges and writes the output itself
+//!   (the state's lse becomes the rows' lse).
+enum class step_epilogue { none, plain, fresh, merge, merge_out };
+
+constexpr const char* to_string(step_epilogue e) noexcept {
+  switch (e) {
+  case step_epilogue::none: return "none";
+  case step_epilogue::plain: return "plain";
+  case step_epilogue::fresh: return "fresh";
+  case step_epilogue::merge: return "merge";
+  case step_epilogue::merge_out: return "merge_out";
+  }
+  return "?";
+}
 
 } // namespace ringattn

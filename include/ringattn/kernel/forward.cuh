@@ -24,11 +24,14 @@
 //! ringattn::finalize(state, out, stream);                  // o / sum -> out, the lse
 //! \endcode
 
+#include <ringattn/core/tuning.cuh>
 #include <ringattn/cuda_check.cuh>
-#include <ringattn/detail/forward_kernel.cuh>
-#include <ringattn/detail/forward_kernel_sm90.cuh>
+#include <ringattn/detail/device_tables.cuh>
+#include <ringattn/device/elementwise.cuh>
+#include <ringattn/device/forward_sm80.cuh>
+#include <ringattn/device/forward_sm90.cuh>
 #include <ringattn/kernel/forward_args.cuh>
-#include <ringattn/kernel/tuning.cuh>
+#include <ringattn/kernel/launch.cuh>
 
 #include <cuda_runtime_api.h>
 
@@ -37,6 +40,7 @@
 #include <limits>
 #include <mutex>
 #include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -45,13 +49,15 @@ namespace ringattn {
 //! Options of a `device_block_schedule`.
 struct schedule_options {
   forward_path path = forward_path::automatic;
+  //! How the wgmma kernel's merging calls add to the state (ignored by the mma_sync kernel).
+  merge_path merge = merge_path::automatic;
+#if defined(RINGATTN_EXPERIMENTS)
   //! Tile-shape experiments of the mma_sync kernel only (bench/forward_tuning.cu): rows per work
   //! tile and keys per K/V tile used for the work estimate; 0 = the tuned shape. A schedule made
   //! with another row count is rejected by `block_forward`.
   int block_m = 0;
   int block_n = 0;
-  //! How the wgmma kernel's merging calls add to the state (ignored by the mma_sync kernel).
-  merge_path merge = merge_path::automatic;
+#endif
 };
 
 } // namespace ringattn
@@ -77,7 +83,7 @@ inline bool wgmma_available() {
     int yes = 0;
     if (major == 9) {
       int* flag = nullptr;
-      RINGATTN_CUDA_CHECK(cudaMalloc(&flag, sizeof(int)));
+      RINGATTN_CUDA_CHECK(detail::device_malloc(&flag, sizeof(int)));
       kernels::sm90_probe_kernel<<<1, 1>>>(flag);
       cudaError_t e = cudaGetLastError();
       if (e == cudaSuccess) e = cudaMemcpy(&yes, flag, sizeof(int), cudaMemcpyDeviceToHost);
@@ -119,9 +125,13 @@ public:
       merge_ = head_dim == 128 && banded ? merge_path::reduce : merge_path::rewrite;
     }
     if (path_ != forward_path::wgmma) merge_ = merge_path::rewrite;
-    block_m_ = options.block_m > 0 ? options.block_m : tuned_block_m(head_dim, path_);
-    const int bm = block_m_,
-              bn = options.block_n > 0 ? options.block_n : tuned_block_n(head_dim, path_);
+#if defined(RINGATTN_EXPERIMENTS)
+    const int want_m = options.block_m, want_n = options.block_n;
+#else
+    const int want_m = 0, want_n = 0;
+#endif
+    block_m_ = want_m > 0 ? want_m : tuned_block_m(head_dim, path_);
+    const int bm = block_m_, bn = want_n > 0 ? want_n : tuned_block_n(head_dim, path_);
     struct weighted {
       std::int64_t work;
       std::int32_t group, row;
@@ -146,28 +156,12 @@ public:
     for (const weighted& x : w)
       tiles.push_back({x.group, x.row});
     tile_count_ = static_cast<std::int64_t>(tiles.size());
-    const std::size_t gbytes = groups_.size() * sizeof(block_group);
-    const std::size_t tbytes = tiles.size() * sizeof(work_tile);
-    RINGATTN_CUDA_CHECK(cudaMalloc(&memory_, std::max<std::size_t>(gbytes + tbytes, 16)));
-    groups_device_ = static_cast<block_group*>(memory_);
-    tiles_device_ = reinterpret_cast<work_tile*>(static_cast<char*>(memory_) + gbytes);
-    cudaError_t e = cudaMemcpy(groups_device_, groups_.data(), gbytes, cudaMemcpyHostToDevice);
-    if (e == cudaSuccess)
-      e = cudaMemcpy(tiles_device_, tiles.data(), tbytes, cudaMemcpyHostToDevice);
-    if (e != cudaSuccess) {
-      cudaFree(memory_);
-      RINGATTN_CUDA_CHECK(e);
-    }
+    tables_ = detail::device_tables(std::span<const block_group>(groups_),
+                                    std::span<const work_tile>(tiles));
+    groups_device_ = tables_.at<block_group>(0);
+    tiles_device_ = tables_.at<work_tile>(1);
   }
-  ~device_block_schedule() {
-    if (memory_) cudaFree(memory_);
-  }
-  device_block_schedule(device_block_schedule&& o) noexcept
-      : groups_(std::move(o.groups_)), q_tokens_(o.q_tokens_), kv_tokens_(o.kv_tokens_),
-        head_dim_(o.head_dim_), path_(o.path_), merge_(o.merge_), block_m_(o.block_m_),
-        tile_count_(o.tile_count_), work_tiles_(o.work_tiles_),
-        memory_(std::exchange(o.memory_, nullptr)), groups_device_(o.groups_device_),
-        tiles_device_(o.tiles_device_) {}
+  device_block_schedule(device_block_schedule&&) noexcept = default;
   device_block_schedule(const device_block_schedule&) = delete;
   device_block_schedule& operator=(const device_block_schedule&) = delete;
   device_block_schedule& operator=(device_block_schedule&&) = delete;
@@ -211,7 +205,7 @@ private:
   merge_path merge_ = merge_path::rewrite;
   int block_m_ = 0;
   std::int64_t tile_count_ = 0, work_tiles_ = 0;
-  void* memory_ = nullptr;
+  detail::device_tables tables_; // groups, then tiles
   block_group* groups_device_ = nullptr;
   work_tile* tiles_device_ = nullptr;
 
@@ -250,7 +244,7 @@ namespace ringattn {
 //! alignment, and a schedule made for these shapes.
 template <element T>
 validation validate_device_forward(const block_forward_args<T>& a, const device_block_schedule& s) {
-  validation r = validate_block_forward(a, s.groups());
+  validation r = validate_block_forward_tensors(a);
   if (!r) return r;
   r.require(!std::is_same_v<std::remove_const_t<T>, float>,
             "the CUDA block kernel takes fp16 or bf16 inputs (got fp32)");
@@ -272,56 +266,56 @@ validation validate_device_forward(const block_forward_args<T>& a, const device_
 
 #if defined(__CUDACC__)
 namespace detail {
-template <class T, int D, forward_tuning Tune, bool Merge>
+//! The Hopper kernel's registers a thread, checked once per instantiation: the warpgroups trade
+//! registers (setmaxnreg: 24 producer, 240 consumers), which balances only if the kernel starts
+//! with 65536 / 384 = 168 a thread; fewer (-maxrregcount) would leave the consumers waiting for
+//! registers forever.
+template <class Kernel>
+void require_sm90_registers(Kernel* kernel, const char* fallback) {
+  cudaFuncAttributes attr{};
+  RINGATTN_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+  if (attr.numRegs != kernels::sm90_registers)
+    throw error("ringattn: the wgmma kernel was compiled with " + std::to_string(attr.numRegs) +
+                " registers a thread instead of " + std::to_string(kernels::sm90_registers) +
+                " (is -maxrregcount set?); use " + fallback);
+}
+
+template <class T, int D, forward_tuning Tune, kernels::epilogue E>
 void launch_block_forward(const kernels::forward_params<T>& p, const device_block_schedule& s,
                           cudaStream_t stream) {
   if (s.tiles() == 0 || p.q_heads == 0) return;
-  constexpr int smem = kernels::forward_smem_bytes<T, D>(Tune);
   const dim3 grid(static_cast<unsigned>(s.tiles()), static_cast<unsigned>(p.q_heads));
   if constexpr (D == 64 || D == 128) {
     if (s.path() == forward_path::wgmma) {
       constexpr int bytes = kernels::sm90_smem_bytes<T, D>();
-      // A plain merge may add through the L2 (merge_path::reduce); a first or last step may not.
-      const bool reduce = Merge && s.merge() == merge_path::reduce && !p.fresh && p.out == nullptr;
       constexpr int BN = kernels::sm90_block_n<D>;
-      auto* rewrite_kernel = &kernels::block_forward_sm90_kernel<T, D, BN, Merge, false>;
-      auto* reduce_kernel = &kernels::block_forward_sm90_kernel<T, D, BN, Merge, Merge>;
-      auto* kernel = reduce ? reduce_kernel : rewrite_kernel;
-      // The warpgroups trade registers (setmaxnreg: 24 producer, 240 consumers), which balances
-      // only if the kernel starts with 65536 / 384 = 168 a thread; fewer (-maxrregcount) would
-      // leave the consumers waiting for registers forever.
-      auto registers_of = [](auto* k) {
-        cudaFuncAttributes attr{};
-        RINGATTN_CUDA_CHECK(cudaFuncGetAttributes(&attr, k));
-        return attr.numRegs;
+      auto launch = [&](auto* kernel) {
+        static const bool checked =
+            (require_sm90_registers(kernel, "forward_path::mma_sync"), true);
+        (void)checked;
+        allow_dynamic_smem(reinterpret_cast<const void*>(kernel), bytes);
+        kernel<<<grid, kernels::sm90_threads, bytes, stream>>>(p);
+        RINGATTN_CUDA_CHECK_LAUNCH();
       };
-      static const int registers_rewrite = registers_of(rewrite_kernel);
-      static const int registers_reduce = registers_of(reduce_kernel);
-      const int registers = reduce ? registers_reduce : registers_rewrite;
-      if (registers != kernels::sm90_registers)
-        throw error("ringattn: the wgmma block kernel was compiled with " +
-                    std::to_string(registers) + " registers a thread instead of " +
-                    std::to_string(kernels::sm90_registers) +
-                    " (is -maxrregcount set?); use forward_path::mma_sync");
-      RINGATTN_CUDA_CHECK(
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-      kernel<<<grid, kernels::sm90_threads, bytes, stream>>>(p);
-      RINGATTN_CUDA_CHECK_LAUNCH();
-      return;
+      // Only a plain merge may add through the L2 (merge_path::reduce).
+      if constexpr (E == kernels::epilogue::merge)
+        if (s.merge() == merge_path::reduce)
+          return launch(&kernels::block_forward_sm90_kernel<T, D, BN, E, true>);
+      return launch(&kernels::block_forward_sm90_kernel<T, D, BN, E, false>);
     }
   }
+  constexpr int smem = kernels::forward_smem_bytes<T, D>(Tune);
   auto* kernel = &kernels::block_forward_kernel<T, D, Tune.warps, Tune.m_tiles, Tune.block_n,
-                                                Tune.q_in_registers, Merge>;
-  RINGATTN_CUDA_CHECK(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+                                                Tune.q_in_registers, E>;
+  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem);
   kernel<<<grid, Tune.threads(), smem, stream>>>(p);
   RINGATTN_CUDA_CHECK_LAUNCH();
 }
 
 template <class T>
 kernels::forward_params<T> forward_params_of(const block_forward_args<T>& a,
-                                             const device_block_schedule& s, T* out, float* lse_out,
-                                             bool fresh) {
+                                             const device_block_schedule& s, T* out,
+                                             float* lse_out) {
   return {a.q.data,
           a.k.data,
           a.v.data,
@@ -339,19 +333,20 @@ kernels::forward_params<T> forward_params_of(const block_forward_args<T>& a,
           a.args.q_heads,
           a.args.group_size(),
           a.q.tokens,
-          static_cast<float>(a.args.scale() * 1.4426950408889634),
-          fresh ? 1 : 0};
+          static_cast<float>(a.args.scale() * 1.4426950408889634)};
 }
 
-template <class T, bool Merge>
+//! One launch with epilogue E; the schedule's groups were validated when it was made, so the call
+//! checks only tensors, alignment and that the schedule fits them.
+template <class T, kernels::epilogue E>
 void block_forward(const block_forward_args<T>& a, const device_block_schedule& s, T* out,
-                   float* lse_out, cudaStream_t stream, bool fresh = false) {
+                   float* lse_out, cudaStream_t stream) {
   validate_device_forward(a, s).throw_if_invalid();
-  const auto p = forward_params_of(a, s, out, lse_out, fresh);
+  const auto p = forward_params_of(a, s, out, lse_out);
   switch (a.args.head_dim) {
-  case 64: launch_block_forward<T, 64, forward_tuning_for<64>, Merge>(p, s, stream); break;
-  case 128: launch_block_forward<T, 128, forward_tuning_for<128>, Merge>(p, s, stream); break;
-  default: launch_block_forward<T, 256, forward_tuning_for<256>, Merge>(p, s, stream); break;
+  case 64: launch_block_forward<T, 64, forward_tuning_for<64>, E>(p, s, stream); break;
+  case 128: launch_block_forward<T, 128, forward_tuning_for<128>, E>(p, s, stream); break;
+  default: launch_block_forward<T, 256, forward_tuning_for<256>, E>(p, s, stream); break;
   }
 }
 } // namespace detail
@@ -361,7 +356,7 @@ void block_forward(const block_forward_args<T>& a, const device_block_schedule& 
 template <class T>
 requires(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) void block_forward(
     const block_forward_args<T>& a, const device_block_schedule& s, cudaStream_t stream) {
-  detail::block_forward<T, true>(a, s, nullptr, nullptr, stream);
+  detail::block_forward<T, kernels::epilogue::merge>(a, s, nullptr, nullptr, stream);
 }
 
 namespace detail {
@@ -390,7 +385,7 @@ validation validate_dense_out(const thd_view<T>& out, const block_forward_args<T
 template <class T>
 requires(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) void block_forward_first(
     const block_forward_args<T>& a, const device_block_schedule& s, cudaStream_t stream) {
-  detail::block_forward<T, true>(a, s, nullptr, nullptr, stream, /*fresh=*/true);
+  detail::block_forward<T, kernels::epilogue::fresh>(a, s, nullptr, nullptr, stream);
 }
 template <class T>
 requires(std::is_same_v<T, __half> ||
@@ -400,7 +395,7 @@ requires(std::is_same_v<T, __half> ||
                                                                    cudaStream_t stream) {
   validation r = detail::validate_dense_out(out, a);
   r.throw_if_invalid();
-  detail::block_forward<T, true>(a, s, out.data, nullptr, stream);
+  detail::block_forward<T, kernels::epilogue::merge_out>(a, s, out.data, nullptr, stream);
 }
 
 //! The same kernel writing its block result directly (no state): `out` dense
@@ -417,7 +412,7 @@ requires(std::is_same_v<T, __half> ||
   r.require(lse != nullptr || a.q.tokens == 0, "lse is a null pointer");
   r.require(aligned_to(lse, 4), "lse must be 4-byte aligned");
   r.throw_if_invalid();
-  detail::block_forward<T, false>(a, s, out.data, lse, stream);
+  detail::block_forward<T, kernels::epilogue::plain>(a, s, out.data, lse, stream);
 }
 
 //! Sets a device state to "no key seen" (o = 0, lse = -inf, sum = 0), asynchronously on `stream`.

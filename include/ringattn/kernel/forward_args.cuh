@@ -4,8 +4,8 @@
 //! validation (run before anything is launched or written).
 
 #include <ringattn/arguments.cuh>
+#include <ringattn/core/state.cuh>
 #include <ringattn/kernel/block.cuh>
-#include <ringattn/kernel/state.cuh>
 #include <ringattn/tensor.cuh>
 
 #include <cstdint>
@@ -24,10 +24,10 @@ struct block_forward_args {
   attention_state state;
 };
 
-//! Shapes agree with the arguments, views are valid, the state matches q, groups fit.
+//! Shapes agree with the arguments, views are valid, the state matches q (the groups aside: a
+//! caller that validated them once, at plan time, checks only these).
 template <element T>
-validation validate_block_forward(const block_forward_args<T>& a,
-                                  std::span<const block_group> groups) {
+validation validate_block_forward_tensors(const block_forward_args<T>& a) {
   validation r = a.args.validate();
   r.require(validate_view(a.q, "q"))
       .require(validate_view(a.k, "k"))
@@ -49,6 +49,14 @@ validation validate_block_forward(const block_forward_args<T>& a,
   r.require(a.q.tokens == 0 ||
                 (a.state.o != nullptr && a.state.lse != nullptr && a.state.sum != nullptr),
             "the state's o, lse or sum is a null pointer");
+  return r;
+}
+
+//! The tensors as above, and the groups fit them.
+template <element T>
+validation validate_block_forward(const block_forward_args<T>& a,
+                                  std::span<const block_group> groups) {
+  validation r = validate_block_forward_tensors(a);
   if (r) r.require(validate_groups(groups, a.q.tokens, a.k.tokens));
   return r;
 }

@@ -14,10 +14,10 @@
 #include <ringattn/kernel/backward_args.cuh>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <span>
-#include <vector>
 
 namespace ringattn {
 
@@ -41,18 +41,16 @@ void compute_delta(thd_view<const T> out, thd_view<const T> dout, float* delta) 
     }
 }
 
-//! Host block backward: accumulates this block's share of dq, dk and dv into `a.grad`. Rows with
-//! lse = -inf (no key anywhere) get nothing. Throws `invalid_argument` (nothing written) when
-//! validation fails.
+namespace detail {
+//! The host block backward on arguments validated by the caller; allocates nothing.
 template <element T>
-void host_block_backward(const block_backward_args<T>& a, std::span<const block_group> groups) {
-  validate_block_backward(a, groups).throw_if_invalid();
+void host_block_backward_rows(const block_backward_args<T>& a,
+                              std::span<const block_group> groups) {
   const double scale = a.args.scale();
   const int group_size = a.args.group_size(), d = a.args.head_dim, qh = a.args.q_heads,
             kvh_count = a.args.kv_heads;
   const std::int64_t nq = a.q.tokens;
-  std::vector<double> dq(static_cast<std::size_t>(d)), qrow(static_cast<std::size_t>(d)),
-      dorow(static_cast<std::size_t>(d));
+  std::array<double, max_head_dim> dq, qrow, dorow;
   for (const block_group& g : groups)
     for (std::int64_t i = 0; i < g.q_count; ++i) {
       const std::int64_t row = g.q_begin + i;
@@ -65,7 +63,7 @@ void host_block_backward(const block_backward_args<T>& a, std::span<const block_
           qrow[static_cast<std::size_t>(e)] = to_float(a.q(row, h, e));
           dorow[static_cast<std::size_t>(e)] = to_float(a.dout(row, h, e));
         }
-        std::fill(dq.begin(), dq.end(), 0.0);
+        std::fill(dq.begin(), dq.begin() + d, 0.0);
         for (int b = 0; b < g.count; ++b) {
           const kv_block& kb = g.kv[b];
           const index_range c = kb.mask.columns(i, i + 1, kb.kv_count);
@@ -92,6 +90,17 @@ void host_block_backward(const block_backward_args<T>& a, std::span<const block_
           dqs[e] += static_cast<float>(dq[static_cast<std::size_t>(e)]);
       }
     }
+}
+
+} // namespace detail
+
+//! Host block backward: accumulates this block's share of dq, dk and dv into `a.grad`. Rows with
+//! lse = -inf (no key anywhere) get nothing. Throws `invalid_argument` (nothing written) when
+//! validation fails.
+template <element T>
+void host_block_backward(const block_backward_args<T>& a, std::span<const block_group> groups) {
+  validate_block_backward(a, groups).throw_if_invalid();
+  detail::host_block_backward_rows(a, groups);
 }
 
 } // namespace ringattn

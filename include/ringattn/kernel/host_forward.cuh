@@ -13,10 +13,10 @@
 #include <ringattn/kernel/forward_args.cuh>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <span>
-#include <vector>
 
 namespace ringattn {
 
@@ -27,45 +27,45 @@ inline void reset(const attention_state& s) {
   std::fill(s.sum, s.sum + s.lse_elements(), 0.0f);
 }
 
-//! Host block forward: merges attention of `a.q` against the K/V block into `a.state`.
-//! Throws `invalid_argument` (nothing written) when validation fails.
+namespace detail {
+//! The host block forward on arguments validated by the caller (the ring validates its groups
+//! once, at plan time). Allocates nothing: each (row, head) runs an online softmax in fp64 with
+//! its output row on the stack.
 template <element T>
-void host_block_forward(const block_forward_args<T>& a, std::span<const block_group> groups) {
-  validate_block_forward(a, groups).throw_if_invalid();
+void host_block_forward_rows(const block_forward_args<T>& a, std::span<const block_group> groups) {
   const double scale = a.args.scale();
   const int group_size = a.args.group_size(), d = a.args.head_dim;
-  std::vector<double> s, o(static_cast<std::size_t>(d));
-  std::vector<std::int64_t> col;
+  std::array<double, max_head_dim> o;
   for (const block_group& g : groups)
     for (std::int64_t i = 0; i < g.q_count; ++i) {
       const std::int64_t row = g.q_begin + i;
       for (int h = 0; h < a.args.q_heads; ++h) {
         const int kvh = h / group_size;
-        s.clear();
-        col.clear();
-        double m = -std::numeric_limits<double>::infinity();
+        double m = -std::numeric_limits<double>::infinity(), sum = 0.0;
+        std::fill(o.begin(), o.begin() + d, 0.0);
         for (int b = 0; b < g.count; ++b) {
           const kv_block& kb = g.kv[b];
           const index_range c = kb.mask.columns(i, i + 1, kb.kv_count);
           for (std::int64_t j = c.begin; j < c.end; ++j) {
+            const std::int64_t col = kb.kv_begin + j;
             double dot = 0.0;
             for (int e = 0; e < d; ++e)
-              dot += static_cast<double>(to_float(a.q(row, h, e))) *
-                     to_float(a.k(kb.kv_begin + j, kvh, e));
-            s.push_back(dot * scale);
-            col.push_back(kb.kv_begin + j);
-            m = std::max(m, dot * scale);
+              dot += static_cast<double>(to_float(a.q(row, h, e))) * to_float(a.k(col, kvh, e));
+            const double x = dot * scale;
+            if (x > m) { // a new maximum: rescale what was summed so far
+              const double s = std::exp(m - x);
+              sum *= s;
+              for (int e = 0; e < d; ++e)
+                o[static_cast<std::size_t>(e)] *= s;
+              m = x;
+            }
+            const double p = std::exp(x - m);
+            sum += p;
+            for (int e = 0; e < d; ++e)
+              o[static_cast<std::size_t>(e)] += p * to_float(a.v(col, kvh, e));
           }
         }
-        if (s.empty()) continue; // nothing visible in this block: the state is unchanged
-        double sum = 0.0;
-        std::fill(o.begin(), o.end(), 0.0);
-        for (std::size_t x = 0; x < s.size(); ++x) {
-          const double p = std::exp(s[x] - m);
-          sum += p;
-          for (int e = 0; e < d; ++e)
-            o[static_cast<std::size_t>(e)] += p * to_float(a.v(col[x], kvh, e));
-        }
+        if (sum == 0.0) continue; // nothing visible in this block: the state is unchanged
         const float lse_b = static_cast<float>(m + std::log(sum));
         float& ref = a.state.lse_at(row, h);
         const row_merge w = merge_into(ref, lse_b);
@@ -78,6 +78,15 @@ void host_block_forward(const block_forward_args<T>& a, std::span<const block_gr
         ref = w.new_ref;
       }
     }
+}
+} // namespace detail
+
+//! Host block forward: merges attention of `a.q` against the K/V block into `a.state`.
+//! Throws `invalid_argument` (nothing written) when validation fails.
+template <element T>
+void host_block_forward(const block_forward_args<T>& a, std::span<const block_group> groups) {
+  validate_block_forward(a, groups).throw_if_invalid();
+  detail::host_block_forward_rows(a, groups);
 }
 
 //! Writes the state's output, o / sum, in the output dtype (rows that saw no key are 0), and

@@ -12,7 +12,7 @@
 //! `round_robin` for causal attention; `contiguous` suits full attention and matches the layout
 //! most data loaders produce.
 
-#include <ringattn/partition/segment.cuh>
+#include <ringattn/core/segment.cuh>
 
 namespace ringattn {
 

@@ -12,7 +12,9 @@
 //! ringattn::scatter(dplan, rank, full, shard, stream);
 //! \endcode
 
+#include <ringattn/core/plan_ref.cuh>
 #include <ringattn/cuda_check.cuh>
+#include <ringattn/detail/device_tables.cuh>
 #include <ringattn/partition/plan.cuh>
 
 #include <cuda_runtime_api.h>
@@ -24,15 +26,6 @@
 
 namespace ringattn {
 
-//! Device-side view of a plan's tables (device pointers); trivially copyable.
-struct device_plan_ref {
-  const std::int32_t* cu_seqlens = nullptr;       //!< batch + 1
-  const std::int32_t* local_cu_seqlens = nullptr; //!< ranks x (batch + 1), rank-major
-  const std::int64_t* rank_offsets = nullptr;     //!< ranks + 1
-  std::int32_t batch = 0;
-  std::int32_t ranks = 0;
-};
-
 template <partitioner Partitioner>
 class device_partition_plan {
 public:
@@ -43,35 +36,15 @@ public:
     RINGATTN_CUDA_CHECK(cudaGetDevice(&device_));
     RINGATTN_CUDA_CHECK(
         cudaDeviceGetAttribute(&multiprocessors_, cudaDevAttrMultiProcessorCount, device_));
-    const auto cu = plan.cu_seqlens();
-    const auto lcu = plan.all_local_cu_seqlens();
-    const auto ro = plan.rank_offsets();
-    // One allocation: the int64 offsets first (8-byte aligned), then the int32 tables.
-    const std::size_t bytes_ro = ro.size_bytes(), bytes_cu = cu.size_bytes();
-    const std::size_t bytes = bytes_ro + bytes_cu + lcu.size_bytes();
-    std::vector<unsigned char> staging(bytes);
-    std::memcpy(staging.data(), ro.data(), bytes_ro);
-    std::memcpy(staging.data() + bytes_ro, cu.data(), bytes_cu);
-    std::memcpy(staging.data() + bytes_ro + bytes_cu, lcu.data(), lcu.size_bytes());
-    RINGATTN_CUDA_CHECK(cudaMalloc(&memory_, bytes));
-    const cudaError_t copied = cudaMemcpy(memory_, staging.data(), bytes, cudaMemcpyHostToDevice);
-    if (copied != cudaSuccess) {
-      cudaFree(memory_);
-      RINGATTN_CUDA_CHECK(copied);
-    }
-    auto* base = static_cast<unsigned char*>(memory_);
-    ref_.rank_offsets = reinterpret_cast<const std::int64_t*>(base);
-    ref_.cu_seqlens = reinterpret_cast<const std::int32_t*>(base + bytes_ro);
-    ref_.local_cu_seqlens = reinterpret_cast<const std::int32_t*>(base + bytes_ro + bytes_cu);
+    tables_ =
+        detail::device_tables(plan.rank_offsets(), plan.cu_seqlens(), plan.all_local_cu_seqlens());
+    ref_.rank_offsets = tables_.at<const std::int64_t>(0);
+    ref_.cu_seqlens = tables_.at<const std::int32_t>(1);
+    ref_.local_cu_seqlens = tables_.at<const std::int32_t>(2);
     ref_.batch = plan.batch();
     ref_.ranks = plan.ranks();
   }
-  ~device_partition_plan() {
-    if (memory_) cudaFree(memory_); // a destructor must not throw; nothing useful to report
-  }
-  device_partition_plan(device_partition_plan&& o) noexcept
-      : host_(std::move(o.host_)), ref_(o.ref_), memory_(std::exchange(o.memory_, nullptr)),
-        device_(o.device_), multiprocessors_(o.multiprocessors_) {}
+  device_partition_plan(device_partition_plan&&) noexcept = default;
   device_partition_plan& operator=(device_partition_plan&&) = delete;
   device_partition_plan(const device_partition_plan&) = delete;
   device_partition_plan& operator=(const device_partition_plan&) = delete;
@@ -88,7 +61,7 @@ public:
 private:
   partition_plan<Partitioner> host_;
   device_plan_ref ref_{};
-  void* memory_ = nullptr;
+  detail::device_tables tables_; // rank offsets, cu_seqlens, local cu_seqlens
   int device_ = 0;
   int multiprocessors_ = 0;
 };

@@ -12,7 +12,7 @@
 //! Under a causal mask a block between two ranks is a band with hi = 0 or -1: the diagonal or
 //! just below it, so causal work is balanced to within one token per sequence.
 
-#include <ringattn/partition/segment.cuh>
+#include <ringattn/core/segment.cuh>
 
 namespace ringattn {
 

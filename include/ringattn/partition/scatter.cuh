@@ -15,7 +15,8 @@
 //! ringattn::gather(device_plan, all_shards, full_out, stream);  // device, async
 //! \endcode
 
-#include <ringattn/detail/copy_rows.cuh>
+#include <ringattn/cuda_check.cuh>
+#include <ringattn/device/copy_rows.cuh>
 #include <ringattn/partition/device_plan.cuh>
 #include <ringattn/partition/plan.cuh>
 #include <ringattn/tensor.cuh>
@@ -23,6 +24,73 @@
 #include <cstdint>
 #include <cstring>
 #include <span>
+#include <type_traits>
+
+#if defined(__CUDACC__)
+RINGATTN_ABI_BEGIN
+namespace kernels {
+//! Largest vector width in bytes (16, 8, 4 or 2) dividing every address and stride of the copy.
+template <class T>
+int vector_width(const T* src, const T* dst, const thd_view<const T>& s, const thd_view<T>& d,
+                 bool whole_rows) {
+  const std::uint64_t e = sizeof(T);
+  std::uint64_t bits = reinterpret_cast<std::uintptr_t>(src) |
+                       reinterpret_cast<std::uintptr_t>(dst) |
+                       static_cast<std::uint64_t>(s.token_stride) * e |
+                       static_cast<std::uint64_t>(d.token_stride) * e;
+  if (whole_rows)
+    bits |= static_cast<std::uint64_t>(s.heads) * s.head_dim * e;
+  else
+    bits |= static_cast<std::uint64_t>(s.head_stride) * e |
+            static_cast<std::uint64_t>(d.head_stride) * e |
+            static_cast<std::uint64_t>(s.head_dim) * e;
+  for (int w : {16, 8, 4})
+    if ((bits & static_cast<std::uint64_t>(w - 1)) == 0) return w;
+  return 2;
+}
+
+//! Copies `dst.tokens` rows: dst token t <- src token map(t).
+template <class T, class Map>
+void copy_rows(thd_view<const T> src, thd_view<T> dst, Map map, int multiprocessors,
+               cudaStream_t stream) {
+  if (dst.tokens == 0) return;
+  // Dense on both sides: one run of heads * head_dim per token; otherwise one run per head.
+  const bool whole = src.dense() && dst.dense();
+  const int width = vector_width(src.data, dst.data, src, dst, whole);
+  auto launch = [&]<class Vec>(Vec*) {
+    // Widths below sizeof(T) are never chosen (vector_width starts at the element size).
+    if constexpr (sizeof(Vec) >= sizeof(T)) {
+      const std::int64_t per = static_cast<std::int64_t>(sizeof(Vec) / sizeof(T));
+      row_geometry g{
+          dst.tokens,
+          whole ? 1 : dst.heads,
+          static_cast<int>(
+              (whole ? static_cast<std::int64_t>(dst.heads) * dst.head_dim : dst.head_dim) / per),
+          src.token_stride / per,
+          src.head_stride / per,
+          dst.token_stride / per,
+          dst.head_stride / per};
+      constexpr int threads = 256, warps_per_block = threads / 32;
+      const std::int64_t needed = (dst.tokens + warps_per_block - 1) / warps_per_block;
+      // Enough resident warps to saturate memory (8 blocks of 8 warps per SM), no more.
+      const std::int64_t cap = static_cast<std::int64_t>(multiprocessors) * 8;
+      const unsigned blocks = static_cast<unsigned>(needed < cap ? needed : cap);
+      copy_rows_kernel<Vec><<<blocks, threads, 0, stream>>>(
+          reinterpret_cast<const Vec*>(src.data), reinterpret_cast<Vec*>(dst.data), g, map);
+      RINGATTN_CUDA_CHECK_LAUNCH();
+    }
+  };
+  switch (width) {
+  case 16: launch(static_cast<uint4*>(nullptr)); break;
+  case 8: launch(static_cast<uint2*>(nullptr)); break;
+  case 4: launch(static_cast<unsigned*>(nullptr)); break;
+  default: launch(static_cast<unsigned short*>(nullptr)); break;
+  }
+}
+
+} // namespace kernels
+RINGATTN_ABI_END
+#endif
 
 namespace ringattn {
 
@@ -77,7 +145,8 @@ validation validate_gather(const partition_plan<P>& plan, thd_view<const T> gath
 
 //! Host scatter: rank `rank`'s tokens of `full` into `shard` (both host memory).
 template <partitioner P, element T>
-void scatter(const partition_plan<P>& plan, int rank, thd_view<const T> full, thd_view<T> shard) {
+void scatter(const partition_plan<P>& plan, int rank, std::type_identity_t<thd_view<const T>> full,
+             thd_view<T> shard) {
   validate_scatter<P, T>(plan, rank, full, shard).throw_if_invalid();
   for (std::int64_t l = 0; l < shard.tokens; ++l) {
     const std::int64_t g = plan.global_token(rank, l);
@@ -88,8 +157,8 @@ void scatter(const partition_plan<P>& plan, int rank, thd_view<const T> full, th
 
 //! Host gather from the rank-major concatenation of all shards into `full` (logical order).
 template <partitioner P, element T>
-void gather(const partition_plan<P>& plan, thd_view<const T> gathered, thd_view<T> full,
-            std::int64_t rank_stride = 0) {
+void gather(const partition_plan<P>& plan, std::type_identity_t<thd_view<const T>> gathered,
+            thd_view<T> full, std::int64_t rank_stride = 0) {
   validate_gather<P, T>(plan, gathered, full, rank_stride).throw_if_invalid();
   for (std::int64_t g = 0; g < full.tokens; ++g) {
     const owner o = plan.locate(g);
@@ -100,12 +169,33 @@ void gather(const partition_plan<P>& plan, thd_view<const T> gathered, thd_view<
   }
 }
 
+//! Puts rank `rank`'s lse (`[q_heads, local tokens]`, as the ring returns it) into its places
+//! of the global lse (`[q_heads, tokens]` in the packed batch's order). Every rank's call fills
+//! its own tokens; after all of them (or over the gathered shards) the global lse is complete.
+template <partitioner P>
+void place_lse(const partition_plan<P>& plan, int rank, std::span<const float> local, int q_heads,
+               std::span<float> global) {
+  const std::int64_t n = plan.local_tokens(rank), tokens = plan.tokens();
+  validation r = validation::ok();
+  r.require(q_heads > 0, "q_heads must be positive (got ", q_heads, ")");
+  r.require(static_cast<std::int64_t>(local.size()) == n * q_heads, "the local lse has ",
+            local.size(), " entries; rank ", rank, "'s [q_heads, tokens] is ", n * q_heads);
+  r.require(static_cast<std::int64_t>(global.size()) == tokens * q_heads, "the global lse has ",
+            global.size(), " entries; [q_heads, tokens] is ", tokens * q_heads);
+  r.throw_if_invalid();
+  for (std::int64_t l = 0; l < n; ++l) {
+    const std::int64_t g = plan.global_token(rank, l);
+    for (int h = 0; h < q_heads; ++h)
+      global[static_cast<std::size_t>(h * tokens + g)] = local[static_cast<std::size_t>(h * n + l)];
+  }
+}
+
 #if defined(__CUDACC__)
 //! Device scatter, asynchronous on `stream`; `full` and `shard` are device memory on the plan's
 //! device. Validation happens on the host before anything is launched.
 template <partitioner P, element T>
-void scatter(const device_partition_plan<P>& plan, int rank, thd_view<const T> full,
-             thd_view<T> shard, cudaStream_t stream) {
+void scatter(const device_partition_plan<P>& plan, int rank,
+             std::type_identity_t<thd_view<const T>> full, thd_view<T> shard, cudaStream_t stream) {
   validate_scatter<P, T>(plan.host(), rank, full, shard).throw_if_invalid();
   kernels::copy_rows(full, shard, kernels::scatter_map<P>{plan.ref(), rank}, plan.multiprocessors(),
                      stream);
@@ -113,8 +203,8 @@ void scatter(const device_partition_plan<P>& plan, int rank, thd_view<const T> f
 
 //! Device gather, asynchronous on `stream`, from the rank-major concatenation of all shards.
 template <partitioner P, element T>
-void gather(const device_partition_plan<P>& plan, thd_view<const T> gathered, thd_view<T> full,
-            cudaStream_t stream, std::int64_t rank_stride = 0) {
+void gather(const device_partition_plan<P>& plan, std::type_identity_t<thd_view<const T>> gathered,
+            thd_view<T> full, cudaStream_t stream, std::int64_t rank_stride = 0) {
   validate_gather<P, T>(plan.host(), gathered, full, rank_stride).throw_if_invalid();
   kernels::copy_rows(gathered, full, kernels::gather_map<P>{plan.ref(), rank_stride},
                      plan.multiprocessors(), stream);

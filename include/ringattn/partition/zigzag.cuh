@@ -12,7 +12,7 @@
 //! one (much work), which balances the work to within a few tokens' worth per sequence.
 //! Local order: chunk r first, then chunk 2P-1-r.
 
-#include <ringattn/partition/segment.cuh>
+#include <ringattn/core/segment.cuh>
 
 namespace ringattn {
 

@@ -19,7 +19,7 @@
 //! \endcode
 
 #include <ringattn/arguments.cuh>
-#include <ringattn/partition/segment.cuh>
+#include <ringattn/core/segment.cuh>
 #include <ringattn/tensor.cuh>
 
 #include <algorithm>

@@ -20,9 +20,8 @@
 //! (`produce_tile`: by the producer, or else by the whole warpgroup into double buffers);
 //! deterministic like the other kernels (one writer per accumulator element, no atomics).
 
-#include <ringattn/detail/backward_kernel_tc.cuh>
-#include <ringattn/detail/forward_kernel_sm90.cuh>
-#include <ringattn/detail/wgmma.cuh>
+#include <ringattn/device/backward_sm80.cuh>
+#include <ringattn/device/wgmma.cuh>
 
 #if defined(__CUDACC__)
 
@@ -168,8 +167,8 @@ __device__ __forceinline__ void dkdv_step(float (&dk)[D / 2], float (&dv)[D / 2]
   for (int t = 0; t < 8; ++t)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      const int key = key0 + warp * 16 + (lane >> 2) + (e >= 2 ? 8 : 0);
-      const int c = t * 8 + (lane & 3) * 2 + (e & 1);
+      const int key = key0 + warp * 16 + fragment_row(lane, e);
+      const int c = fragment_col(lane, t, e);
       const bool seen = whole || (key < cols && c < rows && kb.mask.sees(i0 + c, jl0 + key));
       s[4 * t + e] = seen ? fast_exp2(fmaf(s[4 * t + e], scale_log2, -lse[c] * log2e)) : 0.0f;
     }
@@ -416,8 +415,8 @@ __device__ __forceinline__ void dq_step(float (&dq)[D / 2], const kv_walk<R>& wa
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int r = e >= 2 ? 1 : 0;
-      const std::int64_t col = j * R + t * 8 + (lane & 3) * 2 + (e & 1);
-      const bool seen = !masked || (col < count && bd.sees(i + r * 8, col));
+      const std::int64_t col = j * R + fragment_col(lane, t, e);
+      const bool seen = !masked || visible(bd, i + r * 8, col, count);
       s[4 * t + e] = seen ? fast_exp2(fmaf(s[4 * t + e], scale_log2, -lrow[r])) : 0.0f;
     }
   fence_operands(s);

@@ -12,8 +12,8 @@
 //! determinism (docs/kernels.md).
 
 #include <ringattn/config.cuh>
-#include <ringattn/kernel/block.cuh>
-#include <ringattn/tensor.cuh>
+#include <ringattn/core/block.cuh>
+#include <ringattn/core/element.cuh>
 
 #include <cstdint>
 

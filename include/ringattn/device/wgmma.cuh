@@ -250,6 +250,38 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[64], const std::uint32_t (&a
                    "n"(TransB));
 }
 
+//! Copies rows [0, Rows) of a [tokens, D] global slice into a panelled swizzled tile with the 128
+//! threads of the producer warpgroup (`tid` 0..127); rows >= valid are zero-filled. Thread `tid`
+//! always copies chunk tid % (D/8) of rows tid / (D/8) + k * (1024/D): the swizzled offset then
+//! only moves by a constant per row step (an immediate of the unrolled loop), and the source by
+//! one 64-bit add, so each copy costs a few instructions (the producer has 24 registers a thread
+//! and must keep ahead of two consumer warpgroups).
+template <int Rows, int D, class T>
+__device__ __forceinline__ void produce_tile(std::uint32_t s, const T* g, std::int64_t stride,
+                                             int valid, int tid) {
+  constexpr int chunks = D / 8, step = 128 / chunks;
+  static_assert(step % 8 == 0 && Rows % step == 0);
+  const int ch = tid % chunks, r0 = tid / chunks;
+  const std::uint32_t dst =
+      s + 2 * ((ch >> 3) * Rows * 64 + r0 * 64 + (((ch & 7) ^ (r0 & 7)) << 3));
+  const T* src = g + r0 * stride + ch * 8;
+  const std::int64_t jump = step * stride;
+  if (valid >= Rows) { // a whole tile: no predicate
+#pragma unroll
+    for (int k = 0; k < Rows / step; ++k, src += jump)
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst + k * step * 128),
+                   "l"(src));
+    return;
+  }
+  const int rows = valid - r0; // this thread's rows r0 + k * step with k * step < rows are real
+#pragma unroll
+  for (int k = 0; k < Rows / step; ++k, src += jump) {
+    const bool ok = k * step < rows;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst + k * step * 128),
+                 "l"(ok ? src : g), "r"(ok ? 16 : 0));
+  }
+}
+
 } // namespace kernels
 RINGATTN_ABI_END
 

@@ -25,45 +25,16 @@
 //! rows with constant shared offsets (450) and pointer increments for the source (3 instructions
 //! a copy: 577-582; docs/kernels.md).
 
-#include <ringattn/detail/forward_kernel.cuh>
-#include <ringattn/detail/wgmma.cuh>
+#include <ringattn/core/tuning.cuh>
+#include <ringattn/device/epilogue.cuh>
+#include <ringattn/device/mask.cuh>
+#include <ringattn/device/primitives.cuh>
+#include <ringattn/device/wgmma.cuh>
 
 #if defined(__CUDACC__)
 
 RINGATTN_ABI_BEGIN
 namespace kernels {
-
-//! Copies rows [0, Rows) of a [tokens, D] global slice into a panelled swizzled tile with the 128
-//! threads of the producer warpgroup (`tid` 0..127); rows >= valid are zero-filled. Thread `tid`
-//! always copies chunk tid % (D/8) of rows tid / (D/8) + k * (1024/D): the swizzled offset then
-//! only moves by a constant per row step (an immediate of the unrolled loop), and the source by
-//! one 64-bit add, so each copy costs a few instructions (the producer has 24 registers a thread
-//! and must keep ahead of two consumer warpgroups).
-template <int Rows, int D, class T>
-__device__ __forceinline__ void produce_tile(std::uint32_t s, const T* g, std::int64_t stride,
-                                             int valid, int tid) {
-  constexpr int chunks = D / 8, step = 128 / chunks;
-  static_assert(step % 8 == 0 && Rows % step == 0);
-  const int ch = tid % chunks, r0 = tid / chunks;
-  const std::uint32_t dst =
-      s + 2 * ((ch >> 3) * Rows * 64 + r0 * 64 + (((ch & 7) ^ (r0 & 7)) << 3));
-  const T* src = g + r0 * stride + ch * 8;
-  const std::int64_t jump = step * stride;
-  if (valid >= Rows) { // a whole tile: no predicate
-#pragma unroll
-    for (int k = 0; k < Rows / step; ++k, src += jump)
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst + k * step * 128),
-                   "l"(src));
-    return;
-  }
-  const int rows = valid - r0; // this thread's rows r0 + k * step with k * step < rows are real
-#pragma unroll
-  for (int k = 0; k < Rows / step; ++k, src += jump) {
-    const bool ok = k * step < rows;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst + k * step * 128),
-                 "l"(ok ? src : g), "r"(ok ? 16 : 0));
-  }
-}
 
 //! Copies the old o of rows [0, Rows) of a thread block (Rows x D fp32, dense: the state is
 //! head-major) into shared memory with the 128 producer threads; rows >= valid are skipped. Row r
@@ -96,28 +67,16 @@ __device__ __forceinline__ void stage_lse(std::uint32_t s_lse, const float* lse,
                  "l"(lse + tid));
 }
 
-//! Query rows of one thread block of the Hopper kernel (two consumer warpgroups of 64 rows),
-//! its threads (plus one producer warpgroup) and its K/V pipeline depth.
-inline constexpr int sm90_block_m = 128;
-inline constexpr int sm90_threads = 384;
-//! Registers a thread at launch (65536 / 384, rounded down to a multiple of 8): the setmaxnreg
-//! hand-over (producer 24, consumers 240) is balanced for exactly this count.
-inline constexpr int sm90_registers = 168;
-//! K/V stages: as many as fit next to Q in 227 KB of shared memory.
+// The kernel's shape (core/tuning.cuh), by the names the kernel uses.
+inline constexpr int sm90_block_m = sm90_forward_tuning_for<128>.block_m;
+inline constexpr int sm90_threads = sm90_forward_tuning_for<128>.threads;
+inline constexpr int sm90_registers = sm90_forward_tuning_for<128>.registers;
 template <int D>
-inline constexpr int sm90_stages = D == 64 ? 5 : 3;
-
-//! Whether a merge stages the old state in two halves (the kernel's producer branch): at head_dim
-//! 128, where the whole state arrives late; at head_dim 64 its five stages leave the whole copy
-//! time enough, and every form of the split measured up to 4% slower there (docs/benchmarks.md,
-//! "The state in two halves"). (The k_free / k_full barriers are initialised in every
-//! instantiation but used only by a splitting merge.)
+inline constexpr int sm90_stages = sm90_forward_tuning_for<D>.stages;
 template <int D>
-inline constexpr bool sm90_split_state = D == 128;
-
-//! Keys per K/V tile of the Hopper kernel.
+inline constexpr bool sm90_split_state = sm90_forward_tuning_for<D>.split_state;
 template <int D>
-inline constexpr int sm90_block_n = 128;
+inline constexpr int sm90_block_n = sm90_forward_tuning_for<D>.block_n;
 
 //! Dynamic shared memory of one thread block: Q and `sm90_stages` K and V tiles, plus 1 KB to
 //! align the base for the swizzle pattern.
@@ -127,11 +86,15 @@ constexpr int sm90_smem_bytes() {
          1024;
 }
 
-//! `Reduce` (a plain merge only: not fresh, no `out`): merge_path::reduce, the block's rows added
+//! `E` says what the epilogue writes (forward_params.cuh). `Reduce` (with `epilogue::merge` only):
+//! merge_path::reduce, the block's rows added
 //! to the state through the L2 with no old state read (tuning.cuh).
-template <class T, int D, int BN, bool Merge, bool Reduce>
+template <class T, int D, int BN, epilogue E, bool Reduce>
 __global__ void __launch_bounds__(sm90_threads, 1) block_forward_sm90_kernel(forward_params<T> p) {
 #if RINGATTN_WGMMA_ENABLED
+  static_assert(!Reduce || E == epilogue::merge, "only a plain merge adds through the L2");
+  // Merge: the epilogue reads the rows' old state (staged by the producer) before writing.
+  constexpr bool Merge = E == epilogue::merge || E == epilogue::merge_out;
   constexpr int BM = sm90_block_m, Stages = sm90_stages<D>;
   constexpr int NTiles = BN / 8; // 8-column tiles of S (4 accumulators a thread each)
   constexpr int DTiles = D / 8;  // 8-column tiles of O
@@ -206,7 +169,7 @@ __global__ void __launch_bounds__(sm90_threads, 1) block_forward_sm90_kernel(for
       // from global memory in the epilogue instead left every block of a wave waiting for them at
       // the same moment; they are one contiguous range of the head-major state (docs/kernels.md,
       // the merge's cost).
-      if (!p.fresh) {
+      {
         const int tid = static_cast<int>(threadIdx.x);
         const int stage = total % Stages;
         const std::uint32_t s_o = aQ + q_bytes + stage * 2 * kv_bytes;
@@ -287,18 +250,9 @@ __global__ void __launch_bounds__(sm90_threads, 1) block_forward_sm90_kernel(for
     bool b;
     std::int64_t j;
     walk.tile(it, b, j);
-    if (walk.needs_mask(b, j)) {
-      const std::int64_t count = walk.count(b);
-      const band bd = walk.mask(b);
-#pragma unroll
-      for (int t = 0; t < NTiles; ++t)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const std::int64_t i = row0 + wrow + (lane >> 2) + (e >= 2 ? 8 : 0);
-          const std::int64_t c = j * BN + t * 8 + (lane & 3) * 2 + (e & 1);
-          if (c >= count || !bd.sees(i, c)) s[4 * t + e] = neg_inf;
-        }
-    }
+    if (walk.needs_mask(b, j))
+      mask_fragment<NTiles>([&](int t, int e) -> float& { return s[4 * t + e]; }, walk.mask(b),
+                            row0 + wrow, j * BN, walk.count(b), lane);
     float mx[2] = {neg_inf, neg_inf};
 #pragma unroll
     for (int t = 0; t < NTiles; ++t) {
@@ -355,7 +309,7 @@ __global__ void __launch_bounds__(sm90_threads, 1) block_forward_sm90_kernel(for
   // stays one block of straight-line code for the scheduler.
   auto k_read = [&](int it) {
     if constexpr (Merge && !Reduce && sm90_split_state<D>)
-      mbarrier_arrive_if(k_free, !p.fresh && it == total - Stages);
+      mbarrier_arrive_if(k_free, it == total - Stages);
   };
   auto wait_full = [&](int t) {
     mbarrier_wait(full0 + 8 * (t % Stages), (t / Stages) & 1);
@@ -496,7 +450,7 @@ __global__ void __launch_bounds__(sm90_threads, 1) block_forward_sm90_kernel(for
   // the merge dearer: docs/kernels.md.)
   float lse_old[2] = {neg_inf, neg_inf}, sum_old[2] = {0.0f, 0.0f};
   if constexpr (Merge) {
-    if (!p.fresh) {
+    {
       static_assert(BM * D * 4 <= 2 * kv_bytes, "the old o must fit in one K/V stage");
       if (sm90_split_state<D> && cw == 0)
         mbarrier_wait(k_full, 0); // this warpgroup's rows, in the stage's K half
@@ -527,16 +481,14 @@ __global__ void __launch_bounds__(sm90_threads, 1) block_forward_sm90_kernel(for
 
   // The block's (o, lse) per row, then merge into the state (or write it plainly): the same
   // epilogue as the mma.sync kernel with one 16-row tile per warp.
-  with_epilogue<Merge>(p, [&]<epilogue E>() {
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int local = wrow + (lane >> 2) + r * 8;
-      finish_row<T, D, E>(
-          p, h, g.q_begin + row0 + local, local < rows_valid, m[r], l[r], lane,
-          [&](int t, int x) { return o[4 * t + 2 * r + x]; },
-          [&](int t, int x) { return s[4 * t + 2 * r + x]; }, lse_old[r], sum_old[r]);
-    }
-  });
+  for (int r = 0; r < 2; ++r) {
+    const int local = wrow + (lane >> 2) + r * 8;
+    finish_row<T, D, E>(
+        p, h, g.q_begin + row0 + local, local < rows_valid, m[r], l[r], lane,
+        [&](int t, int x) { return o[4 * t + 2 * r + x]; },
+        [&](int t, int x) { return s[4 * t + 2 * r + x]; }, lse_old[r], sum_old[r]);
+  }
 #else
   __trap(); // launched only where sm90_path_available() said yes
 #endif

@@ -20,8 +20,8 @@
 //!   causal, q a=r, k b=r', s=P (round-robin, r < r'):   hi = -1: strictly below the diagonal
 //! ```
 
-#include <ringattn/arguments.cuh>
 #include <ringattn/config.cuh>
+#include <ringattn/core/mask.cuh>
 
 #include <cstdint>
 

@@ -20,14 +20,17 @@
 //! while the current one is computed, as in the forward), and skip the band and bounds predicate
 //! on tiles that lie wholly inside the band.
 
-#include <ringattn/detail/backward_kernel.cuh>
-#include <ringattn/detail/forward_kernel.cuh>
+#include <ringattn/core/tuning.cuh>
+#include <ringattn/device/backward_cuda_cores.cuh>
+#include <ringattn/device/mask.cuh>
+#include <ringattn/device/primitives.cuh>
 
 RINGATTN_ABI_BEGIN
 namespace kernels {
 
-inline constexpr int tc_backward_rows = 64; //!< query rows (dQ) or key columns (dK/dV) a block
-inline constexpr int tc_backward_threads = 128;
+//! Query rows (dQ) or key columns (dK/dV) a block, and its threads (core/tuning.cuh).
+inline constexpr int tc_backward_rows = backward_tuning_tuned.rows;
+inline constexpr int tc_backward_threads = backward_tuning_tuned.threads;
 
 template <class T>
 struct tc_backward_params {
@@ -289,8 +292,8 @@ __global__ void __launch_bounds__(tc_backward_threads, 1) dkdv_tc_kernel(tc_back
     for (int t = 0; t < 8; ++t)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        const int key = warp * 16 + (lane >> 2) + (e >= 2 ? 8 : 0);
-        const int q = t * 8 + (lane & 3) * 2 + (e & 1);
+        const int key = warp * 16 + fragment_row(lane, e);
+        const int q = fragment_col(lane, t, e);
         const bool seen = whole || (key < cols && q < rows && kb.mask.sees(i0 + q, jl0 + key));
         const float pr = seen ? fast_exp2(fmaf(s[t][e], scale_log2, -cL[q])) : 0.0f;
         s[t][e] = pr;
@@ -387,9 +390,9 @@ __global__ void __launch_bounds__(tc_backward_threads, 1) dq_tc_kernel(tc_backwa
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int r = e >= 2 ? 1 : 0;
-        const std::int64_t i = i0 + warp * 16 + (lane >> 2) + r * 8;
-        const std::int64_t col = j * R + t * 8 + (lane & 3) * 2 + (e & 1);
-        const bool seen = !masked || (col < count && bd.sees(i, col));
+        const std::int64_t i = i0 + warp * 16 + fragment_row(lane, e);
+        const std::int64_t col = j * R + fragment_col(lane, t, e);
+        const bool seen = !masked || visible(bd, i, col, count);
         const float pr = seen ? fast_exp2(fmaf(s[t][e], scale_log2, -lrow[r])) : 0.0f;
         dp[t][e] = pr * (dp[t][e] - drow[r]) * p.scale;
       }

@@ -1,12 +1,15 @@
 #pragma once
 //! \file
-//! Tile shapes of the CUDA block-forward kernel, per head_dim, as constexpr aggregates.
+//! The kernels' tuning, per architecture, as constexpr aggregates: the mma.sync block forward
+//! (sm_80 and newer: `forward_tuning_for`), the Hopper block forward (`sm90_forward_tuning_for`)
+//! and the block backward on tensor cores (`backward_tuning_tuned`). Plain data for host and
+//! device code; what each was measured against is in docs/kernels.md.
 //!
-//! Each warp owns `m_tiles` x 16 query rows (m16n8k16 row tiles); a thread block of `warps` warps
-//! owns `16 * m_tiles * warps` rows and walks the K/V block in tiles of `block_n` rows,
-//! double-buffered in shared memory. Every K and V fragment a warp reads from shared memory feeds
-//! `m_tiles` matrix instructions, so two row tiles per warp halve the shared-memory traffic per
-//! FLOP. `q_in_registers` keeps the Q fragments in registers for the whole tile instead of
+//! mma.sync forward: each warp owns `m_tiles` x 16 query rows (m16n8k16 row tiles); a thread block
+//! of `warps` warps owns `16 * m_tiles * warps` rows and walks the K/V block in tiles of `block_n`
+//! rows, double-buffered in shared memory. Every K and V fragment a warp reads from shared memory
+//! feeds `m_tiles` matrix instructions, so two row tiles per warp halve the shared-memory traffic
+//! per FLOP. `q_in_registers` keeps the Q fragments in registers for the whole tile instead of
 //! re-reading them from shared memory each K/V tile (needs m_tiles * head_dim / 4 registers).
 
 #include <ringattn/config.cuh>
@@ -71,5 +74,34 @@ inline constexpr forward_tuning forward_tuning_for =
     HeadDim == 64    ? forward_tuning{4, 2, 128, false}
     : HeadDim == 128 ? forward_tuning{4, 2, 48, false}
                      : forward_tuning{4, 1, 32, false};
+
+//! Shapes of the Hopper (sm_90a) block-forward kernel (device/forward_sm90.cuh): a producer
+//! warpgroup and two consumer warpgroups of 64 query rows each, K/V tiles of `block_n` keys in
+//! `stages` shared-memory stages. Tuned on an H200 at head_dim 64 and 128 (docs/kernels.md).
+struct sm90_forward_tuning {
+  int block_m;   //!< query rows a thread block
+  int block_n;   //!< keys a K/V tile
+  int threads;   //!< three warpgroups
+  int registers; //!< a thread at launch: 65536 / threads, rounded down to a multiple of 8; the
+                 //!< setmaxnreg hand-over (producer 24, consumers 240) balances for exactly this
+  int stages;    //!< K/V stages: as many as fit next to Q in 227 KB of shared memory
+  //! A merge stages the old state in two halves (consumer 0's rows as soon as the K half of
+  //! their stage frees): at head_dim 128, where the whole state arrives late; at head_dim 64 the
+  //! five stages leave the whole copy time enough, and the split measured up to 4% slower.
+  bool split_state;
+};
+template <int HeadDim>
+inline constexpr sm90_forward_tuning sm90_forward_tuning_for{
+    128, 128, 384, 168, HeadDim == 64 ? 5 : 3, HeadDim == 128};
+
+//! Shapes of the block backward on tensor cores (device/backward_sm80.cuh, backward_sm90.cuh):
+//! 64 key columns (dK/dV) or query rows (dQ) a mma.sync thread block of 4 warps, and the
+//! warpgroups of a Hopper thread block (3: a producer and two consumers of 64 each).
+struct backward_tuning {
+  int rows;
+  int threads;
+  int sm90_warpgroups;
+};
+inline constexpr backward_tuning backward_tuning_tuned{64, 128, 3};
 
 } // namespace ringattn

@@ -1,11 +1,11 @@
 #pragma once
 //! \file
-//! Mechanics of device scatter/gather: a kernel that copies token rows of a THD tensor through an
-//! index map (destination token -> source token). CUDA only.
+//! The kernel of device scatter/gather: copies token rows of a THD tensor through an index map
+//! (destination token -> source token). CUDA only; the launcher is partition/scatter.cuh's.
 
 #include <ringattn/config.cuh>
-#include <ringattn/partition/device_plan.cuh>
-#include <ringattn/tensor.cuh>
+#include <ringattn/core/plan_ref.cuh>
+#include <ringattn/core/segment.cuh>
 
 #include <cstdint>
 
@@ -99,65 +99,6 @@ __global__ void __launch_bounds__(256)
         }
       }
     }
-  }
-}
-
-//! Largest vector width in bytes (16, 8, 4 or 2) dividing every address and stride of the copy.
-template <class T>
-int vector_width(const T* src, const T* dst, const thd_view<const T>& s, const thd_view<T>& d,
-                 bool whole_rows) {
-  const std::uint64_t e = sizeof(T);
-  std::uint64_t bits = reinterpret_cast<std::uintptr_t>(src) |
-                       reinterpret_cast<std::uintptr_t>(dst) |
-                       static_cast<std::uint64_t>(s.token_stride) * e |
-                       static_cast<std::uint64_t>(d.token_stride) * e;
-  if (whole_rows)
-    bits |= static_cast<std::uint64_t>(s.heads) * s.head_dim * e;
-  else
-    bits |= static_cast<std::uint64_t>(s.head_stride) * e |
-            static_cast<std::uint64_t>(d.head_stride) * e |
-            static_cast<std::uint64_t>(s.head_dim) * e;
-  for (int w : {16, 8, 4})
-    if ((bits & static_cast<std::uint64_t>(w - 1)) == 0) return w;
-  return 2;
-}
-
-//! Copies `dst.tokens` rows: dst token t <- src token map(t).
-template <class T, class Map>
-void copy_rows(thd_view<const T> src, thd_view<T> dst, Map map, int multiprocessors,
-               cudaStream_t stream) {
-  if (dst.tokens == 0) return;
-  // Dense on both sides: one run of heads * head_dim per token; otherwise one run per head.
-  const bool whole = src.dense() && dst.dense();
-  const int width = vector_width(src.data, dst.data, src, dst, whole);
-  auto launch = [&]<class Vec>(Vec*) {
-    // Widths below sizeof(T) are never chosen (vector_width starts at the element size).
-    if constexpr (sizeof(Vec) >= sizeof(T)) {
-      const std::int64_t per = static_cast<std::int64_t>(sizeof(Vec) / sizeof(T));
-      row_geometry g{
-          dst.tokens,
-          whole ? 1 : dst.heads,
-          static_cast<int>(
-              (whole ? static_cast<std::int64_t>(dst.heads) * dst.head_dim : dst.head_dim) / per),
-          src.token_stride / per,
-          src.head_stride / per,
-          dst.token_stride / per,
-          dst.head_stride / per};
-      constexpr int threads = 256, warps_per_block = threads / 32;
-      const std::int64_t needed = (dst.tokens + warps_per_block - 1) / warps_per_block;
-      // Enough resident warps to saturate memory (8 blocks of 8 warps per SM), no more.
-      const std::int64_t cap = static_cast<std::int64_t>(multiprocessors) * 8;
-      const unsigned blocks = static_cast<unsigned>(needed < cap ? needed : cap);
-      copy_rows_kernel<Vec><<<blocks, threads, 0, stream>>>(
-          reinterpret_cast<const Vec*>(src.data), reinterpret_cast<Vec*>(dst.data), g, map);
-      RINGATTN_CUDA_CHECK_LAUNCH();
-    }
-  };
-  switch (width) {
-  case 16: launch(static_cast<uint4*>(nullptr)); break;
-  case 8: launch(static_cast<uint2*>(nullptr)); break;
-  case 4: launch(static_cast<unsigned*>(nullptr)); break;
-  default: launch(static_cast<unsigned short*>(nullptr)); break;
   }
 }
 

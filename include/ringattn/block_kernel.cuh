@@ -1,0 +1,139 @@
+#pragma once
+//! \file
+//! The BlockKernel policy, the third template argument of
+//! `ring_attention<Partitioner, Communicator, BlockKernel>`: the mask, and the math of one block —
+//! a rank's queries against one K/V block — forward (merged into fp32 state) and backward (the
+//! block's share of dQ, dK, dV from the final O, dO and LSE).
+//!
+//! A model names its mask (`mask`, `name`) and provides the host block forward and backward
+//! (`block_kernel`). A model with a device path also provides per-step schedules, made at plan
+//! time, and the device forward and backward (`device_block_kernel_for`). Models shipped:
+//!
+//! | model | host | device |
+//! |---|---|---|
+//! | `full`, `causal` (`native_kernel<Mask>`) | the host twin | the tensor-core kernels (sm_80
+//! mma.sync, sm_90a wgmma) | | `host_reference<Mask>` | the host twin | — |
+//!
+//! A model that wraps another library's fused attention fits the same shape: its forward
+//! schedule holds what that library plans per step (a graph, say), `device_forward` computes the
+//! block's O and LSE and merges them as the step's `step_epilogue` says, and `device_backward`
+//! adds the block's dQ, dK, dV from O, dO and the final LSE.
+//!
+//! \code
+//! using attention = ringattn::ring_attention<ringattn::zigzag, ringattn::nccl_communicator,
+//!                                            ringattn::causal>;  // the native causal kernels
+//! static_assert(ringattn::device_block_kernel_for<ringattn::causal, cudaStream_t>);
+//! \endcode
+
+#include <ringattn/concepts.cuh>
+#include <ringattn/core/mask.cuh>
+#include <ringattn/kernel/backward.cuh>
+#include <ringattn/kernel/block.cuh>
+#include <ringattn/kernel/forward.cuh>
+#include <ringattn/kernel/host_backward.cuh>
+#include <ringattn/kernel/host_forward.cuh>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <concepts>
+#include <cstdint>
+#include <span>
+#include <type_traits>
+
+namespace ringattn {
+
+//! Mask: every query sees every key of its sequence.
+struct full_mask {
+  static constexpr mask_kind kind = mask_kind::full;
+  static constexpr const char* name = "full";
+};
+//! Mask: a query sees the keys at positions up to its own.
+struct causal_mask {
+  static constexpr mask_kind kind = mask_kind::causal;
+  static constexpr const char* name = "causal";
+};
+
+namespace detail {
+template <class>
+inline constexpr bool dependent_false = false;
+} // namespace detail
+
+//! The host twin alone under `Mask`: a BlockKernel with no device path (CPU runs, tests).
+template <class Mask>
+struct host_reference {
+  static_assert(mask_policy<Mask>, "ringattn::host_reference<Mask>: Mask must be a mask "
+                                   "(ringattn::full_mask or ringattn::causal_mask)");
+  static constexpr mask_kind mask = Mask::kind;
+  static constexpr const char* name = Mask::name;
+  template <element T>
+  static void host_forward(const block_forward_args<T>& a, std::span<const block_group> groups) {
+    detail::host_block_forward_rows(a, groups);
+  }
+  template <element T>
+  static void host_backward(const block_backward_args<T>& a, std::span<const block_group> groups) {
+    detail::host_block_backward_rows(a, groups);
+  }
+};
+
+//! The native kernels under `Mask`: the host twin on the host (kernel/host_forward.cuh,
+//! kernel/host_backward.cuh); on the device the tensor-core kernels (kernel/forward.cuh,
+//! kernel/backward.cuh). Its device functions compile only as CUDA (in a .cu file).
+template <class Mask>
+struct native_kernel : host_reference<Mask> {
+  using forward_schedule = device_block_schedule;
+  using backward_schedule = device_backward_schedule;
+  static forward_schedule make_forward_schedule(std::span<const block_group> groups,
+                                                std::int64_t q_tokens, std::int64_t kv_tokens,
+                                                int head_dim) {
+    return forward_schedule(groups, q_tokens, kv_tokens, head_dim);
+  }
+  static backward_schedule make_backward_schedule(std::span<const block_group> groups,
+                                                  std::int64_t q_tokens, std::int64_t kv_tokens) {
+    return backward_schedule(groups, q_tokens, kv_tokens);
+  }
+
+  //! One launch with epilogue `e` (never `none`): `out` is the dense output of `plain` and
+  //! `merge_out`, `lse` the plain output's lse.
+  template <class T>
+  static void device_forward(step_epilogue e, const block_forward_args<T>& a,
+                             const forward_schedule& s, thd_view<T> out, float* lse,
+                             cudaStream_t stream) {
+#if defined(__CUDACC__)
+    switch (e) {
+    case step_epilogue::none: return;
+    case step_epilogue::plain: return block_forward_plain<T>(a, s, out, lse, stream);
+    case step_epilogue::fresh: return block_forward_first<T>(a, s, stream);
+    case step_epilogue::merge: return block_forward<T>(a, s, stream);
+    case step_epilogue::merge_out: return block_forward_last<T>(a, s, out, stream);
+    }
+#else
+    static_assert(detail::dependent_false<T>,
+                  "ringattn: the native kernels' device path compiles only as CUDA (a .cu file)");
+    (void)e, (void)a, (void)s, (void)out, (void)lse, (void)stream;
+#endif
+  }
+  template <class T>
+  static void device_backward(const block_backward_args<T>& a, const backward_schedule& s,
+                              cudaStream_t stream) {
+#if defined(__CUDACC__)
+    block_backward<T>(a, s, stream);
+#else
+    static_assert(detail::dependent_false<T>,
+                  "ringattn: the native kernels' device path compiles only as CUDA (a .cu file)");
+    (void)a, (void)s, (void)stream;
+#endif
+  }
+};
+
+//! The native kernels with a full mask.
+using full = native_kernel<full_mask>;
+//! The native kernels with a causal mask.
+using causal = native_kernel<causal_mask>;
+
+static_assert(device_block_kernel_for<full, cudaStream_t> &&
+              device_block_kernel_for<causal, cudaStream_t>);
+static_assert(block_kernel<host_reference<causal_mask>> &&
+              !device_block_kernel_for<host_reference<causal_mask>, cudaStream_t>);
+
+} // namespace ringattn

@@ -1,0 +1,47 @@
+#pragma once
+//! \file
+//! Element-wise kernels of the state and the gradients: fill (a state's reset), finalise (o / sum
+//! into the output, the rows' lse).
+
+#include <ringattn/config.cuh>
+#include <ringattn/core/state.cuh>
+#include <ringattn/device/primitives.cuh>
+
+#include <cstdint>
+
+#if defined(__CUDACC__)
+
+RINGATTN_ABI_BEGIN
+namespace kernels {
+
+template <class V>
+__global__ void fill_kernel(V* p, std::int64_t n, V value) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+    p[i] = value;
+}
+
+//! o / sum of every row of a (head-major) state into `out`, and the row's lse over its reference
+//! (the thread that handles a row's first pair).
+template <class T>
+__global__ void finalize_kernel(const float* o, float* lse, const float* sum, T* out,
+                                std::int64_t rows, std::int64_t tokens, int head_dim,
+                                std::int64_t token_stride, std::int64_t head_stride) {
+  // Row r of the state is (head r / tokens, token r % tokens); two elements a thread at a time.
+  const std::int64_t pairs = rows * (head_dim / 2);
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < pairs;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t row = i / (head_dim / 2);
+    const int e = static_cast<int>(i % (head_dim / 2)) * 2;
+    const float s = sum[row], inv = s > 0.0f ? 1.0f / s : 0.0f;
+    const float2 x = *reinterpret_cast<const float2*>(o + row * head_dim + e);
+    T* dst = out + (row % tokens) * token_stride + (row / tokens) * head_stride + e;
+    *reinterpret_cast<std::uint32_t*>(dst) = pack2<T>(x.x * inv, x.y * inv);
+    if (e == 0) lse[row] = final_lse(lse[row], s);
+  }
+}
+
+} // namespace kernels
+RINGATTN_ABI_END
+
+#endif // __CUDACC__

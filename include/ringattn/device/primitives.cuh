@@ -1,0 +1,107 @@
+#pragma once
+//! \file
+//! PTX wrappers and tile copies shared by every kernel: shared-memory addresses, cp.async,
+//! ldmatrix, mma.sync m16n8k16, exp2, 16-bit packing, the swizzled [rows, D] tile. Device code
+//! only.
+
+#include <ringattn/config.cuh>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <type_traits>
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+// clang-format off
+#error "ringattn's kernels need sm_80 or newer: set CMAKE_CUDA_ARCHITECTURES (or -arch) to 80, 90a"
+// clang-format on
+#endif
+
+#if defined(__CUDACC__)
+
+RINGATTN_ABI_BEGIN
+namespace kernels {
+
+__device__ __forceinline__ std::uint32_t smem_address(const void* p) {
+  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
+}
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(dst)), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n"); }
+
+// ldmatrix on a 32-bit shared-space address (computed once per thread block, then offset with
+// 32-bit arithmetic: no generic-to-shared conversion per load).
+__device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], std::uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&r)[4], std::uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+//! 2^x with the hardware approximation (relative error ~2^-22; -inf gives 0).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+//! c += a * b for one m16n8k16 tile; fp32 accumulation.
+template <class T>
+__device__ __forceinline__ void mma_16816(float (&c)[4], const std::uint32_t (&a)[4],
+                                          std::uint32_t b0, std::uint32_t b1) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  else
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+//! Two floats as one register of two 16-bit elements (low half = first).
+template <class T>
+__device__ __forceinline__ std::uint32_t pack2(float lo, float hi) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<std::uint32_t*>(&v);
+  } else {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<std::uint32_t*>(&v);
+  }
+}
+
+//! Element offset of 16-byte chunk `chunk` of row `row` in a [rows, D] shared tile. Chunks are
+//! XOR-swizzled with row % 8 so that the 8 rows an ldmatrix reads hit 8 different bank groups.
+template <int D>
+__device__ __forceinline__ std::uint32_t swizzle(int row, int chunk) {
+  return static_cast<std::uint32_t>(row * D + ((chunk ^ (row & 7)) << 3));
+}
+
+//! Copies rows [0, Rows) of a [tokens, D] global slice (row stride `stride` elements) into a
+//! swizzled shared tile; rows >= valid are zero-filled (their scores are masked, and zeros keep
+//! 0 * garbage from making NaN).
+template <int Rows, int D, int Threads, class T>
+__device__ __forceinline__ void load_tile(T* s, const T* g, std::int64_t stride, int valid) {
+  constexpr int chunks = D / 8;
+#pragma unroll
+  for (int c = threadIdx.x; c < Rows * chunks; c += Threads) {
+    const int r = c / chunks, ch = c % chunks;
+    const bool ok = r < valid;
+    cp_async_16(s + swizzle<D>(r, ch), ok ? g + r * stride + ch * 8 : g, ok);
+  }
+}
+
+} // namespace kernels
+RINGATTN_ABI_END
+
+#endif // __CUDACC__

@@ -1,0 +1,248 @@
+#pragma once
+//! \file
+//! The ring's steps on device memory: the BlockKernel's device forward or backward on the
+//! caller's stream, every exchange on a communication stream of the device's highest priority,
+//! ordered by events, so that the exchange of step t + 1 overlaps the compute of step t and the
+//! host never waits. `ring_device_resources` owns the streams, events and per-step kernel
+//! schedules, made at plan time: the forward's by `prepare_device()`, the backward's at the first
+//! backward (so a forward-only user never builds them).
+
+#include <ringattn/arguments.cuh>
+#include <ringattn/cuda_check.cuh>
+#include <ringattn/detail/nvtx.cuh>
+#include <ringattn/kernel/backward.cuh>
+#include <ringattn/kernel/forward.cuh>
+#include <ringattn/ring/schedule.cuh>
+#include <ringattn/ring/workspace.cuh>
+#include <ringattn/tensor.cuh>
+
+#include <cuda_runtime_api.h>
+
+#include <array>
+#include <cstddef>
+#include <utility>
+#include <vector>
+
+namespace ringattn::detail {
+
+//! What a ring whose BlockKernel has no device path holds instead.
+struct no_device_resources {};
+
+template <class BlockKernel>
+class ring_device_resources {
+public:
+  //! On the current device: the communication stream, the events and the forward's schedules.
+  ring_device_resources(const ring_schedule& s, int head_dim) {
+    RINGATTN_CUDA_CHECK(cudaGetDevice(&device));
+    // A communication kernel (NCCL's) enqueued while the block kernel fills the GPU gets the next
+    // free SM instead of queueing behind the block kernel's remaining waves.
+    int least = 0, greatest = 0;
+    RINGATTN_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    RINGATTN_CUDA_CHECK(cudaStreamCreateWithPriority(&comm, cudaStreamNonBlocking, greatest));
+    for (cudaEvent_t* e : events())
+      RINGATTN_CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+    for (const ring_step& step : s.steps())
+      forward.push_back(
+          BlockKernel::make_forward_schedule(step.groups, s.q_tokens(), step.kv_tokens, head_dim));
+  }
+  //! The backward's schedules, once (on the device the resources live on).
+  void prepare_backward(const ring_schedule& s) {
+    if (!backward.empty() || s.steps().empty()) return;
+    std::vector<typename BlockKernel::backward_schedule> made;
+    for (const ring_step& step : s.steps())
+      made.push_back(
+          BlockKernel::make_backward_schedule(step.groups, s.q_tokens(), step.kv_tokens));
+    backward = std::move(made);
+  }
+  ~ring_device_resources() {
+    for (cudaEvent_t* e : events())
+      if (*e) cudaEventDestroy(*e);
+    if (comm) cudaStreamDestroy(comm);
+  }
+  ring_device_resources(const ring_device_resources&) = delete;
+  ring_device_resources& operator=(const ring_device_resources&) = delete;
+
+  int device = -1;
+  cudaStream_t comm = nullptr;
+  cudaEvent_t own_ready = nullptr, comm_end = nullptr;
+  cudaEvent_t compute_done[2] = {}, recv_done[2] = {};
+  cudaEvent_t grads_recv[2] = {}, grads_ready[2] = {}; // backward: dK/dV arrived, complete
+  std::vector<typename BlockKernel::forward_schedule> forward;
+  std::vector<typename BlockKernel::backward_schedule> backward;
+
+private:
+  std::array<cudaEvent_t*, 10> events() {
+    return {&own_ready,    &comm_end,      &compute_done[0], &compute_done[1], &recv_done[0],
+            &recv_done[1], &grads_recv[0], &grads_recv[1],   &grads_ready[0],  &grads_ready[1]};
+  }
+};
+
+#if defined(__CUDACC__)
+//! A shard's k and v into a dense block (the layout that travels): one copy each when the input
+//! is dense too, else one 2D copy per head.
+template <class T, class Block>
+void copy_own_block_device(thd_view<const T> k, thd_view<const T> v, const Block& own,
+                           cudaStream_t stream) {
+  const std::int64_t n = k.tokens;
+  if (n == 0) return;
+  for (int which = 0; which < 2; ++which) {
+    const thd_view<const T>& x = which == 0 ? k : v;
+    T* dst = which == 0 ? own.k.data : own.v.data;
+    if (x.dense())
+      RINGATTN_CUDA_CHECK(cudaMemcpyAsync(dst, x.data, sizeof(T) * n * x.heads * x.head_dim,
+                                          cudaMemcpyDeviceToDevice, stream));
+    else
+      for (int h = 0; h < x.heads; ++h)
+        RINGATTN_CUDA_CHECK(
+            cudaMemcpy2DAsync(dst + h * x.head_dim, sizeof(T) * x.heads * x.head_dim, x.row(0, h),
+                              sizeof(T) * x.token_stride, sizeof(T) * x.head_dim,
+                              static_cast<std::size_t>(n), cudaMemcpyDeviceToDevice, stream));
+  }
+}
+
+// Step t: `stream` computes Q against slot t % 2 while `comm` sends that slot on and receives
+// block t + 1 into the other one. Events order the two streams:
+//   compute(t)   waits recv_done[t % 2]         (block t has arrived)
+//   receive(t+1) waits compute_done[(t+1) % 2]  (the compute of step t - 1 has read that slot)
+// Each step's epilogue was decided with the schedule (ring_schedule::forward_epilogue).
+template <class BlockKernel, class Communicator, class T>
+void device_ring_forward(Communicator& comm, const ring_schedule& s,
+                         ring_device_resources<BlockKernel>& d, const attention_arguments& args,
+                         thd_view<const T> q, thd_view<const T> k, thd_view<const T> v,
+                         thd_view<T> out, float* lse, std::byte* workspace, cudaStream_t stream) {
+  const ring_workspace ws(s.q_tokens(), s.max_kv_tokens(), args, sizeof(T));
+  const attention_state state = ws.state(workspace, lse);
+  const bool dense = out.dense();
+  if (s.ranks() == 1 && dense) {
+    // One block: the kernel writes `out` and `lse` directly (no state, no copy of K/V).
+    BlockKernel::device_forward(s.forward_epilogue(0, dense), {q, k, v, args, state}, d.forward[0],
+                                out, lse, stream);
+    return;
+  }
+  if (s.needs_reset(dense)) reset(state, stream);
+  copy_own_block_device(k, v, ws.kv_slot_views<T>(workspace, 0, s.q_tokens()), stream);
+  RINGATTN_CUDA_CHECK(cudaEventRecord(d.own_ready, stream));
+  RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(d.comm, d.own_ready, 0));
+  for (const ring_step& step : s.steps()) {
+    const int t = step.index;
+    nvtx_range range("step", t, s.rank());
+    const auto b = ws.kv_slot_views<T>(workspace, t % 2, step.kv_tokens);
+    if (t > 0) RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream, d.recv_done[t % 2], 0));
+    const step_epilogue e = s.forward_epilogue(t, dense);
+    if (e != step_epilogue::none)
+      BlockKernel::device_forward(e,
+                                  {q, thd_view<const T>(b.k), thd_view<const T>(b.v), args, state},
+                                  d.forward[static_cast<std::size_t>(t)], out, nullptr, stream);
+    RINGATTN_CUDA_CHECK(cudaEventRecord(d.compute_done[t % 2], stream));
+    if (const ring_step* next = s.next(t)) {
+      // Never recorded yet at t = 0: waiting on it is then a no-op.
+      RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(d.comm, d.compute_done[(t + 1) % 2], 0));
+      comm.exchange_async(b.k.data, ws.block_bytes(step.kv_tokens), s.send_to(),
+                          ws.kv_slot_views<T>(workspace, (t + 1) % 2, next->kv_tokens).k.data,
+                          ws.block_bytes(next->kv_tokens), s.receive_from(), t, d.comm);
+      RINGATTN_CUDA_CHECK(cudaEventRecord(d.recv_done[(t + 1) % 2], d.comm));
+    }
+  }
+  if (s.needs_finalize(dense)) finalize(state, out, stream);
+  // Everything on the communication stream is done before later work on `stream` (a next call
+  // reuses the slots).
+  RINGATTN_CUDA_CHECK(cudaEventRecord(d.comm_end, d.comm));
+  RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream, d.comm_end, 0));
+}
+
+// The backward: the host executor's steps with the block backward on `stream` and the exchanges
+// on the communication stream, in two parts per step so that both overlap the compute:
+//   K/V of block t go on to rank + 1 as soon as the compute of step t - 1 is done (as in the
+//   forward), and arrive for step t + 1 while step t computes;
+//   step t's share of dK/dV goes into a local fp32 buffer (step 0: straight into the own
+//   block's accumulators), which is added to block t's arriving accumulators once they are there
+//   (sent by rank - 1 at the end of its step t - 1, in flight during this compute); the sum then
+//   goes on to rank + 1, in flight during step t + 1.
+// After the last step the complete dK/dV of the block held (rank + 1's) go home.
+template <class BlockKernel, class Communicator, class T>
+void device_ring_backward(Communicator& comm, const ring_schedule& s,
+                          ring_device_resources<BlockKernel>& d, const attention_arguments& args,
+                          thd_view<const T> q, thd_view<const T> k, thd_view<const T> v,
+                          thd_view<const T> out, const float* lse, thd_view<const T> dout,
+                          thd_view<T> dq, thd_view<T> dk, thd_view<T> dv, std::byte* workspace,
+                          cudaStream_t stream) {
+  const ring_workspace ws(s.q_tokens(), s.max_kv_tokens(), args, sizeof(T));
+  const int p = s.ranks();
+  const std::int64_t n = s.q_tokens();
+  const int kvh = args.kv_heads, dim = args.head_dim, qh = args.q_heads;
+  float* dq_acc = ws.dq(workspace);
+  float* delta = ws.delta(workspace);
+  float* local = ws.share(workspace);
+  compute_delta<T>(out, dout, delta, stream);
+  if (n > 0) {
+    RINGATTN_CUDA_CHECK(
+        cudaMemsetAsync(dq_acc, 0, sizeof(float) * static_cast<std::size_t>(n) * qh * dim, stream));
+    const auto own = ws.grad_slot_views<T>(workspace, 0, n);
+    copy_own_block_device(k, v, own, stream);
+    RINGATTN_CUDA_CHECK(cudaMemsetAsync(own.dk, 0, ws.grad_bytes(n), stream));
+  }
+  RINGATTN_CUDA_CHECK(cudaEventRecord(d.own_ready, stream));
+  RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(d.comm, d.own_ready, 0));
+  for (const ring_step& step : s.steps()) {
+    const int t = step.index;
+    nvtx_range range("backward step", t, s.rank());
+    const std::int64_t nk = step.kv_tokens;
+    const auto b = ws.grad_slot_views<T>(workspace, t % 2, nk);
+    const ring_step* next = s.next(t);
+    if (t > 0) RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream, d.recv_done[t % 2], 0));
+    if (next) {
+      // K/V on; the other slot's K/V were last read by the compute of step t - 1.
+      RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(d.comm, d.compute_done[(t + 1) % 2], 0));
+      comm.exchange_async(b.k.data, ws.block_bytes(nk), s.send_to(),
+                          ws.grad_slot_views<T>(workspace, (t + 1) % 2, next->kv_tokens).k.data,
+                          ws.block_bytes(next->kv_tokens), s.receive_from(), t, d.comm);
+      RINGATTN_CUDA_CHECK(cudaEventRecord(d.recv_done[(t + 1) % 2], d.comm));
+    }
+    float* share = t == 0 ? b.dk : local;
+    if (t > 0 && nk > 0) RINGATTN_CUDA_CHECK(cudaMemsetAsync(local, 0, ws.grad_bytes(nk), stream));
+    if (!step.groups.empty())
+      BlockKernel::device_backward(
+          block_backward_args<T>{q,
+                                 thd_view<const T>(b.k),
+                                 thd_view<const T>(b.v),
+                                 dout,
+                                 lse,
+                                 delta,
+                                 args,
+                                 {dq_acc, share, share + ws.kv_elements(nk)}},
+          d.backward[static_cast<std::size_t>(t)], stream);
+    RINGATTN_CUDA_CHECK(cudaEventRecord(d.compute_done[t % 2], stream));
+    if (t > 0) {
+      RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream, d.grads_recv[t % 2], 0));
+      accumulate(b.dk, local, 2 * static_cast<std::int64_t>(ws.kv_elements(nk)), stream);
+    }
+    RINGATTN_CUDA_CHECK(cudaEventRecord(d.grads_ready[t % 2], stream));
+    if (next) {
+      RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(d.comm, d.grads_ready[t % 2], 0));
+      comm.exchange_async(b.dk, ws.grad_bytes(nk), s.send_to(),
+                          ws.grad_slot_views<T>(workspace, (t + 1) % 2, next->kv_tokens).dk,
+                          ws.grad_bytes(next->kv_tokens), s.receive_from(), t, d.comm);
+      RINGATTN_CUDA_CHECK(cudaEventRecord(d.grads_recv[(t + 1) % 2], d.comm));
+    }
+  }
+  const float* own_dk = ws.grad_slot_views<T>(workspace, 0, n).dk;
+  if (p > 1) {
+    const ring_step& held = s.step(p - 1); // rank + 1's block, complete: its dK/dV go home
+    const auto b = ws.grad_slot_views<T>(workspace, (p - 1) % 2, held.kv_tokens);
+    float* home = reinterpret_cast<float*>(ws.grad_slot_views<T>(workspace, p % 2, 0).k.data);
+    RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(d.comm, d.grads_ready[(p - 1) % 2], 0));
+    comm.exchange_async(b.dk, ws.grad_bytes(held.kv_tokens), held.source, home, ws.grad_bytes(n),
+                        s.receive_from(), p, d.comm);
+    RINGATTN_CUDA_CHECK(cudaEventRecord(d.grads_recv[p % 2], d.comm));
+    RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream, d.grads_recv[p % 2], 0));
+    own_dk = home;
+  }
+  write_gradient<T>(dq_acc, dq, stream);
+  write_gradient<T>(own_dk, dk, stream);
+  write_gradient<T>(own_dk + n * kvh * dim, dv, stream);
+  RINGATTN_CUDA_CHECK(cudaEventRecord(d.comm_end, d.comm));
+  RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream, d.comm_end, 0));
+}
+#endif // __CUDACC__
+
+} // namespace ringattn::detail

@@ -1,0 +1,120 @@
+#pragma once
+//! \file
+//! The ring's steps on host memory: the BlockKernel's host block forward or backward, each
+//! exchange blocking (in-process threads, MPI processes). Runs everywhere, CI included. The
+//! caller validated the arguments; the schedule's groups were validated at plan time.
+
+#include <ringattn/arguments.cuh>
+#include <ringattn/detail/nvtx.cuh>
+#include <ringattn/kernel/host_backward.cuh>
+#include <ringattn/kernel/host_forward.cuh>
+#include <ringattn/ring/schedule.cuh>
+#include <ringattn/ring/workspace.cuh>
+#include <ringattn/tensor.cuh>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+#include <span>
+
+namespace ringattn::detail {
+
+//! Copies a shard's k and v into a dense block (the layout that travels).
+template <class T, class Block>
+void copy_own_block_host(thd_view<const T> k, thd_view<const T> v, const Block& own) {
+  for (std::int64_t t = 0; t < k.tokens; ++t)
+    for (int h = 0; h < k.heads; ++h) {
+      std::memcpy(own.k.row(t, h), k.row(t, h), sizeof(T) * k.head_dim);
+      std::memcpy(own.v.row(t, h), v.row(t, h), sizeof(T) * k.head_dim);
+    }
+}
+
+template <class BlockKernel, class Communicator, element T>
+void host_ring_forward(Communicator& comm, const ring_schedule& s, const attention_arguments& args,
+                       thd_view<const T> q, thd_view<const T> k, thd_view<const T> v,
+                       thd_view<T> out, float* lse, std::span<std::byte> workspace) {
+  const ring_workspace ws(s.q_tokens(), s.max_kv_tokens(), args, sizeof(T));
+  std::byte* base = workspace.data();
+  const attention_state state = ws.state(base, lse);
+  reset(state);
+  copy_own_block_host(k, v, ws.kv_slot_views<T>(base, 0, s.q_tokens()));
+  for (const ring_step& step : s.steps()) {
+    nvtx_range range("step", step.index, s.rank());
+    const auto b = ws.kv_slot_views<T>(base, step.index % 2, step.kv_tokens);
+    if (!step.groups.empty())
+      BlockKernel::host_forward(
+          block_forward_args<T>{q, thd_view<const T>(b.k), thd_view<const T>(b.v), args, state},
+          step.groups);
+    if (const ring_step* next = s.next(step.index))
+      comm.exchange(b.k.data, ws.block_bytes(step.kv_tokens), s.send_to(),
+                    ws.kv_slot_views<T>(base, next->index % 2, next->kv_tokens).k.data,
+                    ws.block_bytes(next->kv_tokens), s.receive_from(), step.index);
+  }
+  finalize(state, out);
+}
+
+// Step t: this rank adds Q's share against block source(t) (carried with its dK/dV) and passes the
+// block on; after step P - 1 it holds block rank + 1, complete, and sends that block's dK/dV home
+// while receiving its own from rank - 1 ("step P").
+template <class BlockKernel, class Communicator, element T>
+void host_ring_backward(Communicator& comm, const ring_schedule& s, const attention_arguments& args,
+                        thd_view<const T> q, thd_view<const T> k, thd_view<const T> v,
+                        thd_view<const T> out, const float* lse, thd_view<const T> dout,
+                        thd_view<T> dq, thd_view<T> dk, thd_view<T> dv,
+                        std::span<std::byte> workspace) {
+  const ring_workspace ws(s.q_tokens(), s.max_kv_tokens(), args, sizeof(T));
+  const std::int64_t n = s.q_tokens();
+  const int p = s.ranks(), kvh = args.kv_heads, d = args.head_dim, qh = args.q_heads;
+  std::byte* base = workspace.data();
+  float* dq_acc = ws.dq(base);
+  float* delta = ws.delta(base);
+  compute_delta(out, dout, delta);
+  std::fill(dq_acc, dq_acc + n * qh * d, 0.0f);
+  {
+    const auto own = ws.grad_slot_views<T>(base, 0, n);
+    copy_own_block_host(k, v, own);
+    std::fill(own.dk, own.dk + 2 * n * kvh * d, 0.0f); // dk, then dv
+  }
+  for (const ring_step& step : s.steps()) {
+    nvtx_range range("backward step", step.index, s.rank());
+    const auto b = ws.grad_slot_views<T>(base, step.index % 2, step.kv_tokens);
+    if (!step.groups.empty())
+      BlockKernel::host_backward(block_backward_args<T>{q,
+                                                        thd_view<const T>(b.k),
+                                                        thd_view<const T>(b.v),
+                                                        dout,
+                                                        lse,
+                                                        delta,
+                                                        args,
+                                                        {dq_acc, b.dk, b.dv}},
+                                 step.groups);
+    if (const ring_step* next = s.next(step.index))
+      comm.exchange(b.k.data, ws.block_bytes(step.kv_tokens) + ws.grad_bytes(step.kv_tokens),
+                    s.send_to(),
+                    ws.grad_slot_views<T>(base, next->index % 2, next->kv_tokens).k.data,
+                    ws.block_bytes(next->kv_tokens) + ws.grad_bytes(next->kv_tokens),
+                    s.receive_from(), step.index);
+  }
+  const float* own_dk = ws.grad_slot_views<T>(base, 0, n).dk;
+  if (p > 1) {
+    const ring_step& held = s.step(p - 1); // the block of rank + 1, complete: its dK/dV go home
+    const auto b = ws.grad_slot_views<T>(base, (p - 1) % 2, held.kv_tokens);
+    float* home = reinterpret_cast<float*>(ws.grad_slot_views<T>(base, p % 2, 0).k.data);
+    comm.exchange(b.dk, ws.grad_bytes(held.kv_tokens), held.source, home, ws.grad_bytes(n),
+                  s.receive_from(), p);
+    own_dk = home;
+  }
+  const float* own_dv = own_dk + n * kvh * d;
+  for (std::int64_t t = 0; t < n; ++t) {
+    for (int h = 0; h < qh; ++h)
+      for (int e = 0; e < d; ++e)
+        dq(t, h, e) = from_float<T>(dq_acc[(t * qh + h) * d + e]);
+    for (int h = 0; h < kvh; ++h)
+      for (int e = 0; e < d; ++e) {
+        dk(t, h, e) = from_float<T>(own_dk[(t * kvh + h) * d + e]);
+        dv(t, h, e) = from_float<T>(own_dv[(t * kvh + h) * d + e]);
+      }
+  }
+}
+
+} // namespace ringattn::detail

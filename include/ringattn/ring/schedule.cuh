@@ -1,0 +1,104 @@
+#pragma once
+//! \file
+//! The ring schedule of one rank, built once at plan time: for every step, the rank whose K/V
+//! block it attends to, the block groups of this rank's queries against that block (validated
+//! here, once), and the step's kind — what the block kernel's epilogue does with the state.
+//!
+//! At step t rank r holds the K/V block of rank (r - t) mod P, sends it on to rank r + 1 and
+//! receives the block of step t + 1 from rank r - 1. Every index of that arithmetic lives here.
+//!
+//! \code
+//! ringattn::ring_schedule s(plan, rank, ringattn::position_window::of(mask_kind::causal));
+//! for (const ringattn::ring_step& step : s.steps())
+//!   ... step.source, step.groups, s.forward_epilogue(step.index, out_dense) ...
+//! \endcode
+
+#include <ringattn/error.cuh>
+#include <ringattn/kernel/block.cuh>
+#include <ringattn/partition/plan.cuh>
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace ringattn {
+
+//! One step of a rank's ring.
+struct ring_step {
+  int index = 0;                   //!< t
+  int source = 0;                  //!< whose K/V block this step attends to: (rank - t) mod P
+  std::int64_t kv_tokens = 0;      //!< rows of that block
+  std::int64_t rows = 0;           //!< query rows the groups cover
+  std::vector<block_group> groups; //!< this rank's queries against the block, validated
+};
+
+class ring_schedule {
+public:
+  //! The schedule of `rank` under `window`. Throws `invalid_argument` if the plan's blocks do not
+  //! form valid groups (a partitioner meeting more key segments than a kernel takes).
+  template <class Partitioner>
+  ring_schedule(const partition_plan<Partitioner>& plan, int rank, const position_window& window)
+      : ranks_(plan.ranks()), rank_(rank), q_tokens_(plan.local_tokens(rank)),
+        max_kv_tokens_(plan.max_local_tokens()) {
+    for (int t = 0; t < ranks_; ++t) {
+      ring_step s;
+      s.index = t;
+      s.source = source_of(t);
+      s.kv_tokens = plan.local_tokens(s.source);
+      s.groups = group_blocks(plan.blocks(rank, s.source, window));
+      validate_groups(s.groups, q_tokens_, s.kv_tokens).throw_if_invalid();
+      s.rows = rows_of(s.groups);
+      steps_.push_back(std::move(s));
+    }
+    const bool any = q_tokens_ > 0;
+    first_writes_ = any && steps_.front().rows == q_tokens_;
+    last_writes_ = any && steps_.back().rows == q_tokens_;
+  }
+
+  int ranks() const noexcept { return ranks_; }
+  int rank() const noexcept { return rank_; }
+  //! Where every step's block goes next, and where the next one comes from.
+  int send_to() const noexcept { return (rank_ + 1) % ranks_; }
+  int receive_from() const noexcept { return (rank_ - 1 + ranks_) % ranks_; }
+  //! The rank whose block a step t in [0, P] holds (step P: the block after the last, rank + 1's
+  //! dK/dV home exchange in the backward).
+  int source_of(int t) const noexcept { return ((rank_ - t) % ranks_ + ranks_) % ranks_; }
+  //! Tokens of this rank's Q shard and of the largest block (the size of a ring buffer).
+  std::int64_t q_tokens() const noexcept { return q_tokens_; }
+  std::int64_t max_kv_tokens() const noexcept { return max_kv_tokens_; }
+
+  std::span<const ring_step> steps() const noexcept { return steps_; }
+  const ring_step& step(int t) const { return steps_.at(static_cast<std::size_t>(t)); }
+  //! The step after `t`, or null after the last.
+  const ring_step* next(int t) const {
+    return t + 1 < ranks_ ? &steps_[static_cast<std::size_t>(t + 1)] : nullptr;
+  }
+
+  //! Whether the first step's groups cover every query row (then it writes the state fresh: no
+  //! reset), and whether the last step's do (then it writes the output: no finalise).
+  bool first_writes() const noexcept { return first_writes_; }
+  bool last_writes() const noexcept { return last_writes_; }
+  //! The epilogue of step t of the device forward, given whether the output is dense (the kernels
+  //! write a dense output only; otherwise the state is finalised into it). Together with
+  //! `needs_reset` and `needs_finalize` it accounts for every row of the state.
+  step_epilogue forward_epilogue(int t, bool out_dense) const {
+    const ring_step& s = step(t);
+    if (ranks_ == 1 && out_dense)
+      return s.groups.empty() ? step_epilogue::none : step_epilogue::plain;
+    if (t == 0 && first_writes_) return step_epilogue::fresh;
+    if (t == ranks_ - 1 && last_writes_ && out_dense) return step_epilogue::merge_out;
+    return s.groups.empty() ? step_epilogue::none : step_epilogue::merge;
+  }
+  bool needs_reset(bool out_dense) const { return !(ranks_ == 1 && out_dense) && !first_writes_; }
+  bool needs_finalize(bool out_dense) const {
+    return !(ranks_ == 1 && out_dense) && !(last_writes_ && out_dense);
+  }
+
+private:
+  int ranks_, rank_;
+  std::int64_t q_tokens_, max_kv_tokens_;
+  bool first_writes_ = false, last_writes_ = false;
+  std::vector<ring_step> steps_;
+};
+
+} // namespace ringattn

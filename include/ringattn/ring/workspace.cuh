@@ -1,0 +1,113 @@
+#pragma once
+//! \file
+//! The layout of a ring's workspace, one formula for every path and every `*_bytes()` query.
+//!
+//! Forward (host and device):   [ K/V slot 0 | K/V slot 1 | state o | state sum ]
+//! Backward (host):             [ grad slot 0 | grad slot 1 | dQ (fp32) | D ]
+//! Backward (device):           the host layout, then one fp32 dK/dV share of the largest block
+//!
+//! A K/V slot holds a block's k then v (`[tokens, kv_heads, head_dim]` in T, dense: what
+//! travels); a grad slot the same followed by the block's fp32 dk, dv. Slots are sized for the
+//! largest block; every region starts 256-byte aligned. The state's lse is the caller's lse.
+
+#include <ringattn/arguments.cuh>
+#include <ringattn/core/state.cuh>
+#include <ringattn/tensor.cuh>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace ringattn {
+
+//! A K/V block in a ring buffer: k of `tokens` rows, then v, both dense.
+template <class T>
+struct kv_block_views {
+  thd_view<T> k, v;
+};
+//! A backward block in a ring buffer: k, v (T, dense), then its fp32 dk, dv accumulators.
+template <class T>
+struct grad_block_views {
+  thd_view<T> k, v;
+  float *dk, *dv;
+};
+
+class ring_workspace {
+public:
+  ring_workspace(std::int64_t q_tokens, std::int64_t max_kv_tokens, const attention_arguments& args,
+                 std::size_t element_bytes)
+      : n_(q_tokens), max_kv_(max_kv_tokens), qh_(args.q_heads), kvh_(args.kv_heads),
+        d_(args.head_dim), elem_(element_bytes) {}
+
+  static constexpr std::size_t align(std::size_t n) { return (n + 255) / 256 * 256; }
+
+  //! Elements of k (or v) of a block of `tokens` rows.
+  std::size_t kv_elements(std::int64_t tokens) const {
+    return static_cast<std::size_t>(tokens) * kvh_ * d_;
+  }
+  //! Bytes a K/V block of `tokens` rows occupies on the wire: k and v in T.
+  std::size_t block_bytes(std::int64_t tokens) const { return 2 * kv_elements(tokens) * elem_; }
+  //! Bytes of a block's fp32 dK and dV.
+  std::size_t grad_bytes(std::int64_t tokens) const {
+    return 2 * kv_elements(tokens) * sizeof(float);
+  }
+
+  // ---- forward
+  std::size_t kv_slot() const { return align(block_bytes(max_kv_)); }
+  std::size_t state_o_bytes() const {
+    return align(static_cast<std::size_t>(n_) * qh_ * d_ * sizeof(float));
+  }
+  std::size_t forward_bytes() const {
+    return 2 * kv_slot() + state_o_bytes() + static_cast<std::size_t>(n_) * qh_ * sizeof(float);
+  }
+  template <class T>
+  kv_block_views<T> kv_slot_views(std::byte* base, int slot, std::int64_t tokens) const {
+    T* k = reinterpret_cast<T*>(base + static_cast<std::size_t>(slot) * kv_slot());
+    const auto e = static_cast<std::int64_t>(kv_elements(tokens));
+    return {thd_view<T>(k, tokens, kvh_, d_), thd_view<T>(k + e, tokens, kvh_, d_)};
+  }
+  //! The fp32 state in the workspace (o, then the weight sums) with the caller's lse.
+  attention_state state(std::byte* base, float* lse) const {
+    std::byte* o = base + 2 * kv_slot();
+    return {reinterpret_cast<float*>(o),
+            lse,
+            reinterpret_cast<float*>(o + state_o_bytes()),
+            n_,
+            qh_,
+            d_};
+  }
+
+  // ---- backward
+  std::size_t grad_slot() const { return align(block_bytes(max_kv_) + grad_bytes(max_kv_)); }
+  std::size_t dq_bytes() const {
+    return align(static_cast<std::size_t>(n_) * qh_ * d_ * sizeof(float));
+  }
+  std::size_t host_backward_bytes() const {
+    return 2 * grad_slot() + dq_bytes() + static_cast<std::size_t>(n_) * qh_ * sizeof(float);
+  }
+  std::size_t device_backward_bytes() const {
+    return align(host_backward_bytes()) + align(grad_bytes(max_kv_));
+  }
+  template <class T>
+  grad_block_views<T> grad_slot_views(std::byte* base, int slot, std::int64_t tokens) const {
+    std::byte* b = base + static_cast<std::size_t>(slot) * grad_slot();
+    T* kv = reinterpret_cast<T*>(b);
+    float* g = reinterpret_cast<float*>(b + block_bytes(tokens));
+    const auto e = static_cast<std::int64_t>(kv_elements(tokens));
+    return {thd_view<T>(kv, tokens, kvh_, d_), thd_view<T>(kv + e, tokens, kvh_, d_), g, g + e};
+  }
+  float* dq(std::byte* base) const { return reinterpret_cast<float*>(base + 2 * grad_slot()); }
+  float* delta(std::byte* base) const {
+    return reinterpret_cast<float*>(base + 2 * grad_slot() + dq_bytes());
+  }
+  //! Device backward: a step's fp32 dK/dV share before it joins the arriving accumulators.
+  float* share(std::byte* base) const {
+    return reinterpret_cast<float*>(base + align(host_backward_bytes()));
+  }
+
+private:
+  std::int64_t n_, max_kv_;
+  int qh_, kvh_, d_;
+  std::size_t elem_;
+};
+
+} // namespace ringattn
