@@ -29,4 +29,5 @@ if(RINGATTN_INSTALL)
     "${PROJECT_BINARY_DIR}/ringattn-config-version.cmake"
     cmake/FindNCCL.cmake cmake/ringattn-dependencies.cmake
     DESTINATION "${RINGATTN_CONFIG_DIR}")
+  install(FILES LICENSE README.md DESTINATION "${CMAKE_INSTALL_DATADIR}/doc/ringattn")
 endif()
