@@ -1,15 +1,15 @@
 // The CUDA block backward over one whole sequence (one block = the single-GPU attention
 // backward), bf16, batch 1, 32 query heads with 32 or 8 kv heads, head_dim 128, full and causal;
-// the issue's shapes are 8K and 32K tokens. LSE comes from a forward of the same inputs, so P is
+// the shapes measured are 8K and 32K tokens. LSE comes from a forward of the same inputs, so P is
 // what training sees. Timed is the whole backward a single-GPU user runs: D = rowsum(dO . O),
 // zeroing the fp32 accumulators, the block backward and writing dQ, dK, dV in bf16 (PyTorch's
 // backward figure includes its own equivalents). FLOPs: 2.5x the forward's (the FlashAttention
-// convention). PyTorch SDPA's backward at the same shapes: `bench/sdpa_baseline.py OUT.json
+// convention). PyTorch SDPA's backward at the same shapes: `bench/baselines/sdpa_baseline.py OUT.json
 // --backward`, same device run.
 //
 // "path": 4 the Hopper (wgmma) kernel with three warpgroups a thread block (a producer), 3 with
 // two, 2 with one, 1 the
-// mma.sync ones (the issue's 8K and 32K), 0 the CUDA-core ones (2K and 8K only: one 32K call
+// mma.sync ones (8K and 32K), 0 the CUDA-core ones (2K and 8K only: one 32K call
 // would take seconds). "kernels": 0 the whole backward, 1 the dK/dV kernel alone, 2 the dQ
 // kernel alone (where the time goes; tensor-core paths only).
 #include "single_gpu.cuh"

@@ -3,7 +3,7 @@
 // causal. "merge" merges into the fp32 state (the ring's mode); "plain" writes O and LSE directly.
 // "path": 0 the mma.sync kernel, 1 the Hopper wgmma kernel (skipped where it cannot run).
 // PyTorch SDPA's cuDNN and flash backends run at the same shapes in the same device run
-// (bench/sdpa_baseline.py).
+// (bench/baselines/sdpa_baseline.py).
 // block_forward_merge_cost: what merging into the state costs against plain output, the two
 // timed alternately in one loop (plain, merge, plain, ...; each call between its own pair of
 // events) so that clock and temperature drift fall on both alike; medians of each, and the cost

@@ -1,4 +1,4 @@
-// The ring over NCCL, one MPI process per GPU (the multi-GPU issue's harness):
+// The ring over NCCL, one MPI process per GPU:
 //
 //   mpirun -np P bench_ring_nccl [--benchmark_out=ring_nccl_P.json --benchmark_out_format=json]
 //
@@ -9,7 +9,7 @@
 //   holds random data, so stale K/V are not zeros, which tensor cores process faster). Time: the
 //   slowest rank's CUDA-event time of one forward. Counters: TFLOP/s per GPU from the plan's exact
 //   work (what "parallel efficiency" divides by our single-GPU kernel at the local size, see
-//   bench/report_multi_gpu.py) and, with comm 1 against comm 0 in the same run, the exposed
+//   bench/scripts/report_multi_gpu.py) and, with comm 1 against comm 0 in the same run, the exposed
 //   communication.
 // ring_exchange: raw ring send/recv of one step's K/V block (both directions' bytes per rank per
 //   second), the link number to compare the exposed time with.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One lease of a machine with several H200s (the multi-GPU issue). Phases (RINGATTN_PHASE, default
-# "all"; a lease's 10-minute calls take one phase each):
+# On a machine with several H200s. Phases (RINGATTN_PHASE, default "all"; each phase fits in ten
+# minutes):
 #   tests: every gpu-labelled test (the multigpu suite included: in-process groups spread over the
 #          GPUs, NCCL with a thread per GPU, other-device bad input, a peer missing mid-ring) and
 #          compute-sanitizer memcheck/racecheck over the multigpu suite's small in-process cases;
@@ -9,9 +9,9 @@
 #          against the float64 oracle on a sample, and test/ringattn_test_mpi_nccl (forward and
 #          backward, every partitioner x mask, whole shards against the oracle); (2) the ring over NCCL (bench_ring_nccl:
 #          forward with and without the exchange, raw ring bandwidth); (3) PyTorch context
-#          parallel at the same shapes (bench/torch_cp_baseline.py under torchrun); plus our block
+#          parallel at the same shapes (bench/baselines/torch_cp_baseline.py under torchrun); plus our block
 #          kernel on one GPU at the local sizes, the denominator of parallel efficiency. Then
-#            python3 bench/report_multi_gpu.py $OUT plot.png
+#            python3 bench/scripts/report_multi_gpu.py $OUT plot.png
 #          makes the table and the scaling plot.
 # NVLink multicast stays off (NCCL_NVLS_ENABLE=0 and PyTorch's equivalent), as those machines
 # require.
@@ -19,7 +19,7 @@
 # RINGATTN_PREBUILT=build/h200: a tree built elsewhere for sm_90a (same source path), else the gpu
 # preset is configured and built here. At most 8 files land in $OUT.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT="${OUT:-$PWD/build/multi-gpu-out}"
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -75,7 +75,7 @@ for p in "${counts[@]}"; do
 done
 echo "== PyTorch context parallel" | tee -a "$OUT/log.txt"
 for p in "${counts[@]}"; do
-  timeout 900 torchrun --nproc-per-node "$p" bench/torch_cp_baseline.py "$OUT/torch_cp_$p.json" \
+  timeout 900 torchrun --nproc-per-node "$p" bench/baselines/torch_cp_baseline.py "$OUT/torch_cp_$p.json" \
     2>&1 | grep -E "^\{|Error" | tee -a "$OUT/log.txt"
 done
 python3 - "$OUT" <<'PY' >> "$OUT/log.txt" 2>&1

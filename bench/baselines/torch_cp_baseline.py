@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""PyTorch context parallel at the shapes of bench/ring_nccl.cu: the multi-GPU issue's peer.
+"""PyTorch context parallel at the shapes of bench/ring_nccl.cu: the peer to compare the ring with.
 
-usage: torchrun --nproc-per-node P bench/torch_cp_baseline.py OUT.json
+usage: torchrun --nproc-per-node P bench/baselines/torch_cp_baseline.py OUT.json
 
 One sequence of P x tokens_per_gpu tokens, bf16, 32 query heads, head_dim 128, causal and full,
 8K and 32K tokens per GPU: torch.distributed.tensor.experimental.context_parallel around

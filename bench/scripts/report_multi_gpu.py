@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Table and scaling plot of a bench/run_multi_gpu.sh run (the multi-GPU issue).
+"""Table and scaling plot of a bench/scripts/run_multi_gpu.sh run .
 
-usage: bench/report_multi_gpu.py OUT_DIR|BUNDLE.json [PLOT.png] [--bundle BUNDLE.json]
+usage: bench/scripts/report_multi_gpu.py OUT_DIR|BUNDLE.json [PLOT.png] [--bundle BUNDLE.json]
 
-OUT_DIR is what bench/run_multi_gpu.sh wrote ($OUT); --bundle writes its files (ring_nccl_P.json,
+OUT_DIR is what bench/scripts/run_multi_gpu.sh wrote ($OUT); --bundle writes its files (ring_nccl_P.json,
 torch_cp.json, block_local.json, log.txt) into one JSON for bench/results/, which the report also
 reads.
 
@@ -109,8 +109,8 @@ def main(out, plot=None, bundle=None):
     if bundle:
         log = files.get("log.txt", "")
         head = dict(date=log.splitlines()[0] if log else "", machine="nvidia-h200-x2 or larger",
-                    command="RINGATTN_PHASE=bench bash bench/run_multi_gpu.sh; "
-                            "python3 bench/report_multi_gpu.py OUT --bundle THIS")
+                    command="RINGATTN_PHASE=bench bash bench/scripts/run_multi_gpu.sh; "
+                            "python3 bench/scripts/report_multi_gpu.py OUT --bundle THIS")
         json.dump(dict(about=head, files=files), open(bundle, "w"), indent=1)
     rows, bw = ring_results(files)
     single = block_local(files)

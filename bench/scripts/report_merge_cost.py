@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Merge-cost ranges from recorded `block_forward_merge_cost` runs.
 
-usage: bench/report_merge_cost.py FILE.json [FILE.json ...] [--variant NAME ...] [--calls N,N]
+usage: bench/scripts/report_merge_cost.py FILE.json [FILE.json ...] [--variant NAME ...]
 
 Each FILE is either a raw Google Benchmark JSON (its runs count as variant "-") or a record of
-the form {"about": ..., "runs": [{"call", "variant", "round", "bench", "benchmarks"}, ...]} as
-kept in bench/results/. Prints, per variant and shape, how many runs there are and the range of
+the form {"about": ..., "runs": [{"variant", "round", "bench", "benchmarks"}, ...]} as kept
+in bench/results/. Prints, per variant and shape, how many runs there are and the range of
 `merge_cost_pct` (the merging call against plain output, timed alternately), plus the range of
 the merging call's own time, which does not depend on how fast another build's plain output ran.
 """
@@ -19,24 +19,20 @@ def runs_of(path):
     data = json.load(open(path))
     if "runs" in data:
         for r in data["runs"]:
-            yield r.get("call", ""), r.get("variant", "-"), r["benchmarks"]
+            yield r.get("variant", "-"), r["benchmarks"]
     else:
-        yield "", "-", data["benchmarks"]
+        yield "-", data["benchmarks"]
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("files", nargs="+")
     ap.add_argument("--variant", action="append", help="only these variants")
-    ap.add_argument("--calls", help="only these calls, e.g. 53,54 (record files)")
     args = ap.parse_args()
-    calls = {f"call{c}" for c in args.calls.split(",")} if args.calls else None
     table = collections.defaultdict(list)
     for path in args.files:
-        for call, variant, benchmarks in runs_of(path):
+        for variant, benchmarks in runs_of(path):
             if args.variant and variant not in args.variant:
-                continue
-            if calls is not None and call not in calls:
                 continue
             for b in benchmarks:
                 if "merge_cost_pct" not in b:

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Table and plot of the block-forward benchmark against PyTorch SDPA measured in the same run.
 
-usage: bench/report_block_forward.py OURS.json SDPA.json PLOT.png
+usage: bench/scripts/report_block_forward.py OURS.json SDPA.json PLOT.png
 Prints a Markdown table (the wgmma kernel merged and plain, the mma.sync kernel merged, cuDNN,
 flash, ratios, merge cost) and writes a TFLOP/s-vs-length plot. Results without a "path" field
 (runs before the wgmma kernel existed) count as the mma.sync kernel.

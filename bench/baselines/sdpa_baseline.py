@@ -6,7 +6,7 @@ usage: sdpa_baseline.py OUT.json [--backward]
 Forward (default): bench_block_forward's shapes. --backward: bench_block_backward's shapes (bf16,
 32 q heads with 32 and 8 kv heads, head_dim 128, 8K and 32K tokens, full and causal); the time of
 the backward alone is that of forward + backward minus that of the forward (medians), FLOPs 2.5x
-the forward's. Run in the same device session as our benchmark so ratios compare one machine
+the forward's. Run in the same job as our benchmark so ratios compare one machine
 state. Writes JSON (list of records) to OUT.json.
 """
 import json

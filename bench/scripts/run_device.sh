@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# One lease of the H200 machine: probe, build (preset gpu), run every test, compute-sanitizer on
-# the GPU suite, and the benchmarks. Writes logs and JSON to $OUT (the device tool brings it back).
-# Tools missing there (doctest, Google Benchmark's library) come from a carried .device/ folder.
+# On a machine with one Hopper GPU: probe, build (preset gpu), run every test, compute-sanitizer
+# on the GPU suite, and the benchmarks. Writes logs and JSON to $OUT (default build/device-out).
+# Tools missing there (doctest, Google Benchmark's library) may be put in .device/include and
+# .device/lib.
 #
 # RINGATTN_PREBUILT=build/h200: use a tree configured and built elsewhere for sm_90a (same source
-# path) instead of building here, and run only its gpu-labelled tests (saves device time; the
-# cpu and mpi suites run in CI). RINGATTN_BENCH_SCATTER=0 skips the scatter/gather benchmark;
-# RINGATTN_BENCH_TUNING=1 adds the mma.sync tile-shape experiments. RINGATTN_SKIP_TESTS=1 and
-# RINGATTN_SKIP_BENCH=1 split a session into two calls.
+# path) instead of building here, and run only its gpu-labelled tests (the cpu and mpi suites run
+# in CI). RINGATTN_BENCH_SCATTER=0 skips the scatter/gather benchmark;
+# RINGATTN_BENCH_TUNING=1 adds the mma.sync tile-shape experiments (a build with
+# -DRINGATTN_BUILD_EXPERIMENTS=ON). RINGATTN_SKIP_TESTS=1 and
+# RINGATTN_SKIP_BENCH=1 split the work into two runs.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT="${OUT:-$PWD/build/device-out}"
 BUILD="${RINGATTN_PREBUILT:-build/gpu}"
 mkdir -p "$OUT"
@@ -60,7 +62,7 @@ done
 [ -f "$OUT/sanitizer.log" ] && grep -E "^== compute|ERROR SUMMARY|test cases" "$OUT/sanitizer.log"
 [ "${RINGATTN_SKIP_BENCH:-0}" = 1 ] && exit 0
 
-# Benchmarks: ours first, then PyTorch SDPA at the same shapes, in this one lease.
+# Benchmarks: ours first, then PyTorch SDPA at the same shapes, in the same run.
 if [ -x $BUILD/bench/bench_scatter_gather ] && [ "${RINGATTN_BENCH_SCATTER:-1}" = 1 ]; then
   $BUILD/bench/bench_scatter_gather --benchmark_out="$OUT/scatter_gather.json" \
     --benchmark_out_format=json 2>&1 | tail -3
@@ -81,5 +83,5 @@ if [ -x $BUILD/bench/bench_block_backward ]; then
   $BUILD/bench/bench_block_backward --benchmark_out="$OUT/block_backward.json" \
     --benchmark_out_format=json 2>&1 | grep -E "^block" | cut -c1-150
 fi
-python3 bench/sdpa_baseline.py "$OUT/sdpa.json" 2>&1 | tail -50
-python3 bench/sdpa_baseline.py "$OUT/sdpa_backward.json" --backward 2>&1 | tail -20
+python3 bench/baselines/sdpa_baseline.py "$OUT/sdpa.json" 2>&1 | tail -50
+python3 bench/baselines/sdpa_baseline.py "$OUT/sdpa_backward.json" --backward 2>&1 | tail -20
