@@ -37,21 +37,18 @@ struct options {
 
 options parse(int argc, char** argv) {
   options o;
-  example::flags()
-      .add("tokens", o.tokens)
-      .add("sequences", o.sequences)
-      .add("heads", o.heads)
-      .add("kv-heads", o.kv_heads)
-      .add("head-dim", o.head_dim)
-      .add("mask", o.mask)
-      .add("iterations", o.iterations)
-      .add("partitioner", o.partitioner)
+  example::flags("mpi_nccl", "The ring over NCCL, one MPI process per GPU (mpirun -np P "
+                             "mpi_nccl): forward, timed, sampled rows against the float64 oracle.")
+      .add("tokens", o.tokens, "tokens of the packed batch")
+      .add("sequences", o.sequences, "sequences packed in it")
+      .add("heads", o.heads, "query heads")
+      .add("kv-heads", o.kv_heads, "key/value heads (a divisor of --heads)")
+      .add("head-dim", o.head_dim, "head dimension: 64, 128 or 256", 64, 256)
+      .add("mask", o.mask, {"causal", "full"}, "which keys a query sees")
+      .add("iterations", o.iterations, "timed forwards after a warm-up")
+      .add("partitioner", o.partitioner, {"zigzag", "round_robin", "contiguous"},
+           "how the tokens are split over the ranks")
       .parse(argc, argv);
-  if (o.iterations < 1 || (o.mask != "causal" && o.mask != "full") ||
-      (o.partitioner != "zigzag" && o.partitioner != "round_robin" &&
-       o.partitioner != "contiguous"))
-    throw ringattn::invalid_argument("mpi_nccl: --iterations >= 1, --mask causal|full, "
-                                     "--partitioner zigzag|round_robin|contiguous");
   return o;
 }
 
@@ -197,7 +194,14 @@ int main(int argc, char** argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   try {
-    const options o = parse(argc, argv);
+    options o;
+    try {
+      o = parse(argc, argv);
+    } catch (const example::help_requested& h) {
+      if (rank == 0) std::printf("%s", h.text.c_str());
+      MPI_Finalize();
+      return 0;
+    }
     int devices = 0;
     if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
       if (rank == 0) std::printf("no CUDA device: skipped\n");

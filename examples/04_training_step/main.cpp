@@ -14,6 +14,8 @@
 #include <ringattn/ring_attention.cuh>
 #include <ringattn/ringattn.cuh>
 
+#include "../common/example.hpp"
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -161,20 +163,15 @@ int gpus_for(const std::string& device) {
 } // namespace
 
 int main(int argc, char** argv) try {
-  int ranks = 4;
-  std::int64_t tokens = 2000;
+  int ranks = 4, tokens = 2000;
   std::string device = "auto";
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string f = argv[i];
-    if (f == "--ranks")
-      ranks = std::atoi(argv[i + 1]);
-    else if (f == "--tokens")
-      tokens = std::atoll(argv[i + 1]);
-    else if (f == "--device")
-      device = argv[i + 1];
-    else
-      throw ringattn::invalid_argument("training_step: unknown flag " + f);
-  }
+  example::flags("training_step",
+                 "One training step over the ring: forward, a loss, backward; the gradients "
+                 "against the float64 reference.")
+      .add("ranks", ranks, "ranks (threads of this process)")
+      .add("tokens", tokens, "tokens of the packed batch (two sequences)", 2)
+      .add("device", device, {"auto", "cpu", "gpu"}, "auto: the GPU where there is one")
+      .parse(argc, argv);
   const int gpus = gpus_for(device);
   // Two packed sequences of odd lengths.
   batch b;
@@ -282,6 +279,9 @@ int main(int argc, char** argv) try {
                   std::abs(ringattn::to_float(dq[at]) - fd) < 0.02 * std::abs(fd) + 1e-3;
   std::printf("gradients: %s\n", ok ? "OK" : "FAILED");
   return ok ? 0 : 1;
+} catch (const example::help_requested& h) {
+  std::printf("%s", h.text.c_str());
+  return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "%s\n", e.what());
   return 1;

@@ -5,8 +5,12 @@
 #include <ringattn/error.cuh>
 #include <ringattn/tensor.cuh>
 
+#include <charconv>
 #include <cstdint>
 #include <cstdlib>
+#include <initializer_list>
+#include <limits>
+#include <system_error>
 #include <random>
 #include <string>
 #include <utility>
@@ -15,42 +19,94 @@
 
 namespace example {
 
-//! Flags of the form `--name value`, bound to variables; `parse` throws on anything else.
+//! `--help` was asked for: the text to print (on standard output; exit code 0).
+struct help_requested {
+  std::string text;
+};
+
+//! Flags of the form `--name value`, bound to variables. `parse` checks each value strictly: an
+//! integer must be a whole decimal number (in [min, max]), a word one of its allowed values; an
+//! unknown flag, a missing or a bad value throws `invalid_argument` naming it. `--help` or `-h`
+//! throws `help_requested` with the usage.
 class flags {
 public:
-  flags& add(const char* name, int& value) { return bind(name, &value); }
-  flags& add(const char* name, std::string& value) { return bind(name, &value); }
+  explicit flags(std::string program, std::string about = "")
+      : program_(std::move(program)), about_(std::move(about)) {}
+  flags& add(const char* name, int& value, const char* help, int min = 1,
+             int max = std::numeric_limits<int>::max()) {
+    flags_.push_back({std::string("--") + name, &value, {}, help, min, max});
+    return *this;
+  }
+  flags& add(const char* name, std::string& value, std::initializer_list<const char*> allowed,
+             const char* help) {
+    flags_.push_back({std::string("--") + name, &value, {allowed.begin(), allowed.end()}, help, 0,
+                      0});
+    return *this;
+  }
   void parse(int argc, char** argv) const {
-    for (int i = 1; i < argc; i += 2) {
+    for (int i = 1; i < argc; ++i) {
       const std::string a = argv[i];
-      const auto* f = find(a);
-      if (f == nullptr || i + 1 >= argc)
-        throw ringattn::invalid_argument("unknown option or missing value: " + a + "\n" + usage());
-      if (auto* x = std::get_if<int*>(&f->second))
-        **x = std::atoi(argv[i + 1]);
-      else
-        *std::get<std::string*>(f->second) = argv[i + 1];
+      if (a == "--help" || a == "-h") throw help_requested{usage()};
+      const flag* f = find(a);
+      if (f == nullptr)
+        throw ringattn::invalid_argument(program_ + ": unknown option '" + a + "' (--help lists them)");
+      if (i + 1 >= argc) throw ringattn::invalid_argument(program_ + ": " + a + " needs a value");
+      const std::string v = argv[++i];
+      if (auto* x = std::get_if<int*>(&f->target)) {
+        int parsed = 0;
+        const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), parsed);
+        if (ec != std::errc() || end != v.data() + v.size() || parsed < f->min || parsed > f->max)
+          throw ringattn::invalid_argument(program_ + ": " + a + " takes a whole number from " +
+                                           std::to_string(f->min) + " to " +
+                                           std::to_string(f->max) + " (got '" + v + "')");
+        **x = parsed;
+      } else {
+        bool ok = f->allowed.empty();
+        for (const std::string& w : f->allowed)
+          ok = ok || w == v;
+        if (!ok)
+          throw ringattn::invalid_argument(program_ + ": " + a + " takes " + choices(*f) +
+                                           " (got '" + v + "')");
+        *std::get<std::string*>(f->target) = v;
+      }
     }
   }
   std::string usage() const {
-    std::string u = "options:";
-    for (const auto& [name, _] : flags_)
-      u += " [" + name + " value]";
+    std::string u = "usage: " + program_ + " [options]\n";
+    if (!about_.empty()) u += about_ + "\n";
+    u += "options (defaults in brackets):\n";
+    for (const flag& f : flags_) {
+      std::string value;
+      if (auto* x = std::get_if<int*>(&f.target))
+        value = "N [" + std::to_string(**x) + "]";
+      else
+        value = choices(f) + " [" + *std::get<std::string*>(f.target) + "]";
+      u += "  " + f.name + " " + value + "\n      " + f.help + "\n";
+    }
     return u;
   }
 
 private:
-  using target = std::variant<int*, std::string*>;
-  flags& bind(const char* name, target t) {
-    flags_.emplace_back(std::string("--") + name, t);
-    return *this;
+  struct flag {
+    std::string name;
+    std::variant<int*, std::string*> target;
+    std::vector<std::string> allowed;
+    std::string help;
+    int min, max;
+  };
+  static std::string choices(const flag& f) {
+    std::string c;
+    for (const std::string& w : f.allowed)
+      c += (c.empty() ? "" : "|") + w;
+    return c;
   }
-  const std::pair<std::string, target>* find(const std::string& a) const {
-    for (const auto& f : flags_)
-      if (f.first == a) return &f;
+  const flag* find(const std::string& a) const {
+    for (const flag& f : flags_)
+      if (f.name == a) return &f;
     return nullptr;
   }
-  std::vector<std::pair<std::string, target>> flags_;
+  std::string program_, about_;
+  std::vector<flag> flags_;
 };
 
 //! Offsets of `sequences` packed sequences of uneven, odd lengths summing to `tokens`.
