@@ -8,8 +8,9 @@
 //! an error on every rank, never a hang) and the rank's ring schedule is made (ring/schedule.cuh:
 //! per step, the source block, its validated block groups and the step's epilogue). A call then
 //! takes P steps: at step t rank r attends to the K/V of rank (r - t) mod P and passes that block
-//! on to rank r + 1. Only kv heads travel: a step moves `2 * local tokens of the source * kv_heads
-//! * head_dim * element size` bytes. State is merged in fp32 across all steps (core/state.cuh).
+//! on to rank r + 1. Only kv heads travel: a step moves
+//! `2 * local tokens of the source * kv_heads * head_dim * element size` bytes. State is merged in
+//! fp32 across all steps (core/state.cuh).
 //!
 //! Two paths share the schedule and one workspace layout (ring/workspace.cuh). The host path
 //! (`forward_host`, `backward_host`: the BlockKernel's host block, in-process threads or MPI
