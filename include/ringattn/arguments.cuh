@@ -23,6 +23,9 @@ namespace ringattn {
 inline constexpr int supported_head_dims[] = {64, 128, 256};
 //! The largest of them (the host kernels keep a row of this many doubles on the stack).
 inline constexpr int max_head_dim = 256;
+//! The most query heads an attention problem may have: with int32 token counts it keeps every
+//! workspace and message size far inside 64 bits.
+inline constexpr int max_heads = 65536;
 
 //! Heads, head_dim and softmax scale of an attention problem (self-attention; q and k/v share
 //! their token positions).
@@ -46,6 +49,7 @@ struct attention_arguments {
   [[nodiscard]] validation validate() const {
     validation r = validation::ok();
     r.require(q_heads > 0, "q_heads must be positive (got ", q_heads, ")");
+    r.require(q_heads <= max_heads, "q_heads (", q_heads, ") exceeds ", max_heads);
     r.require(kv_heads > 0, "kv_heads must be positive (got ", kv_heads, ")");
     r.require(!r || q_heads % kv_heads == 0, "q_heads (", q_heads,
               ") is not a multiple of kv_heads (", kv_heads, ")");

@@ -27,8 +27,9 @@
 //! attn.forward_host(q, k, v, out, lse, ws);   // this rank's shards; lse [q_heads, local tokens]
 //! \endcode
 //!
-//! Thread safety: one object serves one call at a time (calls reuse its schedules, events and
-//! the caller's workspace); several objects may run concurrently.
+//! Thread safety: one object serves one call at a time (calls reuse its schedules and events); a
+//! second call while one runs throws `invalid_argument` and leaves the first alone. Objects of
+//! different groups may run concurrently.
 
 #include <ringattn/arguments.cuh>
 #include <ringattn/block_kernel.cuh>
@@ -45,12 +46,14 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
 #include <memory>
 #include <span>
 #include <type_traits>
+#include <utility>
 
 namespace ringattn {
 
@@ -267,19 +270,9 @@ private:
   ring_workspace layout() const {
     return {schedule_.q_tokens(), schedule_.max_kv_tokens(), args_, sizeof(T)};
   }
-  // Runs `body` if `ok`; otherwise, or if it throws, aborts the group first (so the peers stop
-  // waiting for this rank at once) and throws, naming this rank.
   template <class Body>
   void guarded(const validation& ok, Body&& body) {
-    error_rank_scope scope(comm_.rank());
-    if (!ok) comm_.abort(ok.reason());
-    ok.throw_if_invalid();
-    try {
-      body();
-    } catch (const std::exception& e) {
-      comm_.abort(e.what());
-      throw;
-    }
+    detail::run_call(comm_, busy_, ok, std::forward<Body>(body));
   }
 
   Communicator& comm_;
@@ -292,6 +285,7 @@ private:
       std::conditional_t<device_block_kernel_for<BlockKernel, cudaStream_t>,
                          detail::ring_device_resources<BlockKernel>, detail::no_device_resources>;
   std::unique_ptr<device_resources> device_;
+  std::atomic<bool> busy_{false};
 };
 
 } // namespace ringattn

@@ -90,8 +90,25 @@ bool rows_aligned_to(const thd_view<T>& v, std::size_t bytes) {
          static_cast<std::size_t>(v.head_stride) * sizeof(T) % bytes == 0;
 }
 
+namespace detail {
+//! Bytes from a view's first element to one past its last (0 for no tokens), or -1 where that
+//! does not fit in a signed 64-bit count (absurd strides).
+template <class T>
+std::int64_t view_bytes(const thd_view<T>& v) {
+  if (v.tokens <= 0) return 0;
+  std::int64_t a = 0, b = 0, e = 0;
+  if (__builtin_mul_overflow(v.tokens - 1, v.token_stride, &a) ||
+      __builtin_mul_overflow(static_cast<std::int64_t>(v.heads) - 1, v.head_stride, &b) ||
+      __builtin_add_overflow(a, b, &e) || __builtin_add_overflow(e, v.head_dim, &e) ||
+      __builtin_mul_overflow(e, static_cast<std::int64_t>(sizeof(T)), &e))
+    return -1;
+  return e;
+}
+} // namespace detail
+
 //! Checks a view's shape and strides; `name` is used in the reason ("q", "k", ...).
-//! A view with tokens == 0 may have a null pointer.
+//! A view with tokens == 0 may have a null pointer. Size arithmetic is checked: strides whose
+//! products overflow are refused, never wrapped.
 template <element T>
 validation validate_view(const thd_view<T>& v, const char* name) {
   validation r = validation::ok();
@@ -100,9 +117,18 @@ validation validate_view(const thd_view<T>& v, const char* name) {
   r.require(v.head_dim > 0, name, ".head_dim must be positive (got ", v.head_dim, ")");
   r.require(v.head_stride >= v.head_dim, name, ".head_stride (", v.head_stride,
             ") is smaller than head_dim (", v.head_dim, ")");
-  r.require(v.token_stride >= static_cast<std::int64_t>(v.heads - 1) * v.head_stride + v.head_dim,
-            name, ".token_stride (", v.token_stride, ") makes tokens overlap (heads ", v.heads,
-            ", head_stride ", v.head_stride, ", head_dim ", v.head_dim, ")");
+  if (!r) return r;
+  std::int64_t row = 0; // elements of one token's heads
+  const bool row_fits =
+      !__builtin_mul_overflow(static_cast<std::int64_t>(v.heads) - 1, v.head_stride, &row) &&
+      !__builtin_add_overflow(row, v.head_dim, &row);
+  r.require(row_fits, name, ".head_stride (", v.head_stride, ") times heads (", v.heads,
+            ") overflows a 64-bit element count");
+  r.require(!row_fits || v.token_stride >= row, name, ".token_stride (", v.token_stride,
+            ") makes tokens overlap (heads ", v.heads, ", head_stride ", v.head_stride,
+            ", head_dim ", v.head_dim, ")");
+  r.require(!r || detail::view_bytes(v) >= 0, name, " spans more bytes than a 64-bit count holds (",
+            v.tokens, " tokens, token_stride ", v.token_stride, ")");
   r.require(v.tokens == 0 || v.data != nullptr, name, " is a null pointer with ", v.tokens,
             " tokens");
   r.require(aligned_to(v.data, alignof(T)), name, " is not aligned to its element size (",

@@ -231,6 +231,10 @@ void check_backward_plans(mask_kind m) {
             const kv_block& kb = groups[static_cast<std::size_t>(cv.group)].kv[cv.segment];
             CHECK(kb.kv_begin <= in.begin);
             CHECK(in.end <= kb.kv_begin + kb.kv_count);
+            if (c > 0) { // in (group, segment) order: the kernels add in this order
+              const auto pv = bp.covers[static_cast<std::size_t>(in.cover_begin + c - 1)];
+              CHECK((pv.group < cv.group || (pv.group == cv.group && pv.segment < cv.segment)));
+            }
           }
         }
         CHECK(columns == bp.key_items);

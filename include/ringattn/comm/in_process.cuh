@@ -40,20 +40,21 @@ class in_process_communicator;
 //! Shared state of the ranks of one in-process ring. Outlives every communicator taken from it.
 class in_process_group {
 public:
+  //! The most ranks one group may have (threads of one process).
+  static constexpr int max_size = 65536;
+
   explicit in_process_group(int size, std::chrono::milliseconds timeout = std::chrono::seconds(60))
-      : size_(size), timeout_(timeout), posts_(static_cast<std::size_t>(size > 0 ? size : 0)),
+      : size_(checked_size(size)), timeout_(timeout), posts_(static_cast<std::size_t>(size_)),
         ready_(posts_.size(), nullptr), copied_(posts_.size(), nullptr),
-        devices_(posts_.size(), -1), gathered_(posts_.size(), nullptr) {
-    if (size < 1)
-      throw invalid_argument("ringattn: an in-process group needs at least one rank (got " +
-                             std::to_string(size) + ")");
-  }
+        devices_(posts_.size(), -1), taken_(posts_.size(), false),
+        gathered_(posts_.size(), nullptr) {}
   in_process_group(const in_process_group&) = delete;
   in_process_group& operator=(const in_process_group&) = delete;
 
   int size() const noexcept { return size_; }
   std::chrono::milliseconds timeout() const noexcept { return timeout_; }
-  //! The communicator of rank `rank` (one per thread).
+  //! The communicator of rank `rank`, for that rank's thread. Each rank is taken once (its
+  //! communicator may be copied within the thread); taking a rank again throws.
   in_process_communicator communicator(int rank);
 
   //! Creates rank `rank`'s CUDA events for device exchanges on the current device (the rank's:
@@ -138,6 +139,17 @@ private:
     }
   }
 
+  static int checked_size(int size) {
+    if (size < 1)
+      throw invalid_argument("ringattn: an in-process group needs at least one rank (got " +
+                             std::to_string(size) + ")");
+    if (size > max_size)
+      throw invalid_argument("ringattn: an in-process group has at most " +
+                             std::to_string(max_size) + " ranks (got " + std::to_string(size) +
+                             ")");
+    return size;
+  }
+
   int size_;
   std::chrono::milliseconds timeout_;
   std::mutex mutex_;
@@ -146,6 +158,7 @@ private:
   std::vector<post> posts_;                 // posts_[r]: what rank r offers its successor
   std::vector<cudaEvent_t> ready_, copied_; // per rank, for device exchanges
   std::vector<int> devices_;                // per rank: its device (-1 before prepare_device)
+  std::vector<bool> taken_;                 // per rank: its communicator was handed out
 
   //! Lets device `from` access device `to`'s memory directly, if the hardware can.
   static void enable_peer(int from, int to) {
@@ -345,6 +358,12 @@ inline in_process_communicator in_process_group::communicator(int rank) {
   if (rank < 0 || rank >= size_)
     throw invalid_argument("ringattn: rank " + std::to_string(rank) + " is out of range [0, " +
                            std::to_string(size_) + ")");
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (taken_[static_cast<std::size_t>(rank)])
+    throw invalid_argument("ringattn: rank " + std::to_string(rank) +
+                           " of this in-process group is taken already (one communicator per "
+                           "rank; copy it within the rank's thread)");
+  taken_[static_cast<std::size_t>(rank)] = true;
   return in_process_communicator(this, rank);
 }
 

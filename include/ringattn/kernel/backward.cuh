@@ -35,6 +35,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <limits>
+#include <set>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -57,28 +58,42 @@ struct backward_plan {
 
 inline backward_plan plan_backward(std::span<const block_group> groups) {
   backward_plan plan;
-  std::vector<std::int64_t> cuts;
-  for (const block_group& g : groups)
-    for (int b = 0; b < g.count; ++b)
-      if (g.kv[b].kv_count > 0 && g.q_count > 0) {
-        cuts.push_back(g.kv[b].kv_begin);
-        cuts.push_back(g.kv[b].kv_begin + g.kv[b].kv_count);
-      }
-  std::sort(cuts.begin(), cuts.end());
-  cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
-  for (std::size_t c = 0; c + 1 < cuts.size(); ++c) {
-    kernels::key_interval in{cuts[c], cuts[c + 1], plan.key_items,
-                             static_cast<std::int32_t>(plan.covers.size()), 0};
-    for (std::size_t gi = 0; gi < groups.size(); ++gi)
-      for (int b = 0; b < groups[gi].count; ++b) {
-        const kv_block& kb = groups[gi].kv[b];
-        if (groups[gi].q_count > 0 && kb.kv_begin <= in.begin &&
-            in.end <= kb.kv_begin + kb.kv_count)
-          plan.covers.push_back({static_cast<std::int32_t>(gi), b});
-      }
-    in.cover_count = static_cast<std::int32_t>(plan.covers.size()) - in.cover_begin;
-    if (in.cover_count == 0) continue;
-    plan.key_items += in.end - in.begin;
+  // A sweep over the key segments' boundaries: at each cut the segments that end there leave the
+  // active set and those that begin there join it; the interval up to the next cut is covered by
+  // exactly the active ones (in (group, segment) order). O(n log n + covers).
+  struct edge {
+    std::int64_t at;
+    bool begins;
+    kernels::key_cover segment;
+  };
+  std::vector<edge> edges;
+  for (std::size_t gi = 0; gi < groups.size(); ++gi)
+    for (int b = 0; b < groups[gi].count; ++b) {
+      const kv_block& kb = groups[gi].kv[b];
+      if (kb.kv_count <= 0 || groups[gi].q_count <= 0) continue;
+      const kernels::key_cover c{static_cast<std::int32_t>(gi), b};
+      edges.push_back({kb.kv_begin, true, c});
+      edges.push_back({kb.kv_begin + kb.kv_count, false, c});
+    }
+  std::sort(edges.begin(), edges.end(), [](const edge& x, const edge& y) { return x.at < y.at; });
+  auto order = [](const kernels::key_cover& x, const kernels::key_cover& y) {
+    return x.group != y.group ? x.group < y.group : x.segment < y.segment;
+  };
+  std::set<kernels::key_cover, decltype(order)> active(order);
+  for (std::size_t e = 0; e < edges.size();) {
+    const std::int64_t cut = edges[e].at;
+    for (; e < edges.size() && edges[e].at == cut; ++e)
+      if (edges[e].begins)
+        active.insert(edges[e].segment);
+      else
+        active.erase(edges[e].segment);
+    if (e == edges.size() || active.empty()) continue;
+    const std::int64_t next = edges[e].at;
+    kernels::key_interval in{cut, next, plan.key_items,
+                             static_cast<std::int32_t>(plan.covers.size()),
+                             static_cast<std::int32_t>(active.size())};
+    plan.covers.insert(plan.covers.end(), active.begin(), active.end());
+    plan.key_items += next - cut;
     plan.intervals.push_back(in);
   }
   for (std::size_t gi = 0; gi < groups.size(); ++gi)

@@ -21,27 +21,28 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <span>
+#include <string>
+#include <utility>
 #include <vector>
 
 namespace ringattn {
 
-//! Groups a plan's blocks (`partition_plan::blocks`) by query segment. Empty blocks are dropped.
+//! Groups a plan's blocks (`partition_plan::blocks`) by query segment, in the order their first
+//! blocks come. Empty blocks are dropped. O(n log n) in the blocks.
 inline std::vector<block_group> group_blocks(std::span<const block> blocks) {
   std::vector<block_group> groups;
+  std::map<std::pair<std::int64_t, std::int64_t>, std::size_t> index; // (q_begin, q_count)
   for (const block& b : blocks) {
     if (b.kind == block_kind::empty) continue;
-    auto it = std::find_if(groups.begin(), groups.end(), [&](const block_group& g) {
-      return g.q_begin == b.q.local_begin && g.q_count == b.q.count;
-    });
-    if (it == groups.end()) {
-      groups.push_back({b.q.local_begin, b.q.count, 0, {}});
-      it = groups.end() - 1;
-    }
-    if (it->count == max_blocks_per_group)
+    const auto [it, added] = index.try_emplace({b.q.local_begin, b.q.count}, groups.size());
+    if (added) groups.push_back({b.q.local_begin, b.q.count, 0, {}});
+    block_group& g = groups[it->second];
+    if (g.count == max_blocks_per_group)
       throw invalid_argument("ringattn: a query segment meets more than " +
                              std::to_string(max_blocks_per_group) + " key segments in one block");
-    it->kv[it->count++] = {b.kv.local_begin, b.kv.count, b.mask};
+    g.kv[g.count++] = {b.kv.local_begin, b.kv.count, b.mask};
   }
   return groups;
 }

@@ -13,8 +13,10 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <span>
 
 namespace ringattn::detail {
@@ -33,6 +35,12 @@ public:
     if (!r) return r;
     shards(r, q, k, v, out, lse);
     require_workspace(r, workspace, need);
+    if (!r) return r;
+    const region outputs[] = {region_of(out, "out"),
+                              region_of(lse, sizeof(float) * lse_entries(), "lse"),
+                              region_of(workspace.data(), need, "the workspace")};
+    const region inputs[] = {region_of(q, "q"), region_of(k, "k"), region_of(v, "v")};
+    require_disjoint(r, outputs, inputs);
     return r;
   }
 
@@ -54,6 +62,14 @@ public:
     shard(r, dk, "dk", args_.kv_heads);
     shard(r, dv, "dv", args_.kv_heads);
     require_workspace(r, workspace, need);
+    if (!r) return r;
+    const region outputs[] = {region_of(dq, "dq"), region_of(dk, "dk"), region_of(dv, "dv"),
+                              region_of(workspace.data(), need, "the workspace")};
+    const region inputs[] = {
+        region_of(q, "q"),       region_of(k, "k"),
+        region_of(v, "v"),       region_of(out, "out"),
+        region_of(dout, "dout"), region_of(lse, sizeof(float) * lse_entries(), "lse")};
+    require_disjoint(r, outputs, inputs);
     return r;
   }
 
@@ -97,6 +113,55 @@ public:
     return r;
   }
 
+  //! Memory a call reads or writes, for the overlap checks: `tokens` rows `token_stride` bytes
+  //! apart, each `row` bytes from its start (a dense buffer is one row).
+  struct region {
+    const char* name;
+    std::uintptr_t base = 0;
+    std::int64_t tokens = 0, token_stride = 0, row = 0;
+  };
+  template <class T>
+  static region region_of(const thd_view<T>& v, const char* name) {
+    if (v.tokens <= 0) return {name};
+    const auto e = static_cast<std::int64_t>(sizeof(T));
+    return {name, reinterpret_cast<std::uintptr_t>(v.data), v.tokens, v.token_stride * e,
+            ((static_cast<std::int64_t>(v.heads) - 1) * v.head_stride + v.head_dim) * e};
+  }
+  static region region_of(const void* p, std::size_t bytes, const char* name) {
+    if (p == nullptr || bytes == 0) return {name};
+    return {name, reinterpret_cast<std::uintptr_t>(p), 1, 0, static_cast<std::int64_t>(bytes)};
+  }
+  //! Whether two regions may share a byte. Views with one token stride (the parts of a packed
+  //! qkv tensor, say) are compared row by row at their relative offset; others by their spans.
+  static bool overlap(const region& a, const region& b) {
+    if (a.tokens == 0 || b.tokens == 0) return false;
+    auto end = [](const region& x) {
+      return x.base + static_cast<std::uintptr_t>((x.tokens - 1) * x.token_stride + x.row);
+    };
+    if (end(a) <= b.base || end(b) <= a.base) return false;
+    if (a.token_stride != b.token_stride || a.token_stride <= 0 || a.tokens == 1 || b.tokens == 1)
+      return true;
+    // b's rows start `shift` bytes after a's rows (mod the stride); rows of both stay inside one
+    // stride, so a's row [0, a.row) meets b's rows only at `shift` or `shift - stride`.
+    const std::int64_t s = a.token_stride;
+    const std::int64_t d = static_cast<std::int64_t>(b.base - a.base);
+    const std::int64_t shift = ((d % s) + s) % s;
+    auto meets = [&](std::int64_t at) { return at < a.row && at + b.row > 0; };
+    return meets(shift) || meets(shift - s);
+  }
+  //! No output shares memory with another output or an input (inputs may share: read only).
+  static void require_disjoint(validation& r, std::span<const region> outputs,
+                               std::span<const region> inputs) {
+    for (std::size_t i = 0; i < outputs.size() && r; ++i) {
+      for (std::size_t j = i + 1; j < outputs.size() && r; ++j)
+        r.require(!overlap(outputs[i], outputs[j]), outputs[i].name, " and ", outputs[j].name,
+                  " overlap (outputs must not share memory)");
+      for (std::size_t j = 0; j < inputs.size() && r; ++j)
+        r.require(!overlap(outputs[i], inputs[j]), outputs[i].name, " overlaps the input ",
+                  inputs[j].name);
+    }
+  }
+
 private:
   template <element T>
   static validation views(thd_view<const T> q, thd_view<const T> k, thd_view<const T> v,
@@ -131,9 +196,38 @@ private:
     r.require(aligned_to(workspace.data(), 16), "the workspace must be 16-byte aligned");
   }
 
+  std::size_t lse_entries() const { return static_cast<std::size_t>(n_) * args_.q_heads; }
+
   attention_arguments args_;
   std::int64_t n_;
   int rank_;
 };
+
+//! Runs one collective call's `body` for the rank of `comm`: refuses a second call while one
+//! runs on the same object (`busy`; the group is left alone, the first call is valid); if `ok`
+//! failed, or `body` throws anything, aborts the group first (so the peers stop waiting for this
+//! rank at once) and throws, naming this rank.
+template <class Communicator, class Body>
+void run_call(Communicator& comm, std::atomic<bool>& busy, const validation& ok, Body&& body) {
+  error_rank_scope scope(comm.rank());
+  if (busy.exchange(true))
+    throw invalid_argument("ringattn: another call on this ring_attention object is running "
+                           "(one call at a time per object; one object per rank's thread)");
+  struct release {
+    std::atomic<bool>& flag;
+    ~release() { flag.store(false); }
+  } done{busy};
+  if (!ok) comm.abort(ok.reason());
+  ok.throw_if_invalid();
+  try {
+    body();
+  } catch (const std::exception& e) {
+    comm.abort(e.what());
+    throw;
+  } catch (...) {
+    comm.abort("an exception not derived from std::exception");
+    throw;
+  }
+}
 
 } // namespace ringattn::detail
