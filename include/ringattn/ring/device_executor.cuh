@@ -33,17 +33,22 @@ class ring_device_resources {
 public:
   //! On the current device: the communication stream, the events and the forward's schedules.
   ring_device_resources(const ring_schedule& s, int head_dim) {
-    RINGATTN_CUDA_CHECK(cudaGetDevice(&device));
-    // A communication kernel (NCCL's) enqueued while the block kernel fills the GPU gets the next
-    // free SM instead of queueing behind the block kernel's remaining waves.
-    int least = 0, greatest = 0;
-    RINGATTN_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-    RINGATTN_CUDA_CHECK(cudaStreamCreateWithPriority(&comm, cudaStreamNonBlocking, greatest));
-    for (cudaEvent_t* e : events())
-      RINGATTN_CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
-    for (const ring_step& step : s.steps())
-      forward.push_back(
-          BlockKernel::make_forward_schedule(step.groups, s.q_tokens(), step.kv_tokens, head_dim));
+    try {
+      RINGATTN_CUDA_CHECK(cudaGetDevice(&device));
+      // A communication kernel (NCCL's) enqueued while the block kernel fills the GPU gets the
+      // next free SM instead of queueing behind the block kernel's remaining waves.
+      int least = 0, greatest = 0;
+      RINGATTN_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+      RINGATTN_CUDA_CHECK(cudaStreamCreateWithPriority(&comm, cudaStreamNonBlocking, greatest));
+      for (cudaEvent_t* e : events())
+        RINGATTN_CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+      for (const ring_step& step : s.steps())
+        forward.push_back(BlockKernel::make_forward_schedule(step.groups, s.q_tokens(),
+                                                             step.kv_tokens, head_dim));
+    } catch (...) {
+      release(); // no destructor runs for a constructor that throws
+      throw;
+    }
   }
   //! The backward's schedules, once (on the device the resources live on).
   void prepare_backward(const ring_schedule& s) {
@@ -54,11 +59,7 @@ public:
           BlockKernel::make_backward_schedule(step.groups, s.q_tokens(), step.kv_tokens));
     backward = std::move(made);
   }
-  ~ring_device_resources() {
-    for (cudaEvent_t* e : events())
-      if (*e) cudaEventDestroy(*e);
-    if (comm) cudaStreamDestroy(comm);
-  }
+  ~ring_device_resources() { release(); }
   ring_device_resources(const ring_device_resources&) = delete;
   ring_device_resources& operator=(const ring_device_resources&) = delete;
 
@@ -71,6 +72,11 @@ public:
   std::vector<typename BlockKernel::backward_schedule> backward;
 
 private:
+  void release() noexcept {
+    for (cudaEvent_t* e : events())
+      if (*e) cudaEventDestroy(std::exchange(*e, nullptr));
+    if (comm) cudaStreamDestroy(std::exchange(comm, nullptr));
+  }
   std::array<cudaEvent_t*, 10> events() {
     return {&own_ready,    &comm_end,      &compute_done[0], &compute_done[1], &recv_done[0],
             &recv_done[1], &grads_recv[0], &grads_recv[1],   &grads_ready[0],  &grads_ready[1]};
