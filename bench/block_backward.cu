@@ -4,7 +4,8 @@
 // what training sees. Timed is the whole backward a single-GPU user runs: D = rowsum(dO . O),
 // zeroing the fp32 accumulators, the block backward and writing dQ, dK, dV in bf16 (PyTorch's
 // backward figure includes its own equivalents). FLOPs: 2.5x the forward's (the FlashAttention
-// convention). PyTorch SDPA's backward at the same shapes: `bench/baselines/sdpa_baseline.py OUT.json
+// convention). PyTorch SDPA's backward at the same shapes: `bench/baselines/sdpa_baseline.py
+// OUT.json
 // --backward`, same device run.
 //
 // "path": 4 the Hopper (wgmma) kernel with three warpgroups a thread block (a producer), 3 with

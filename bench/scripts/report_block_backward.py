@@ -3,9 +3,9 @@
 
 usage: report_block_backward.py BUNDLE.json [PLOT.png]
 
-BUNDLE is bench/results/2026-11-29-h200-block-backward.json's format: a list of runs, each with
+BUNDLE is bench/results/block_backward.json's format: a list of runs, each with
 bench_block_backward's Google Benchmark rows, sdpa_baseline.py --backward's JSON from the same
-device call, and bench_ring_forward's forward+backward rows. The table uses the first run; ratios
+run, and bench_ring_forward's forward+backward rows. The table uses the first run; ratios
 are against PyTorch measured in that run (a run without ring rows prints no ring table). Needs
 matplotlib only for the plot.
 """

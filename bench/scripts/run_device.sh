@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # On a machine with one Hopper GPU: probe, build (preset gpu), run every test, compute-sanitizer
 # on the GPU suite, and the benchmarks. Writes logs and JSON to $OUT (default build/device-out).
-# Tools missing there (doctest, Google Benchmark's library) may be put in .device/include and
-# .device/lib.
+# Tools missing there (doctest, Google Benchmark's library) may be put in .deps/include and
+# .deps/lib.
 #
 # RINGATTN_PREBUILT=build/h200: use a tree configured and built elsewhere for sm_90a (same source
 # path) instead of building here, and run only its gpu-labelled tests (the cpu and mpi suites run
@@ -25,16 +25,16 @@ cat "$OUT/env.txt"
 
 extra=(-DRINGATTN_WERROR=OFF)
 if [ ! -f /usr/include/doctest/doctest.h ] && [ ! -f /usr/local/include/doctest/doctest.h ]; then
-  extra+=(-DRINGATTN_DOCTEST_INCLUDE_DIR="$PWD/.device/include")
+  extra+=(-DRINGATTN_DOCTEST_INCLUDE_DIR="$PWD/.deps/include")
 fi
 if ! ldconfig -p | grep -q "libbenchmark.so"; then
-  extra+=(-DRINGATTN_BENCHMARK_INCLUDE_DIR="$PWD/.device/include"
-          -DRINGATTN_BENCHMARK_LIBRARY="$PWD/.device/lib/libbenchmark.so")
-  export LD_LIBRARY_PATH="$PWD/.device/lib:${LD_LIBRARY_PATH:-}"
+  extra+=(-DRINGATTN_BENCHMARK_INCLUDE_DIR="$PWD/.deps/include"
+          -DRINGATTN_BENCHMARK_LIBRARY="$PWD/.deps/lib/libbenchmark.so")
+  export LD_LIBRARY_PATH="$PWD/.deps/lib:${LD_LIBRARY_PATH:-}"
 fi
 if [ -n "${RINGATTN_PREBUILT:-}" ]; then
-  # Binaries built elsewhere link the libraries carried in .device/lib (Google Benchmark, cudart).
-  export LD_LIBRARY_PATH="$PWD/.device/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+  # Binaries built elsewhere link the libraries carried in .deps/lib (Google Benchmark, cudart).
+  export LD_LIBRARY_PATH="$PWD/.deps/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 fi
 if [ "${RINGATTN_SKIP_TESTS:-0}" = 1 ]; then
   :

@@ -28,7 +28,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 GPUS="${RINGATTN_GPUS:-$(nvidia-smi -L | wc -l)}"
 BUILD="${RINGATTN_PREBUILT:-build/gpu}"
 if [ -n "${RINGATTN_PREBUILT:-}" ]; then
-  export LD_LIBRARY_PATH="$PWD/.device/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+  export LD_LIBRARY_PATH="$PWD/.deps/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
 else
   cmake --preset gpu -DRINGATTN_WERROR=OFF > "$OUT/log.txt" 2>&1 &&
     cmake --build --preset gpu -j "$(nproc)" --target mpi_nccl ringattn_test_mpi_nccl \

@@ -10,9 +10,9 @@
 #include <cstdlib>
 #include <initializer_list>
 #include <limits>
-#include <system_error>
 #include <random>
 #include <string>
+#include <system_error>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -39,8 +39,8 @@ public:
   }
   flags& add(const char* name, std::string& value, std::initializer_list<const char*> allowed,
              const char* help) {
-    flags_.push_back({std::string("--") + name, &value, {allowed.begin(), allowed.end()}, help, 0,
-                      0});
+    flags_.push_back(
+        {std::string("--") + name, &value, {allowed.begin(), allowed.end()}, help, 0, 0});
     return *this;
   }
   void parse(int argc, char** argv) const {
@@ -49,7 +49,8 @@ public:
       if (a == "--help" || a == "-h") throw help_requested{usage()};
       const flag* f = find(a);
       if (f == nullptr)
-        throw ringattn::invalid_argument(program_ + ": unknown option '" + a + "' (--help lists them)");
+        throw ringattn::invalid_argument(program_ + ": unknown option '" + a +
+                                         "' (--help lists them)");
       if (i + 1 >= argc) throw ringattn::invalid_argument(program_ + ": " + a + " needs a value");
       const std::string v = argv[++i];
       if (auto* x = std::get_if<int*>(&f->target)) {
