@@ -210,18 +210,22 @@ public:
       std::type_identity_t<thd_view<const T>> v, thd_view<T> out, float* lse, void* workspace,
       std::size_t workspace_bytes, cudaStream_t stream) {
     const std::span<std::byte> ws(static_cast<std::byte*>(workspace), workspace_bytes);
-    validation ok = validate_forward(q, k, v, out, lse, ws);
-    ok.require(device_ != nullptr, "prepare_device() must run before the device forward");
     using buffer = detail::ring_checks::named_buffer;
     const buffer buffers[] = {{q.data, "q"},     {k.data, "k"}, {v.data, "v"},
                               {out.data, "out"}, {lse, "lse"},  {workspace, "the workspace"}};
-    if (ok) ok.require(detail::ring_checks::placement(device_->device, stream, buffers, "forward"));
-    ok.require(rows_aligned_to(q, 16), "q must be 16-byte aligned with token and head strides "
-                                       "that are multiples of 8 elements (the kernels load "
-                                       "16-byte vectors)");
-    ok.require(rows_aligned_to(out, 4), "out must be 4-byte aligned with even token and head "
-                                        "strides");
-    ok.require(aligned_to(lse, 4), "lse must be 4-byte aligned");
+    auto device = [&](validation& ok) {
+      ok.require(device_ != nullptr, "prepare_device() must run before the device forward");
+      if (ok)
+        ok.require(detail::ring_checks::placement(device_->device, stream, buffers, "forward"));
+      ok.require(rows_aligned_to(q, 16), "q must be 16-byte aligned with token and head strides "
+                                         "that are multiples of 8 elements (the kernels load "
+                                         "16-byte vectors)");
+      ok.require(rows_aligned_to(out, 4), "out must be 4-byte aligned with even token and head "
+                                          "strides");
+      ok.require(aligned_to(lse, 4), "lse must be 4-byte aligned");
+    };
+    const validation ok = checks_.forward(q, k, v, thd_view<const T>(out), lse, ws,
+                                          device_workspace_bytes<T>(), device);
     guarded(ok, [&] {
       detail::device_ring_forward<BlockKernel>(comm_, schedule_, *device_, args_, q, k, v, out, lse,
                                                ws.data(), stream);
@@ -241,22 +245,24 @@ public:
       std::type_identity_t<thd_view<T>> dk, std::type_identity_t<thd_view<T>> dv, void* workspace,
       std::size_t workspace_bytes, cudaStream_t stream) {
     const std::span<std::byte> ws(static_cast<std::byte*>(workspace), workspace_bytes);
-    validation ok = checks_.backward(q, k, v, out, lse, dout, dq, dk, dv, ws,
-                                     device_backward_workspace_bytes<T>());
-    ok.require(device_ != nullptr, "prepare_device() must run before the device backward");
     using buffer = detail::ring_checks::named_buffer;
     const buffer buffers[] = {{q.data, "q"},   {k.data, "k"},
                               {v.data, "v"},   {out.data, "out"},
                               {lse, "lse"},    {dout.data, "dout"},
                               {dq.data, "dq"}, {dk.data, "dk"},
                               {dv.data, "dv"}, {workspace, "the workspace"}};
-    if (ok)
-      ok.require(detail::ring_checks::placement(device_->device, stream, buffers, "backward"));
-    // The block backward reads q and dout in place (k and v travel in the workspace).
-    ok.require(rows_aligned_to(q, 16) && rows_aligned_to(dout, 16),
-               "q and dout must be 16-byte aligned with token and head strides that are multiples "
-               "of 8 elements (the kernels load 16-byte vectors)");
-    ok.require(aligned_to(lse, 4), "lse must be 4-byte aligned");
+    auto device = [&](validation& ok) {
+      ok.require(device_ != nullptr, "prepare_device() must run before the device backward");
+      if (ok)
+        ok.require(detail::ring_checks::placement(device_->device, stream, buffers, "backward"));
+      // The block backward reads q and dout in place (k and v travel in the workspace).
+      ok.require(rows_aligned_to(q, 16) && rows_aligned_to(dout, 16),
+                 "q and dout must be 16-byte aligned with token and head strides that are "
+                 "multiples of 8 elements (the kernels load 16-byte vectors)");
+      ok.require(aligned_to(lse, 4), "lse must be 4-byte aligned");
+    };
+    const validation ok = checks_.backward(q, k, v, out, lse, dout, dq, dk, dv, ws,
+                                           device_backward_workspace_bytes<T>(), device);
     guarded(ok, [&] {
       device_->prepare_backward(schedule_);
       detail::device_ring_backward<BlockKernel>(comm_, schedule_, *device_, args_, q, k, v, out,

@@ -231,7 +231,7 @@ TEST_CASE_TEMPLATE("every rank's shard against every rank's K/V equals the oracl
   for (int ranks : {1, 2, 3, 4, 8})
     for (mask_kind m : {mask_kind::full, mask_kind::causal}) {
       CAPTURE(ranks);
-      CAPTURE(to_string(m));
+      CAPTURE(std::string(to_string(m)));
       // MQA (4 query heads on 1 kv head) on even rank counts, plain MHA on odd ones.
       test::sharded_case<P, __nv_bfloat16> c(test::random_cu_seqlens(3, 1, 45, rng), ranks,
                                              {4, ranks % 2 == 0 ? 1 : 4, 64, 0.0f}, m, rng);

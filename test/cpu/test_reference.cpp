@@ -76,7 +76,7 @@ TEST_CASE("oracle: a packed batch equals each sequence run alone; GQA equals rep
   auto q = random_tensor(tokens, 4, 8, rng), k = random_tensor(tokens, 2, 8, rng),
        v = random_tensor(tokens, 2, 8, rng);
   for (mask_kind mask : {mask_kind::full, mask_kind::causal}) {
-    CAPTURE(to_string(mask));
+    CAPTURE(std::string(to_string(mask)));
     auto packed = reference::attention_forward(q, k, v, cu, args, mask);
     for (std::size_t b = 0; b + 1 < cu.size(); ++b) {
       const std::vector<std::int32_t> one = {0, cu[b + 1] - cu[b]};
@@ -112,7 +112,7 @@ TEST_CASE("oracle backward: gradients match central finite differences of <dO, O
   auto q = random_tensor(8, 4, 4, rng), k = random_tensor(8, 2, 4, rng),
        v = random_tensor(8, 2, 4, rng), dout = random_tensor(8, 4, 4, rng);
   for (mask_kind mask : {mask_kind::full, mask_kind::causal}) {
-    CAPTURE(to_string(mask));
+    CAPTURE(std::string(to_string(mask)));
     auto grads = reference::attention_backward(q, k, v, dout, cu, args, mask);
     auto loss = [&](const tensor& qq, const tensor& kk, const tensor& vv) {
       auto f = reference::attention_forward(qq, kk, vv, cu, args, mask);

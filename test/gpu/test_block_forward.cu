@@ -89,7 +89,7 @@ void check_against_oracle(std::mt19937_64& rng) {
           CAPTURE(d);
           CAPTURE(b.lo);
           CAPTURE(b.hi);
-          CAPTURE(to_string(path));
+          CAPTURE(std::string(to_string(path)));
           if (small_run() && group == 8) continue;
           const attention_arguments a{8, 8 / group, d, 0.0f};
           // Odd lengths around the tile sizes (64 keys, 128 query rows).
@@ -109,9 +109,9 @@ void check_against_oracle(std::mt19937_64& rng) {
           const double es = test::out_error(ref, [&](auto t, int h, int e) {
             return o[static_cast<std::size_t>((h * n + t) * d + e)];
           });
-          MESSAGE("path " << to_string(path) << " d=" << d << " group=" << group << " band=["
-                          << b.lo << "," << b.hi << "] out err " << eo << " state err " << es
-                          << " lse err " << el);
+          MESSAGE("path " << std::string(to_string(path)) << " d=" << d << " group=" << group
+                          << " band=[" << b.lo << "," << b.hi << "] out err " << eo << " state err "
+                          << es << " lse err " << el);
           CHECK(eo < out_tolerance<T>);
           CHECK(es < out_tolerance<T>);
           CHECK(el < lse_tolerance);
@@ -212,7 +212,7 @@ void check_first_and_last(std::mt19937_64& rng) {
           CAPTURE(d);
           CAPTURE(b.lo);
           CAPTURE(b.hi);
-          CAPTURE(to_string(path));
+          CAPTURE(std::string(to_string(path)));
           CAPTURE(pieces);
           const attention_arguments a{8, 2, d, 0.0f};
           test::block_case<T> c(test::random_cu_seqlens(3, 1, small_run() ? 140 : 300, rng), a, b,
@@ -354,8 +354,8 @@ TEST_CASE("CUDA block forward: rows whose reference moves equal the oracle") {
       for (merge_path how : {merge_path::rewrite, merge_path::reduce}) {
         if (path == forward_path::mma_sync && how == merge_path::reduce) continue;
         CAPTURE(d);
-        CAPTURE(to_string(path));
-        CAPTURE(to_string(how));
+        CAPTURE(std::string(to_string(path)));
+        CAPTURE(std::string(to_string(how)));
         const attention_arguments a{4, 2, d, 20.0f};
         test::block_case<__nv_bfloat16> c(test::random_cu_seqlens(2, 100, 400, rng), a,
                                           band{-unbounded, 0}, rng);
@@ -367,8 +367,8 @@ TEST_CASE("CUDA block forward: rows whose reference moves equal the oracle") {
             test::out_error(ref, [&](auto t, int h, int e) { return to_float(ov(t, h, e)); });
         const double el = test::lse_error(
             ref, [&](auto t, int h) { return lse[static_cast<std::size_t>(h * c.tokens() + t)]; });
-        MESSAGE("path " << to_string(path) << ", merge " << to_string(how) << ", d=" << d
-                        << ": out err " << eo << " lse err " << el);
+        MESSAGE("path " << std::string(to_string(path)) << ", merge " << std::string(to_string(how))
+                        << ", d=" << d << ": out err " << eo << " lse err " << el);
         CHECK(eo < out_tolerance<__nv_bfloat16>);
         CHECK(el < lse_tolerance);
       }
@@ -381,7 +381,7 @@ TEST_CASE(
     "CUDA block forward: rows with no key, huge logits: finite, O = 0 / LSE = -inf, never NaN") {
   std::mt19937_64 rng(test::fresh_seed());
   for (forward_path path : paths_for(128)) {
-    CAPTURE(to_string(path));
+    CAPTURE(std::string(to_string(path)));
     // Keys strictly after the query (1 <= j - i <= 7): the last row of each sequence sees nothing.
     test::block_case<__nv_bfloat16> c({0, 5, 140}, {4, 2, 128, 0.0f}, band{1, 7}, rng);
     device_case<__nv_bfloat16> dc(c);
@@ -466,7 +466,7 @@ TEST_CASE_TEMPLATE("CUDA: every rank's shard against every rank's K/V equals the
   for (int ranks : {1, 3, 8})
     for (mask_kind m : {mask_kind::full, mask_kind::causal}) {
       CAPTURE(ranks);
-      CAPTURE(to_string(m));
+      CAPTURE(std::string(to_string(m)));
       const attention_arguments a{8, 2, 128, 0.0f};
       test::sharded_case<P, __nv_bfloat16> c(
           test::random_cu_seqlens(3, 1, small_run() ? 200 : 900, rng), ranks, a, m, rng);

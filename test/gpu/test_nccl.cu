@@ -121,7 +121,7 @@ TEST_CASE("device ring through NCCL (P = 1): zigzag causal and full equal the or
   std::mt19937_64 rng(seed);
   nccl_communicator comm = single_rank();
   for (mask_kind m : {mask_kind::causal, mask_kind::full}) {
-    CAPTURE(to_string(m));
+    CAPTURE(std::string(to_string(m)));
     const attention_arguments a{8, 2, 128, 0.0f};
     test::sharded_case<zigzag, T> c(test::random_cu_seqlens(3, 1, 500, rng), 1, a, m, rng);
     const auto ref = c.oracle();

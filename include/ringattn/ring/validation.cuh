@@ -21,20 +21,26 @@
 
 namespace ringattn::detail {
 
+//! The host path's own checks: none beyond the shapes.
+inline constexpr auto no_device_checks = [](validation&) {};
+
 class ring_checks {
 public:
   ring_checks(const attention_arguments& args, std::int64_t local_tokens, int rank)
       : args_(args), n_(local_tokens), rank_(rank) {}
 
-  //! `forward(q, k, v, out, lse, workspace)`'s arguments against this rank's shard.
-  template <element T>
+  //! `forward(q, k, v, out, lse, workspace)`'s arguments against this rank's shard. `device`
+  //! (a path's own checks: placement, alignment) runs on `r` once the shapes hold, before the
+  //! overlap checks, so that a view's own fault is named before what it overlaps.
+  template <element T, class Device = decltype(no_device_checks)>
   validation forward(thd_view<const T> q, thd_view<const T> k, thd_view<const T> v,
                      thd_view<const T> out, const float* lse, std::span<const std::byte> workspace,
-                     std::size_t need) const {
+                     std::size_t need, const Device& device = no_device_checks) const {
     validation r = views(q, k, v, out);
     if (!r) return r;
     shards(r, q, k, v, out, lse);
     require_workspace(r, workspace, need);
+    if (r) device(r);
     if (!r) return r;
     const region outputs[] = {region_of(out, "out"),
                               region_of(lse, sizeof(float) * lse_entries(), "lse"),
@@ -44,12 +50,13 @@ public:
     return r;
   }
 
-  //! `backward(...)`'s arguments against this rank's shard.
-  template <element T>
+  //! `backward(...)`'s arguments against this rank's shard; `device` as in `forward`.
+  template <element T, class Device = decltype(no_device_checks)>
   validation backward(thd_view<const T> q, thd_view<const T> k, thd_view<const T> v,
                       thd_view<const T> out, const float* lse, thd_view<const T> dout,
                       thd_view<T> dq, thd_view<T> dk, thd_view<T> dv,
-                      std::span<const std::byte> workspace, std::size_t need) const {
+                      std::span<const std::byte> workspace, std::size_t need,
+                      const Device& device = no_device_checks) const {
     validation r = views(q, k, v, out);
     r.require(validate_view(dout, "dout"));
     r.require(validate_view(dq, "dq"))
@@ -62,6 +69,7 @@ public:
     shard(r, dk, "dk", args_.kv_heads);
     shard(r, dv, "dv", args_.kv_heads);
     require_workspace(r, workspace, need);
+    if (r) device(r);
     if (!r) return r;
     const region outputs[] = {region_of(dq, "dq"), region_of(dk, "dk"), region_of(dv, "dv"),
                               region_of(workspace.data(), need, "the workspace")};
