@@ -29,7 +29,7 @@
 //!
 //! Thread safety: one object serves one call at a time (calls reuse its schedules and events); a
 //! second call while one runs throws `invalid_argument` and leaves the first alone. Objects of
-//! different groups may run concurrently.
+//! different groups may run concurrently. Every call is agreed by all ranks first (ring/call.cuh).
 
 #include <ringattn/arguments.cuh>
 #include <ringattn/block_kernel.cuh>
@@ -37,6 +37,7 @@
 #include <ringattn/error.cuh>
 #include <ringattn/partition/plan.cuh>
 #include <ringattn/ring/agreement.cuh>
+#include <ringattn/ring/call.cuh>
 #include <ringattn/ring/device_executor.cuh>
 #include <ringattn/ring/host_executor.cuh>
 #include <ringattn/ring/schedule.cuh>
@@ -46,10 +47,8 @@
 
 #include <cuda_runtime_api.h>
 
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <exception>
 #include <memory>
 #include <span>
 #include <type_traits>
@@ -78,9 +77,10 @@ public:
                  std::span<const std::int32_t> cu_seqlens)
       : comm_(comm), args_(args),
         plan_(detail::agreed_plan<Partitioner>(comm, args, cu_seqlens, BlockKernel::mask,
-                                               BlockKernel::name)),
+                                               BlockKernel::name, fingerprint_)),
         schedule_(plan_, comm.rank(), position_window::of(BlockKernel::mask)),
-        checks_(args, schedule_.q_tokens(), comm.rank()) {}
+        checks_(args, schedule_.q_tokens(), comm.rank()),
+        gate_(comm, fingerprint_, layout<__half>().largest_message(false)) {}
 
   const partition_plan<Partitioner>& plan() const noexcept { return plan_; }
   const ring_schedule& schedule() const noexcept { return schedule_; }
@@ -157,7 +157,7 @@ public:
                     std::type_identity_t<thd_view<const T>> k,
                     std::type_identity_t<thd_view<const T>> v, thd_view<T> out, float* lse,
                     std::span<std::byte> workspace) {
-    guarded(validate_forward(q, k, v, out, lse, workspace), [&] {
+    guarded<T>(validate_forward(q, k, v, out, lse, workspace), call::forward_host, [&] {
       detail::host_ring_forward<BlockKernel>(comm_, schedule_, args_, q, k, v, out, lse, workspace);
     });
   }
@@ -176,10 +176,11 @@ public:
                      std::type_identity_t<thd_view<const T>> dout, thd_view<T> dq,
                      std::type_identity_t<thd_view<T>> dk, std::type_identity_t<thd_view<T>> dv,
                      std::span<std::byte> workspace) {
-    guarded(validate_backward(q, k, v, out, lse, dout, dq, dk, dv, workspace), [&] {
-      detail::host_ring_backward<BlockKernel>(comm_, schedule_, args_, q, k, v, out, lse, dout, dq,
-                                              dk, dv, workspace);
-    });
+    guarded<T>(validate_backward(q, k, v, out, lse, dout, dq, dk, dv, workspace),
+               call::backward_host, [&] {
+                 detail::host_ring_backward<BlockKernel>(comm_, schedule_, args_, q, k, v, out, lse,
+                                                         dout, dq, dk, dv, workspace);
+               });
   }
 
   //! Device path, plan time: on the current device, the communication stream, the events, the
@@ -226,7 +227,7 @@ public:
     };
     const validation ok = checks_.forward(q, k, v, thd_view<const T>(out), lse, ws,
                                           device_workspace_bytes<T>(), device);
-    guarded(ok, [&] {
+    guarded<T>(ok, call::forward, [&] {
       detail::device_ring_forward<BlockKernel>(comm_, schedule_, *device_, args_, q, k, v, out, lse,
                                                ws.data(), stream);
     });
@@ -263,7 +264,7 @@ public:
     };
     const validation ok = checks_.backward(q, k, v, out, lse, dout, dq, dk, dv, ws,
                                            device_backward_workspace_bytes<T>(), device);
-    guarded(ok, [&] {
+    guarded<T>(ok, call::backward, [&] {
       device_->prepare_backward(schedule_);
       detail::device_ring_backward<BlockKernel>(comm_, schedule_, *device_, args_, q, k, v, out,
                                                 lse, dout, dq, dk, dv, ws.data(), stream);
@@ -276,13 +277,15 @@ private:
   ring_workspace layout() const {
     return {schedule_.q_tokens(), schedule_.max_kv_tokens(), args_, sizeof(T)};
   }
-  template <class Body>
-  void guarded(const validation& ok, Body&& body) {
-    detail::run_call(comm_, busy_, ok, std::forward<Body>(body));
+  using call = detail::call_kind;
+  template <class T, class Body>
+  void guarded(const validation& ok, call kind, Body&& body) {
+    gate_.run(ok, kind, dtype_of_v<T>, layout<T>(), std::forward<Body>(body));
   }
 
   Communicator& comm_;
   attention_arguments args_;
+  std::uint64_t fingerprint_ = 0; // what the ranks agreed on (set while plan_ is made)
   partition_plan<Partitioner> plan_;
   ring_schedule schedule_;
   detail::ring_checks checks_;
@@ -291,7 +294,7 @@ private:
       std::conditional_t<device_block_kernel_for<BlockKernel, cudaStream_t>,
                          detail::ring_device_resources<BlockKernel>, detail::no_device_resources>;
   std::unique_ptr<device_resources> device_;
-  std::atomic<bool> busy_{false};
+  detail::call_gate<Communicator> gate_;
 };
 
 } // namespace ringattn

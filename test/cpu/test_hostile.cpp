@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <climits>
+#include <cmath>
 #include <string>
 #include <thread>
 #include <vector>
@@ -25,14 +26,20 @@ using clock_type = std::chrono::steady_clock;
 
 std::vector<std::byte> workspace_of(std::size_t bytes) { return std::vector<std::byte>(bytes); }
 
-// A BlockKernel whose host forward throws an int on the rank that sets `throw_here`.
-thread_local bool throw_here = false;
-struct throwing_kernel {
+// A BlockKernel whose host forward, on the rank that sets `fault_here`, throws an int, or
+// stalls past a group's timeout (its first block only).
+enum class fault { none, throws, stalls };
+thread_local fault fault_here = fault::none;
+struct faulty_kernel {
   static constexpr mask_kind mask = mask_kind::causal;
-  static constexpr const char* name = "throwing";
+  static constexpr const char* name = "faulty";
   template <element E>
   static void host_forward(const block_forward_args<E>& a, std::span<const block_group> g) {
-    if (throw_here) throw 42;
+    if (fault_here == fault::throws) throw 42;
+    if (fault_here == fault::stalls) {
+      fault_here = fault::none;
+      std::this_thread::sleep_for(std::chrono::milliseconds(700));
+    }
     detail::host_block_forward_rows(a, g);
   }
   template <element E>
@@ -40,7 +47,7 @@ struct throwing_kernel {
     detail::host_block_backward_rows(a, g);
   }
 };
-static_assert(block_kernel<throwing_kernel>);
+static_assert(block_kernel<faulty_kernel>);
 } // namespace
 
 TEST_CASE("a second call on one object while the first runs is refused; the first is unharmed") {
@@ -93,9 +100,9 @@ TEST_CASE("a rank that throws something not derived from std::exception aborts i
   std::vector<std::string> caught(2);
   const auto start = clock_type::now();
   const auto errors = test::on_ranks(group, [&](int r, in_process_communicator& comm) {
-    ring_attention<zigzag, in_process_communicator, throwing_kernel> attn(comm, c.args,
-                                                                          c.plan.cu_seqlens());
-    throw_here = r == 1;
+    ring_attention<zigzag, in_process_communicator, faulty_kernel> attn(comm, c.args,
+                                                                        c.plan.cu_seqlens());
+    fault_here = r == 1 ? fault::throws : fault::none;
     try {
       c.forward_rank(attn, r);
     } catch (int) {
@@ -189,4 +196,174 @@ TEST_CASE("outputs that overlap each other, an input or the workspace are refuse
   CHECK(forward_into(out_in_ws, lse.data(), std::span<std::byte>(big).subspan(256, 1 << 20), q, k,
                      v) == "ringattn: out and the workspace overlap (outputs must not share "
                            "memory)");
+}
+
+namespace {
+// Relative L2 error of every rank's output against the oracle, from per-rank parts.
+template <class Case, class Parts>
+double relative_error(const Case&, const std::vector<Parts>& parts) {
+  double num = 0.0, den = 0.0;
+  for (const auto& p : parts) {
+    num += p.num;
+    den += p.den;
+  }
+  return std::sqrt(num / den);
+}
+} // namespace
+
+// Every call is agreed by all ranks before its first block (ring/call.cuh): a dtype, an entry
+// point or a call count that differ fail on every rank naming both sides, before anything is sent
+// or written, and leave the group usable.
+TEST_CASE("ranks that disagree at call time fail on every rank, naming both; the next call runs") {
+  const auto seed = test::fresh_seed();
+  CAPTURE(seed);
+  std::mt19937_64 rng(seed);
+  const std::vector<std::int32_t> cu{0, 150, 301};
+  const attention_arguments args{4, 2, 64, 0.0f};
+  test::sharded_backward_case<zigzag, T> c(cu, 3, args, mask_kind::causal, rng);
+  test::sharded_case<zigzag, __half> h(cu, 3, args, mask_kind::causal, rng);
+  const auto ref = c.oracle();
+  in_process_group group(3, std::chrono::seconds(30));
+  std::vector<std::string> by_dtype(3), by_direction(3);
+  std::vector<test::sharded_case<zigzag, T>::error_parts> parts(3);
+  std::vector<bool> nothing_sent(3, false);
+  const auto errors = test::on_ranks(group, [&](int r, in_process_communicator& comm) {
+    const auto at = static_cast<std::size_t>(r);
+    ring_attention<zigzag, in_process_communicator, causal> attn(comm, args, cu);
+    try { // rank 2 calls with fp16, the others with bf16
+      if (r == 2)
+        (void)h.forward_rank(attn, r);
+      else
+        (void)c.forward_rank(attn, r);
+    } catch (const invalid_argument& e) {
+      by_dtype[at] = e.what();
+    }
+    const std::int64_t n = attn.local_tokens();
+    test::sharded_case<zigzag, T>::rank_output fwd{
+        std::vector<T>(static_cast<std::size_t>(n * 4 * 64), test::poison<T>()),
+        std::vector<float>(static_cast<std::size_t>(n * 4), -7.0f)};
+    try { // rank 1 calls the backward, the others the forward
+      if (r == 1)
+        (void)c.backward_rank(attn, r, fwd);
+      else
+        fwd = c.forward_rank(attn, r);
+    } catch (const invalid_argument& e) {
+      by_direction[at] = e.what();
+    }
+    nothing_sent[at] = comm.bytes_sent() == 0;                 // refused before the first exchange
+    parts[at] = c.rank_error(r, c.forward_rank(attn, r), ref); // agreed: runs
+  });
+  for (int r = 0; r < 3; ++r) {
+    CAPTURE(r);
+    const auto at = static_cast<std::size_t>(r);
+    CHECK(test::message(errors[at]) == "");
+    CHECK(by_dtype[at] == "ringattn: rank 2 calls forward_host with fp16 but rank 0 with bf16");
+    CHECK(by_direction[at] == "ringattn: rank 1 calls backward_host but rank 0 calls forward_host");
+    CHECK(nothing_sent[at]);
+  }
+  CHECK(relative_error(c, parts) < 4e-3); // bf16 output (the ring tests' tolerance)
+}
+
+TEST_CASE("two rings called in different orders on one group are told apart, not mixed") {
+  const std::vector<std::int32_t> cu{0, 64};
+  const attention_arguments args{4, 2, 64, 0.0f};
+  std::mt19937_64 rng(test::fresh_seed());
+  test::sharded_case<zigzag, T> c(cu, 2, args, mask_kind::causal, rng);
+  in_process_group group(2, std::chrono::seconds(30));
+  std::vector<std::string> seen(2);
+  const auto errors = test::on_ranks(group, [&](int r, in_process_communicator& comm) {
+    ring_attention<zigzag, in_process_communicator, causal> a(comm, args, cu);
+    ring_attention<zigzag, in_process_communicator, full> b(comm, args, cu);
+    try {
+      if (r == 0)
+        (void)c.forward_rank(a, r);
+      else
+        (void)c.forward_rank(b, r);
+    } catch (const invalid_argument& e) {
+      seen[static_cast<std::size_t>(r)] = e.what();
+    }
+  });
+  for (std::size_t r = 0; r < 2; ++r) {
+    CHECK(test::message(errors[r]) == "");
+    CHECK(seen[r] == "ringattn: rank 1 calls another ring than rank 0 (the plans differ: every "
+                     "rank calls the same ring_attention objects in the same order)");
+  }
+}
+
+// A call one rank rejects fails on every rank with that rank's reason before anything is sent,
+// and the group stays usable: the next call, valid everywhere, gives the oracle's answer.
+TEST_CASE("after a call one rank rejected, a valid retry runs on every rank") {
+  std::mt19937_64 rng(test::fresh_seed());
+  const std::vector<std::int32_t> cu{0, 100, 230};
+  const attention_arguments args{4, 2, 64, 0.0f};
+  test::sharded_case<zigzag, T> c(cu, 3, args, mask_kind::causal, rng);
+  const auto ref = c.oracle();
+  in_process_group group(3, std::chrono::seconds(30));
+  std::vector<std::string> first(3);
+  std::vector<test::sharded_case<zigzag, T>::error_parts> parts(3);
+  const auto start = clock_type::now();
+  const auto errors = test::on_ranks(group, [&](int r, in_process_communicator& comm) {
+    ring_attention<zigzag, in_process_communicator, causal> attn(comm, args, cu);
+    try {
+      (void)c.forward_rank(attn, r, /*null_lse=*/r == 2);
+    } catch (const invalid_argument& e) {
+      first[static_cast<std::size_t>(r)] = e.what();
+    }
+    parts[static_cast<std::size_t>(r)] = c.rank_error(r, c.forward_rank(attn, r), ref);
+  });
+  CHECK(clock_type::now() - start < std::chrono::seconds(10)); // no timeout was waited out
+  CHECK(first[2] == "ringattn: lse is a null pointer");
+  for (std::size_t r : {0u, 1u})
+    CHECK(first[r] == "ringattn: rank 2 rejected call 1 (forward_host): lse is a null pointer");
+  for (const auto& e : errors)
+    CHECK(test::message(e) == "");
+  CHECK(relative_error(c, parts) < 4e-3);
+}
+
+// The recovery contract (docs/reliability.md): a timeout breaks the group for good. A late rank's
+// data is never taken by a later call, and every later call, exchange or all-gather of any rank
+// fails at once asking for a new group, instead of reading a stale offer or a dead frame.
+TEST_CASE("after a timeout the group is broken: later calls fail at once, never with stale data") {
+  std::mt19937_64 rng(test::fresh_seed());
+  const std::vector<std::int32_t> cu{0, 90, 200};
+  const attention_arguments args{4, 2, 64, 0.0f};
+  test::sharded_case<zigzag, T> c(cu, 3, args, mask_kind::causal, rng);
+  in_process_group group(3, std::chrono::milliseconds(200));
+  std::vector<std::string> first(3), second(3), gather(3);
+  std::vector<double> second_took(3);
+  const auto errors = test::on_ranks(group, [&](int r, in_process_communicator& comm) {
+    const auto at = static_cast<std::size_t>(r);
+    ring_attention<zigzag, in_process_communicator, faulty_kernel> attn(comm, args, cu);
+    fault_here = r == 1 ? fault::stalls : fault::none;
+    try {
+      (void)c.forward_rank(attn, r);
+    } catch (const communication_error& e) {
+      first[at] = e.what();
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(800)); // the late rank catches up
+    const auto start = clock_type::now();
+    test::sharded_case<zigzag, T>::rank_output o;
+    try {
+      o = c.forward_rank(attn, r);
+    } catch (const communication_error& e) {
+      second[at] = e.what();
+    }
+    second_took[at] = std::chrono::duration<double>(clock_type::now() - start).count();
+    char mine = 'x', all[3] = {};
+    try {
+      comm.all_gather(&mine, 1, all);
+    } catch (const communication_error& e) {
+      gather[at] = e.what();
+    }
+  });
+  for (int r = 0; r < 3; ++r) {
+    CAPTURE(r);
+    const auto at = static_cast<std::size_t>(r);
+    CHECK(test::message(errors[at]) == "");
+    CHECK(first[at].find("timed out after 200 ms") != std::string::npos);
+    CHECK(second[at].find("this in-process group is broken (") != std::string::npos);
+    CHECK(second[at].find("create a new in_process_group") != std::string::npos);
+    CHECK(second_took[at] < 0.1); // at once, not after a timeout
+    CHECK(gather[at].find("this in-process group is broken") != std::string::npos);
+  }
 }

@@ -115,7 +115,7 @@ TEST_CASE("ranks that disagree are rejected at plan time, on every rank, without
           "ringattn: rank 1 disagrees with rank 0 on the total token count (101 vs 100)");
 }
 
-TEST_CASE("a rank that never arrives: the others fail within the timeout, naming it and the step") {
+TEST_CASE("a rank that never arrives: the others fail within the timeout, naming it and the call") {
   in_process_group group(3, std::chrono::milliseconds(200));
   std::vector<std::int32_t> cu = {0, 30};
   const attention_arguments a{2, 1, 64, 0.0f};
@@ -129,22 +129,19 @@ TEST_CASE("a rank that never arrives: the others fail within the timeout, naming
   });
   const auto elapsed = std::chrono::steady_clock::now() - start;
   CHECK(elapsed < std::chrono::seconds(3));
-  // Rank 0 waits for rank 2 to send; rank 1 got rank 0's block, then waits for rank 2 to take
-  // its own. Whichever times out first aborts the ring, so the other may report that instead of
-  // its own timeout (both timers run out within microseconds): either way the error names this
-  // rank, the step and the missing rank 2.
+  // Ranks 0 and 1 wait at the call's agreement for rank 2. Whichever times out first breaks the
+  // group, so the other may report that instead of its own timeout (both timers run out within
+  // microseconds): either way the error names this rank, the call and the missing rank 2.
   for (int r : {0, 1}) {
     const std::string m = message(errors[static_cast<std::size_t>(r)]);
     CAPTURE(m);
-    CHECK(m.rfind("ringattn: rank " + std::to_string(r) + ", step 0: ", 0) == 0);
-    CHECK(m.find("timed out after 200 ms waiting for rank 2 to ") != std::string::npos);
+    CHECK(m.rfind("ringattn: rank " + std::to_string(r) + ", call 1 (forward_host): ", 0) == 0);
+    CHECK(m.find("timed out after 200 ms waiting for rank 2 to join") != std::string::npos);
   }
-  CHECK((message(errors[0]).find("rank 2 to send") != std::string::npos ||
-         message(errors[0]).find("rank 1 aborted the ring") != std::string::npos));
   CHECK(!errors[2]);
 }
 
-TEST_CASE("a rank that fails validation aborts the ring: its peers stop at once with its reason") {
+TEST_CASE("a rank that rejects its call makes every rank fail at once with its reason") {
   in_process_group group(2, std::chrono::seconds(30));
   std::vector<std::int32_t> cu = {0, 20};
   const attention_arguments a{2, 2, 64, 0.0f};
@@ -158,7 +155,7 @@ TEST_CASE("a rank that fails validation aborts the ring: its peers stop at once 
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
   CHECK(message(errors[1]) == "ringattn: lse is a null pointer");
   CHECK(message(errors[0]) ==
-        "ringattn: rank 0, step 0: rank 1 aborted the ring: lse is a null pointer");
+        "ringattn: rank 1 rejected call 1 (forward_host): lse is a null pointer");
 }
 
 TEST_CASE("a rank whose own arguments are invalid makes every rank fail at once, at plan time") {
@@ -212,7 +209,7 @@ TEST_CASE("host ring: two forwards are bitwise equal") {
 
 // A rank whose exchange failed takes back its offer: a peer arriving later must not copy from a
 // buffer its owner has since reused or freed (ThreadSanitizer found that in an earlier version).
-TEST_CASE("in-process exchange: a failed rank's offer is withdrawn; a late peer times out") {
+TEST_CASE("in-process exchange: a failed rank's offer is withdrawn; a late peer fails at once") {
   in_process_group group(2, std::chrono::milliseconds(100));
   const auto errors = on_ranks(group, [&](int r, in_process_communicator& comm) {
     std::vector<char> send(8, r == 0 ? 'a' : 'b'), recv(8, '-');
@@ -226,6 +223,9 @@ TEST_CASE("in-process exchange: a failed rank's offer is withdrawn; a late peer 
   });
   CHECK(message(errors[0]) ==
         "ringattn: rank 0, step 0: timed out after 100 ms waiting for rank 1 to send");
+  // Rank 0's timeout broke the group: rank 1, late, fails at once naming it.
   CHECK(message(errors[1]) ==
-        "ringattn: rank 1, step 0: timed out after 100 ms waiting for rank 0 to send");
+        "ringattn: rank 1, step 0: this in-process group is broken (rank 0, step 0: timed out "
+        "after 100 ms waiting for rank 1 to send); create a new in_process_group and take new "
+        "communicators");
 }

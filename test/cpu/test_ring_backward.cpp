@@ -157,8 +157,8 @@ TEST_CASE("host ring backward: a rank that never arrives makes the others fail, 
   for (int r : {0, 1}) {
     const std::string m = message(errors[static_cast<std::size_t>(r)]);
     CAPTURE(m);
-    CHECK(m.rfind("ringattn: rank " + std::to_string(r) + ", step 0: ", 0) == 0);
-    CHECK(m.find("waiting for rank 2 to ") != std::string::npos);
+    CHECK(m.rfind("ringattn: rank " + std::to_string(r) + ", call 2 (backward_host): ", 0) == 0);
+    CHECK(m.find("waiting for rank 2 to join") != std::string::npos);
   }
   CHECK(message(errors[2]) == "");
 }

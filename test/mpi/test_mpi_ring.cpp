@@ -13,7 +13,9 @@
 #include <mpi.h>
 
 #include <chrono>
+#include <cmath>
 #include <string>
+#include <thread>
 
 using namespace ringattn;
 
@@ -111,10 +113,26 @@ TEST_CASE("MPI: a rank with invalid arguments makes every rank fail at plan time
                        expected.c_str(), invalid_argument);
 }
 
-// Fault injection: the last rank plans with the others, then never calls the forward (as if it
-// had died). Every other rank fails within a few timeouts with a communication_error naming a
-// step and what it waited for; rank 0 names the missing rank. Nobody hangs.
-TEST_CASE("MPI: a rank that never arrives makes the others fail within the timeout, naming it") {
+namespace {
+// The relative L2 error of every rank's output together (reduced over the ranks).
+template <class Case, class Output>
+double ring_error(const Case& c, int r, const Output& out) {
+  const auto part = c.rank_error(r, out, c.oracle());
+  double sums[2] = {part.num, part.den}, total[2] = {0.0, 0.0};
+  MPI_Allreduce(sums, total, 2, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  return std::sqrt(total[0] / total[1]);
+}
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+} // namespace
+
+// Fault injection and recovery (docs/reliability.md): the last rank plans with the others, then
+// arrives late. The others fail at the call's agreement within the timeout; the late rank fails
+// at its first step. Every communicator is then broken: a retry on any rank fails at once (it
+// never takes the late rank's messages), and a new communicator runs the ring correctly.
+TEST_CASE("MPI: a late rank: the others fail within the timeout; a retry fails at once; a new "
+          "communicator works") {
   const int size = [] {
     int s = 0;
     MPI_Comm_size(MPI_COMM_WORLD, &s);
@@ -122,31 +140,89 @@ TEST_CASE("MPI: a rank that never arrives makes the others fail within the timeo
   }();
   if (size < 2) return;
   const auto timeout = std::chrono::milliseconds(300);
+  std::mt19937_64 rng(7);
+  const auto cu = test::random_cu_seqlens(2, 20, 61, rng);
+  test::sharded_case<zigzag, __nv_bfloat16> c(cu, size, {4, 2, 64, 0.0f}, mask_kind::causal, rng);
   {
     mpi_communicator comm(MPI_COMM_WORLD, timeout);
     const int r = comm.rank(), last = size - 1;
-    std::mt19937_64 rng(7);
-    const auto cu = test::random_cu_seqlens(2, 20, 61, rng);
-    test::sharded_case<zigzag, __nv_bfloat16> c(cu, size, {4, 2, 64, 0.0f}, mask_kind::causal, rng);
     ring_attention<zigzag, mpi_communicator, causal> attn(comm, c.args, cu);
-    if (r != last) {
-      const auto start = std::chrono::steady_clock::now();
-      std::string what;
-      try {
-        (void)c.forward_rank(attn, r);
-      } catch (const communication_error& e) {
-        what = e.what();
-      }
-      const auto took = std::chrono::steady_clock::now() - start;
-      CAPTURE(what);
-      CHECK(what.find("ringattn: rank " + std::to_string(r) + ", step ") == 0);
-      CHECK(what.find("timed out after 300 ms waiting for rank ") != std::string::npos);
-      if (r == 0)
-        CHECK(what.find("waiting for rank " + std::to_string(last) + " to send") !=
-              std::string::npos);
-      // At most one timeout per step before this rank's own wait expires.
-      CHECK(took < timeout * (size + 2));
+    if (r == last) std::this_thread::sleep_for(timeout * 3);
+    const auto start = std::chrono::steady_clock::now();
+    std::string what;
+    try {
+      (void)c.forward_rank(attn, r);
+    } catch (const communication_error& e) {
+      what = e.what();
     }
+    CAPTURE(what);
+    if (r != last) {
+      CHECK(what == "ringattn: rank " + std::to_string(r) +
+                        ", call 1 (forward_host): timed out after 300 ms waiting for every rank "
+                        "to join a collective");
+      CHECK(seconds_since(start) < 1.0);
+    } else {
+      CHECK(what.find("ringattn: rank " + std::to_string(r) + ", step 0: timed out after 300 ms") ==
+            0);
+    }
+    const auto retry = std::chrono::steady_clock::now();
+    std::string again;
+    try {
+      (void)c.forward_rank(attn, r);
+    } catch (const communication_error& e) {
+      again = e.what();
+    }
+    CAPTURE(again);
+    CHECK(again.find("this MPI communicator is broken (") != std::string::npos);
+    CHECK(again.find("create a new mpi_communicator") != std::string::npos);
+    CHECK(seconds_since(retry) < 0.1);
   }
-  MPI_Barrier(MPI_COMM_WORLD); // everyone, the silent rank included, goes on together
+  MPI_Barrier(MPI_COMM_WORLD); // everyone, the late rank included, goes on together
+  mpi_communicator fresh(MPI_COMM_WORLD, std::chrono::seconds(20));
+  ring_attention<zigzag, mpi_communicator, causal> attn(fresh, c.args, cu);
+  CHECK(ring_error(c, fresh.rank(), c.forward_rank(attn, fresh.rank())) < 4e-3);
+}
+
+// Call-time agreement over MPI: a rank calling with another dtype, or rejecting its arguments,
+// fails every rank before anything is sent, naming both sides; the next agreed call runs.
+TEST_CASE("MPI: a call one rank rejects or calls with another dtype fails everywhere; the retry "
+          "runs") {
+  mpi_communicator comm(MPI_COMM_WORLD, std::chrono::seconds(20));
+  const int r = comm.rank(), last = comm.size() - 1;
+  if (last == 0) return;
+  std::mt19937_64 rng(11);
+  const auto cu = test::random_cu_seqlens(2, 20, 61, rng);
+  test::sharded_case<zigzag, __nv_bfloat16> c(cu, comm.size(), {4, 2, 64, 0.0f}, mask_kind::causal,
+                                              rng);
+  test::sharded_case<zigzag, __half> h(cu, comm.size(), {4, 2, 64, 0.0f}, mask_kind::causal, rng);
+  ring_attention<zigzag, mpi_communicator, causal> attn(comm, c.args, cu);
+  const std::string rank_last = "rank " + std::to_string(last);
+  CHECK_THROWS_WITH_AS((r == last ? (void)h.forward_rank(attn, r) : (void)c.forward_rank(attn, r)),
+                       ("ringattn: " + rank_last +
+                        " calls forward_host with fp16 but rank 0 with "
+                        "bf16")
+                           .c_str(),
+                       invalid_argument);
+  CHECK_THROWS_WITH_AS((void)c.forward_rank(attn, r, /*null_lse=*/r == last),
+                       (r == last ? std::string("ringattn: lse is a null pointer")
+                                  : "ringattn: " + rank_last +
+                                        " rejected call 2 (forward_host): lse is a null pointer")
+                           .c_str(),
+                       invalid_argument);
+  CHECK(comm.bytes_sent() == 0);
+  CHECK(ring_error(c, r, c.forward_rank(attn, r)) < 4e-3);
+}
+
+// MPI counts are ints: a plan whose forward blocks exceed 2^31 - 1 bytes is refused at plan time
+// on every rank, before any call.
+TEST_CASE("MPI: blocks beyond MPI's int count are refused at plan time on every rank") {
+  mpi_communicator comm(MPI_COMM_WORLD, std::chrono::seconds(20));
+  const std::int32_t tokens = 600'000 * comm.size(); // 600,000 a rank: 2.46 GB blocks in bf16
+  const std::vector<std::int32_t> cu = {0, tokens};
+  const attention_arguments a{8, 8, 128, 0.0f};
+  CHECK_THROWS_WITH_AS((ring_attention<contiguous, mpi_communicator, full>(comm, a, cu)),
+                       "ringattn: the forward would send blocks of up to 2457600000 bytes; this "
+                       "communicator's messages hold at most 2147483647 (use more ranks, or fewer "
+                       "kv heads per ring)",
+                       invalid_argument);
 }

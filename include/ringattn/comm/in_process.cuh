@@ -12,6 +12,11 @@
 //! fails calls `abort(reason)` (the ring driver does this for it), which wakes every waiting rank
 //! with an error naming the failed rank instead of letting them wait out the timeout.
 //!
+//! Recovery: a timeout or an abort breaks the group for good (its rendezvous may hold a late
+//! rank's offer); every later exchange or all-gather of any rank throws at once, naming the first
+//! failure and asking for a new group. Offers carry the call number the ring gives each call
+//! (`begin_call`) and the step, so nothing of one call is ever taken by another.
+//!
 //! \code
 //! ringattn::in_process_group group(4);
 //! std::vector<std::thread> threads;
@@ -31,6 +36,8 @@
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <string_view>
+#include <type_traits>
 #include <vector>
 
 namespace ringattn {
@@ -47,7 +54,7 @@ public:
       : size_(checked_size(size)), timeout_(timeout), posts_(static_cast<std::size_t>(size_)),
         ready_(posts_.size(), nullptr), copied_(posts_.size(), nullptr),
         devices_(posts_.size(), -1), taken_(posts_.size(), false),
-        gathered_(posts_.size(), nullptr) {}
+        gathered_(posts_.size(), nullptr), joined_(posts_.size(), -1) {}
   in_process_group(const in_process_group&) = delete;
   in_process_group& operator=(const in_process_group&) = delete;
 
@@ -89,12 +96,21 @@ public:
       if (e) cudaEventDestroy(e);
   }
 
-  //! Marks the group failed: every current and future wait throws with `reason`.
+  //! Breaks the group: every current wait throws with `reason`, every later operation at once.
   void abort(int rank, const std::string& reason) {
     std::lock_guard<std::mutex> lock(mutex_);
+    constexpr std::string_view prefix = "ringattn: "; // an error's own text, passed on
+    const std::string_view why = std::string_view(reason).starts_with(prefix)
+                                     ? std::string_view(reason).substr(prefix.size())
+                                     : std::string_view(reason);
     if (aborted_.empty())
-      aborted_ = "rank " + std::to_string(rank) + " aborted the ring: " + reason;
+      aborted_ = "rank " + std::to_string(rank) + " aborted the ring: " + std::string(why);
     changed_.notify_all();
+  }
+  //! Whether a timeout or an abort has broken the group (see the file notes).
+  bool broken() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return !aborted_.empty();
   }
 
 private:
@@ -105,6 +121,7 @@ private:
   struct post {
     const void* data = nullptr;
     std::size_t bytes = 0;
+    std::uint64_t call = 0; // the ring call it belongs to (begin_call)
     std::int64_t step = -1;
     bool consumed = true;
     cudaEvent_t ready = nullptr;  // device exchange: the sender's data is complete
@@ -121,8 +138,9 @@ private:
   // `then_reads_peers`: the caller goes on to read peers' buffers, so an aborted group fails the
   // wait even if its condition holds (the rank that aborted may be freeing its buffer); a wait
   // after which nothing of a peer is read returns once its condition holds.
-  template <class Ready>
-  void wait(std::unique_lock<std::mutex>& lock, Ready ready, int rank, int peer, std::int64_t step,
+  // `peer`: the rank waited for (-1: none), or a function that finds it when the wait times out.
+  template <class Ready, class Peer>
+  void wait(std::unique_lock<std::mutex>& lock, Ready ready, int rank, Peer peer, std::int64_t step,
             const char* what, bool then_reads_peers = true) {
     const auto deadline = std::chrono::steady_clock::now() + timeout_;
     for (;;) {
@@ -131,10 +149,17 @@ private:
         throw communication_error("ringattn: " + where(rank, step) + ": " + aborted_);
       if (ready()) return;
       if (changed_.wait_until(lock, deadline) == std::cv_status::timeout && !ready()) {
-        std::string msg = "ringattn: " + where(rank, step) + ": timed out after " +
+        std::string msg = where(rank, step) + ": timed out after " +
                           std::to_string(timeout_.count()) + " ms waiting for ";
-        msg += peer >= 0 ? "rank " + std::to_string(peer) + " " + what : what;
-        throw communication_error(msg);
+        int p = -1;
+        if constexpr (std::is_invocable_v<Peer>)
+          p = peer();
+        else
+          p = peer;
+        msg += p >= 0 ? "rank " + std::to_string(p) + " " + what : what;
+        if (aborted_.empty()) aborted_ = msg; // the group is broken from now on
+        changed_.notify_all();
+        throw communication_error("ringattn: " + msg);
       }
     }
   }
@@ -150,9 +175,17 @@ private:
     return size;
   }
 
+  //! Throws at once if the group is broken (the caller holds the lock).
+  void require_live(int rank, std::int64_t step) const {
+    if (!aborted_.empty())
+      throw communication_error("ringattn: " + where(rank, step) +
+                                ": this in-process group is broken (" + aborted_ +
+                                "); create a new in_process_group and take new communicators");
+  }
+
   int size_;
   std::chrono::milliseconds timeout_;
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
   std::condition_variable changed_;
   std::string aborted_;
   std::vector<post> posts_;                 // posts_[r]: what rank r offers its successor
@@ -175,6 +208,7 @@ private:
   }
   // all_gather / barrier state: a generation counter and per-rank pointers.
   std::vector<const void*> gathered_;
+  std::vector<std::int64_t> joined_; // per rank: the generation of its latest all-gather
   int arrived_ = 0;
   std::int64_t generation_ = 0;
   int departed_ = 0;
@@ -197,17 +231,17 @@ public:
     std::unique_lock<std::mutex> lock(g.mutex_);
     check_peer(to, step);
     check_peer(from, step);
+    g.require_live(rank_, step);
     // 1. offer our buffer to `to`.
     g.wait(
         lock, [&] { return g.posts_[rank_].consumed; }, rank_, to, step,
         "to take the previous step's data", /*then_reads_peers=*/false);
-    g.posts_[rank_] = {send, send_bytes, step, false};
+    g.posts_[rank_] = {send, send_bytes, call_, step, false};
     g.changed_.notify_all();
     try {
       // 2. take what `from` offers for this step.
       g.wait(
-          lock, [&] { return !g.posts_[from].consumed && g.posts_[from].step == step; }, rank_,
-          from, step, "to send");
+          lock, [&] { return offered(g, from, step); }, rank_, from, step, "to send");
       in_process_group::post& in = take(g, recv_bytes, from, step);
       if (recv_bytes) std::memcpy(recv, in.data, recv_bytes);
       in.consumed = true;
@@ -235,6 +269,7 @@ public:
     std::unique_lock<std::mutex> lock(g.mutex_);
     check_peer(to, step);
     check_peer(from, step);
+    g.require_live(rank_, step);
     if (g.ready_[static_cast<std::size_t>(rank_)] == nullptr)
       throw invalid_argument("ringattn: " + in_process_group::where(rank_, step) +
                              ": device exchange before prepare_device()");
@@ -243,12 +278,11 @@ public:
         "to take the previous step's data", /*then_reads_peers=*/false);
     cudaEvent_t ready = g.ready_[static_cast<std::size_t>(rank_)];
     RINGATTN_CUDA_CHECK(cudaEventRecord(ready, stream)); // our data is complete after this point
-    g.posts_[rank_] = {send, send_bytes, step, false, ready, nullptr};
+    g.posts_[rank_] = {send, send_bytes, call_, step, false, ready, nullptr};
     g.changed_.notify_all();
     try {
       g.wait(
-          lock, [&] { return !g.posts_[from].consumed && g.posts_[from].step == step; }, rank_,
-          from, step, "to send");
+          lock, [&] { return offered(g, from, step); }, rank_, from, step, "to send");
       in_process_group::post& in = take(g, recv_bytes, from, step);
       cudaEvent_t copied = g.copied_[static_cast<std::size_t>(rank_)];
       RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream, in.ready, 0));
@@ -276,16 +310,23 @@ public:
   void all_gather(const void* send, std::size_t bytes, void* recv) {
     in_process_group& g = *group_;
     std::unique_lock<std::mutex> lock(g.mutex_);
+    g.require_live(rank_, -1);
     const std::int64_t gen = g.generation_;
     g.gathered_[rank_] = send;
+    g.joined_[rank_] = gen;
     if (++g.arrived_ == g.size_) {
       g.arrived_ = 0;
       ++g.generation_;
       g.changed_.notify_all();
     } else {
+      auto missing = [&] { // the first rank not here yet, for the message
+        int r = 0;
+        while (r < g.size_ && g.joined_[static_cast<std::size_t>(r)] == gen)
+          ++r;
+        return r;
+      };
       g.wait(
-          lock, [&] { return g.generation_ != gen; }, rank_, -1, -1,
-          "every rank to join an all-gather");
+          lock, [&] { return g.generation_ != gen; }, rank_, missing, -1, "to join an all-gather");
     }
     for (int r = 0; r < g.size_; ++r)
       if (bytes) std::memcpy(static_cast<char*>(recv) + r * bytes, g.gathered_[r], bytes);
@@ -312,8 +353,14 @@ public:
   //! in_process_group::prepare_device).
   void prepare_device() { group_->prepare_device(rank_); }
 
-  //! Fails the whole group (see in_process_group::abort).
+  //! Breaks the whole group (see in_process_group::abort).
   void abort(const std::string& reason) { group_->abort(rank_, reason); }
+
+  //! The collectives are host-side and cheap: the ring agrees on every call (ring/call.cuh).
+  static constexpr bool host_collectives = true;
+  //! Numbers the ring's call that follows (the same on every rank): offers of one call are never
+  //! taken by another.
+  void begin_call(std::uint64_t call) noexcept { call_ = call; }
 
 private:
   friend class in_process_group;
@@ -333,6 +380,11 @@ private:
     }
     return in;
   }
+  // Whether `from` offers this call's `step`.
+  bool offered(const in_process_group& g, int from, std::int64_t step) const {
+    const in_process_group::post& p = g.posts_[static_cast<std::size_t>(from)];
+    return !p.consumed && p.call == call_ && p.step == step;
+  }
   // A failed exchange takes back its offer (under the group's lock) if nobody has taken it yet,
   // so that no peer copies from a buffer its owner is about to free or reuse.
   void withdraw(in_process_group& g, const void* send, std::int64_t step) const {
@@ -351,6 +403,7 @@ private:
 
   in_process_group* group_;
   int rank_;
+  std::uint64_t call_ = 0;
   std::uint64_t bytes_sent_ = 0;
 };
 

@@ -40,11 +40,12 @@ inline std::uint64_t fnv1a(const void* p, std::size_t n, std::uint64_t h = 14695
 inline std::uint64_t fnv1a(const char* s) { return fnv1a(s, std::char_traits<char>::length(s)); }
 
 //! The plan every rank of `comm` agrees on, or `invalid_argument` on every rank. `kernel` names
-//! the BlockKernel model (its type), `mask` its mask.
+//! the BlockKernel model (its type), `mask` its mask. `fingerprint` receives a hash of what the
+//! ranks agreed on (the same on every rank), by which later calls name their ring.
 template <class Partitioner, class Communicator>
 partition_plan<Partitioner> agreed_plan(Communicator& comm, const attention_arguments& args,
                                         std::span<const std::int32_t> cu, mask_kind mask,
-                                        const char* kernel) {
+                                        const char* kernel, std::uint64_t& fingerprint) {
   validation own = args.validate();
   own.require(partition_plan<Partitioner>::validate(cu, comm.size()));
   ring_fingerprint mine{};
@@ -91,6 +92,7 @@ partition_plan<Partitioner> agreed_plan(Communicator& comm, const attention_argu
     differ(x.cu_seqlens_hash == ref.cu_seqlens_hash, "cu_seqlens", "other lengths", "rank 0's");
   }
   v.throw_if_invalid();
+  fingerprint = fnv1a(&mine, sizeof mine);
   return partition_plan<Partitioner>(cu, comm.size());
 }
 

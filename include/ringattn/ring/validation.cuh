@@ -211,31 +211,4 @@ private:
   int rank_;
 };
 
-//! Runs one collective call's `body` for the rank of `comm`: refuses a second call while one
-//! runs on the same object (`busy`; the group is left alone, the first call is valid); if `ok`
-//! failed, or `body` throws anything, aborts the group first (so the peers stop waiting for this
-//! rank at once) and throws, naming this rank.
-template <class Communicator, class Body>
-void run_call(Communicator& comm, std::atomic<bool>& busy, const validation& ok, Body&& body) {
-  error_rank_scope scope(comm.rank());
-  if (busy.exchange(true))
-    throw invalid_argument("ringattn: another call on this ring_attention object is running "
-                           "(one call at a time per object; one object per rank's thread)");
-  struct release {
-    std::atomic<bool>& flag;
-    ~release() { flag.store(false); }
-  } done{busy};
-  if (!ok) comm.abort(ok.reason());
-  ok.throw_if_invalid();
-  try {
-    body();
-  } catch (const std::exception& e) {
-    comm.abort(e.what());
-    throw;
-  } catch (...) {
-    comm.abort("an exception not derived from std::exception");
-    throw;
-  }
-}
-
 } // namespace ringattn::detail

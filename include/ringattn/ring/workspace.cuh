@@ -50,6 +50,10 @@ public:
   std::size_t grad_bytes(std::int64_t tokens) const {
     return 2 * kv_elements(tokens) * sizeof(float);
   }
+  //! The largest message a forward (or a backward: a block with its dK/dV) sends.
+  std::size_t largest_message(bool backward) const {
+    return block_bytes(max_kv_) + (backward ? grad_bytes(max_kv_) : 0);
+  }
 
   // ---- forward
   std::size_t kv_slot() const { return align(block_bytes(max_kv_)); }
