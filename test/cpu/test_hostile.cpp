@@ -6,6 +6,7 @@
 #include "../sharded_backward_case.hpp"
 
 #include <ringattn/comm/in_process.cuh>
+#include <ringattn/partition/contiguous.cuh>
 #include <ringattn/partition/zigzag.cuh>
 #include <ringattn/ring_attention.cuh>
 
@@ -365,5 +366,60 @@ TEST_CASE("after a timeout the group is broken: later calls fail at once, never 
     CHECK(second[at].find("create a new in_process_group") != std::string::npos);
     CHECK(second_took[at] < 0.1); // at once, not after a timeout
     CHECK(gather[at].find("this in-process group is broken") != std::string::npos);
+  }
+}
+
+// Extreme finite values on the host path (fp64 scores): q = k = 1e20 gives logits near 1e40,
+// beyond fp32, so a block's lse is +inf. Two keys share the top logit; at P = 1 the output is
+// their mean. At P >= 2 they may sit in different ranks' blocks, both saturated: the merge gives
+// them equal weights (never inf - inf), so every P gives the P = 1 answer, finite, lse +inf.
+TEST_CASE("huge finite logits: finite outputs at every P, the P = 1 answer") {
+  std::mt19937_64 rng(test::fresh_seed());
+  const std::int32_t n = 96;
+  const attention_arguments args{2, 1, 64, 0.0f};
+  const std::vector<std::int32_t> cu{0, n};
+  auto inputs = [&](auto& c) {
+    for (auto& x : c.q)
+      x = T(1e20f);
+    for (std::int64_t t : {std::int64_t{0}, std::int64_t{n - 1}})
+      for (int e = 0; e < 64; ++e)
+        c.k[static_cast<std::size_t>(t * 64 + e)] = T(1e20f);
+  };
+  for (int ranks : {1, 2, 3, 4}) {
+    CAPTURE(ranks);
+    test::sharded_case<contiguous, T> c(cu, ranks, args, mask_kind::full, rng);
+    inputs(c);
+    for (int r = 0; r < ranks; ++r) { // shards of the edited tensors
+      c.qs[static_cast<std::size_t>(r)] = c.shard(c.q, r, 2);
+      c.ks[static_cast<std::size_t>(r)] = c.shard(c.k, r, 1);
+    }
+    in_process_group group(ranks);
+    std::vector<test::sharded_case<contiguous, T>::rank_output> outs(
+        static_cast<std::size_t>(ranks));
+    const auto errors = test::on_ranks(group, [&](int r, in_process_communicator& comm) {
+      ring_attention<contiguous, in_process_communicator, full> attn(comm, args, cu);
+      outs[static_cast<std::size_t>(r)] = c.forward_rank(attn, r);
+    });
+    for (const auto& e : errors)
+      REQUIRE(test::message(e) == "");
+    bool finite = true, saturated = true;
+    double worst = 0.0;
+    for (int r = 0; r < ranks; ++r) {
+      const auto& o = outs[static_cast<std::size_t>(r)];
+      for (float l : o.lse)
+        saturated = saturated && std::isinf(l) && l > 0;
+      for (std::int64_t l = 0; l < c.plan.local_tokens(r); ++l)
+        for (int h = 0; h < 2; ++h)
+          for (int e = 0; e < 64; ++e) {
+            const float got = to_float(o.out[static_cast<std::size_t>((l * 2 + h) * 64 + e)]);
+            const double want = 0.5 * (double(to_float(c.v[static_cast<std::size_t>(e)])) +
+                                       to_float(c.v[static_cast<std::size_t>((n - 1) * 64 + e)]));
+            finite = finite && std::isfinite(got);
+            worst = std::max(worst, std::abs(got - want));
+          }
+    }
+    CHECK(finite);
+    CHECK(saturated);
+    CHECK(worst < 1e-2); // bf16 rounding of a mean of two values below 1 in magnitude
   }
 }

@@ -68,7 +68,11 @@ void host_block_forward_rows(const block_forward_args<T>& a, std::span<const blo
         if (sum == 0.0) continue; // nothing visible in this block: the state is unchanged
         const float lse_b = static_cast<float>(m + std::log(sum));
         float& ref = a.state.lse_at(row, h);
-        const row_merge w = merge_into(ref, lse_b);
+        // Logits beyond fp32 (scores in fp64 here) make lse +inf: blocks that both saturate merge
+        // with equal weights (inf - inf would be NaN), so the output stays finite at any P.
+        constexpr float inf = std::numeric_limits<float>::infinity();
+        const row_merge w =
+            ref == inf && lse_b == inf ? row_merge{1.0f, 1.0f, inf, false} : merge_into(ref, lse_b);
         float* os = a.state.o_row(row, h);
         for (int e = 0; e < d; ++e)
           os[e] =
