@@ -183,6 +183,31 @@ TEST_CASE("MPI: a late rank: the others fail within the timeout; a retry fails a
   CHECK(ring_error(c, fresh.rank(), c.forward_rank(attn, fresh.rank())) < 4e-3);
 }
 
+// A rank late at plan time: the others' plan-time all-gather times out with an error (MPI's
+// collective is left pending, never cancelled: a cancelled collective ends the whole job), and the
+// job goes on; the late rank's own all-gather then completes against the kept buffers.
+TEST_CASE("MPI: a rank late at plan time makes the others fail with an error, not a job abort") {
+  const auto timeout = std::chrono::milliseconds(300);
+  {
+    mpi_communicator comm(MPI_COMM_WORLD, timeout);
+    const int r = comm.rank(), last = comm.size() - 1;
+    if (last == 0) return;
+    if (r == last) std::this_thread::sleep_for(timeout * 3);
+    const std::vector<std::int32_t> cu = {0, 64};
+    std::string what;
+    try {
+      ring_attention<zigzag, mpi_communicator, causal> attn(comm, {4, 2, 64, 0.0f}, cu);
+    } catch (const communication_error& e) {
+      what = e.what();
+    }
+    if (r != last)
+      CHECK(what == "ringattn: rank " + std::to_string(r) +
+                        ", at plan time: timed out after 300 ms waiting for every rank to join a "
+                        "collective");
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
 // Call-time agreement over MPI: a rank calling with another dtype, or rejecting its arguments,
 // fails every rank before anything is sent, naming both sides; the next agreed call runs.
 TEST_CASE("MPI: a call one rank rejects or calls with another dtype fails everywhere; the retry "
