@@ -140,9 +140,12 @@ private:
     }
     ok.throw_if_invalid();
     validation v = validation::ok();
-    for (std::size_t r = 0; r < all_.size() && v; ++r)
+    for (std::size_t r = 0; r < all_.size() && v; ++r) {
+      const char* why = all_[r].reason; // NUL-terminated by its sender, but never trusted
       v.require(all_[r].ok == 1, "rank ", r, " rejected call ", all_[r].call, " (",
-                to_string(all_[r].kind), "): ", std::string(all_[r].reason));
+                to_string(all_[r].kind),
+                "): ", std::string(why, std::find(why, why + sizeof mine.reason, '\0')));
+    }
     const call_header& first = all_[0];
     for (std::size_t r = 1; r < all_.size() && v; ++r) {
       const call_header& x = all_[r];
