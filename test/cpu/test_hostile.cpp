@@ -227,7 +227,7 @@ TEST_CASE("ranks that disagree at call time fail on every rank, naming both; the
   in_process_group group(3, std::chrono::seconds(30));
   std::vector<std::string> by_dtype(3), by_direction(3);
   std::vector<test::sharded_case<zigzag, T>::error_parts> parts(3);
-  std::vector<bool> nothing_sent(3, false);
+  std::vector<char> nothing_sent(3, 0); // not vector<bool>: ranks write their own elements
   const auto errors = test::on_ranks(group, [&](int r, in_process_communicator& comm) {
     const auto at = static_cast<std::size_t>(r);
     ring_attention<zigzag, in_process_communicator, causal> attn(comm, args, cu);
