@@ -7,6 +7,8 @@
 //   - host scatter then gather is the identity;
 //   - every (query rank, key rank) block list of a causal plan groups into valid kernel groups.
 // A broken invariant aborts with a message (libFuzzer reports it as a crash with the input).
+#include "fuzz_input.hpp"
+
 #include <ringattn/arguments.cuh>
 #include <ringattn/kernel/block.cuh>
 #include <ringattn/partition/contiguous.cuh>
@@ -26,26 +28,8 @@
 using namespace ringattn;
 
 namespace {
-void require(bool ok, const char* what) {
-  if (ok) return;
-  std::fprintf(stderr, "invariant broken: %s\n", what);
-  std::abort();
-}
-
-//! Reads little-endian values from the input; past its end, zeros.
-struct reader {
-  const std::uint8_t* data;
-  std::size_t size, at = 0;
-  template <class T>
-  T take() {
-    unsigned char bytes[sizeof(T)] = {};
-    for (std::size_t i = 0; i < sizeof(T) && at < size; ++i)
-      bytes[i] = data[at++];
-    T v;
-    std::memcpy(&v, bytes, sizeof(T));
-    return v;
-  }
-};
+using fuzz::reader;
+using fuzz::require;
 
 template <class P>
 void check_plan(const std::vector<std::int32_t>& cu, int ranks) {

@@ -7,6 +7,8 @@
 //   - the overlap check never misses two views that share a byte (checked byte by byte), and is
 //     exact for dense views of one token stride with two tokens or more.
 // A broken invariant aborts with a message (libFuzzer reports it as a crash with the input).
+#include "fuzz_input.hpp"
+
 #include <ringattn/arguments.cuh>
 #include <ringattn/ring/validation.cuh>
 #include <ringattn/ring/workspace.cuh>
@@ -26,26 +28,8 @@ using namespace ringattn;
 namespace {
 using T = __nv_bfloat16;
 
-void require(bool ok, const char* what) {
-  if (ok) return;
-  std::fprintf(stderr, "invariant broken: %s\n", what);
-  std::abort();
-}
-
-//! Reads little-endian values from the input; past its end, zeros.
-struct reader {
-  const std::uint8_t* data;
-  std::size_t size, at = 0;
-  template <class V>
-  V take() {
-    unsigned char bytes[sizeof(V)] = {};
-    for (std::size_t i = 0; i < sizeof(V) && at < size; ++i)
-      bytes[i] = data[at++];
-    V v;
-    std::memcpy(&v, bytes, sizeof(V));
-    return v;
-  }
-};
+using fuzz::reader;
+using fuzz::require;
 
 alignas(16) std::array<T, 2048> arena; // 4 KB the small views lie in
 
