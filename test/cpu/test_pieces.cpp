@@ -1,0 +1,107 @@
+// Block groups as library pieces (kernel/pieces.cuh): for every partitioner, mask, rank count and
+// packed batch, each step's pieces hold every visible (query, key) pair of its groups exactly
+// once, no piece row sees no key, and the row reductions name every packed row once, in order.
+#include "../common.hpp"
+
+#include <ringattn/kernel/block.cuh>
+#include <ringattn/kernel/pieces.cuh>
+#include <ringattn/partition/contiguous.cuh>
+#include <ringattn/partition/plan.cuh>
+#include <ringattn/partition/round_robin.cuh>
+#include <ringattn/partition/zigzag.cuh>
+
+#include <doctest/doctest.h>
+
+#include <map>
+#include <random>
+#include <utility>
+
+using namespace ringattn;
+
+namespace {
+// Visible pairs of a step's groups, counted: (query row, key row) -> times.
+using pairs = std::map<std::pair<std::int64_t, std::int64_t>, int>;
+
+pairs of_groups(const std::vector<block_group>& groups) {
+  pairs p;
+  for (const block_group& g : groups)
+    for (int s = 0; s < g.count; ++s)
+      for (std::int64_t i = 0; i < g.q_count; ++i)
+        for (std::int64_t j = 0; j < g.kv[s].kv_count; ++j)
+          if (g.kv[s].mask.sees(i, j)) ++p[{g.q_begin + i, g.kv[s].kv_begin + j}];
+  return p;
+}
+
+pairs of_pieces(const std::vector<attention_piece>& pieces) {
+  pairs p;
+  for (const attention_piece& x : pieces)
+    for (std::int64_t i = 0; i < x.q_count; ++i) {
+      std::int64_t seen = 0;
+      for (std::int64_t j = 0; j < x.kv_count; ++j)
+        if (x.sees(i, j)) ++p[{x.q_begin + i, x.kv_begin + j}], ++seen;
+      CHECK(seen > 0); // a finite lse for every row of a piece
+    }
+  return p;
+}
+} // namespace
+
+TEST_CASE_TEMPLATE("pieces hold every visible pair of a step exactly once", P, contiguous,
+                   round_robin, zigzag) {
+  const auto seed = test::fresh_seed();
+  CAPTURE(seed);
+  std::mt19937_64 rng(seed);
+  for (int trial = 0; trial < 6; ++trial)
+    for (int ranks : {1, 2, 3, 4, 8}) {
+      const auto cu = test::random_cu_seqlens(1 + trial % 3, 1, 90, rng);
+      partition_plan<P> plan(cu, ranks);
+      for (mask_kind m : {mask_kind::full, mask_kind::causal})
+        for (int r = 0; r < ranks; ++r)
+          for (int src = 0; src < ranks; ++src) {
+            const int mask = static_cast<int>(m);
+            CAPTURE(ranks);
+            CAPTURE(r);
+            CAPTURE(src);
+            CAPTURE(mask);
+            const auto groups = group_blocks(plan.blocks(r, src, position_window::of(m)));
+            const auto pieces = pieces_of(groups);
+            const pairs want = of_groups(groups), got = of_pieces(pieces);
+            CHECK(got == want);
+            for (const auto& [at, times] : got)
+              CHECK(times == 1);
+            std::int64_t rows = 0;
+            for (const piece_call& c : calls_of(pieces)) {
+              rows += c.q_rows;
+              for (bool keys : {false, true}) {
+                const row_reduction red = reduction_of(c, keys);
+                REQUIRE(red.first.size() == red.dest.size() + 1);
+                CHECK(red.source.size() == static_cast<std::size_t>(keys ? c.kv_rows : c.q_rows));
+                for (std::size_t e = 1; e < red.dest.size(); ++e)
+                  CHECK(red.dest[e] > red.dest[e - 1]);
+              }
+              CHECK(packed_query_rows(c).size() == static_cast<std::size_t>(c.q_rows));
+            }
+            CHECK(rows == [&] {
+              std::int64_t n = 0;
+              for (const attention_piece& x : pieces)
+                n += x.q_count;
+              return n;
+            }());
+          }
+    }
+}
+
+TEST_CASE("pieces: zigzag's two chunks join into one bottom-right causal piece") {
+  // Rank 0 of 2 against itself, one sequence of 8: chunk 3 sees chunk 0 fully and itself causally.
+  partition_plan<zigzag> plan(std::vector<std::int32_t>{0, 8}, 2);
+  const auto groups = group_blocks(plan.blocks(0, 0, position_window::of(mask_kind::causal)));
+  const auto pieces = pieces_of(groups);
+  REQUIRE(pieces.size() == 2);
+  CHECK(pieces[0] == attention_piece{0, 2, 0, 2, piece_mask::causal_bottom_right});
+  CHECK(pieces[1] == attention_piece{2, 2, 0, 4, piece_mask::causal_bottom_right});
+}
+
+TEST_CASE("pieces: a band with a lower bound is refused") {
+  block_group g{0, 4, 1, {}};
+  g.kv[0] = {0, 4, band{-1, 0}};
+  CHECK_THROWS_AS((void)pieces_of(std::vector<block_group>{g}), invalid_argument);
+}
