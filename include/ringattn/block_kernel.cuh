@@ -85,11 +85,12 @@ struct native_kernel : host_reference<Mask> {
   using backward_schedule = device_backward_schedule;
   static forward_schedule make_forward_schedule(std::span<const block_group> groups,
                                                 std::int64_t q_tokens, std::int64_t kv_tokens,
-                                                int head_dim) {
-    return forward_schedule(groups, q_tokens, kv_tokens, head_dim);
+                                                const attention_arguments& args) {
+    return forward_schedule(groups, q_tokens, kv_tokens, args.head_dim);
   }
   static backward_schedule make_backward_schedule(std::span<const block_group> groups,
-                                                  std::int64_t q_tokens, std::int64_t kv_tokens) {
+                                                  std::int64_t q_tokens, std::int64_t kv_tokens,
+                                                  const attention_arguments&) {
     return backward_schedule(groups, q_tokens, kv_tokens);
   }
 

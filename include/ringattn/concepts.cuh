@@ -84,16 +84,16 @@ concept block_kernel = requires(const block_forward_args<__nv_bfloat16>& f,
 //! The stream type is a template parameter so this header needs no CUDA.
 template <class K, class Stream>
 concept device_block_kernel_for = block_kernel<K> &&
-    requires(std::span<const block_group> groups, std::int64_t tokens, int head_dim,
-             const typename K::forward_schedule& fs, const typename K::backward_schedule& bs,
-             const block_forward_args<__nv_bfloat16>& f,
+    requires(std::span<const block_group> groups, std::int64_t tokens,
+             const attention_arguments& args, const typename K::forward_schedule& fs,
+             const typename K::backward_schedule& bs, const block_forward_args<__nv_bfloat16>& f,
              const block_backward_args<__nv_bfloat16>& b, thd_view<__nv_bfloat16> out, float* lse,
              Stream stream) {
   {
-    K::make_forward_schedule(groups, tokens, tokens, head_dim)
+    K::make_forward_schedule(groups, tokens, tokens, args)
     } -> std::same_as<typename K::forward_schedule>;
   {
-    K::make_backward_schedule(groups, tokens, tokens)
+    K::make_backward_schedule(groups, tokens, tokens, args)
     } -> std::same_as<typename K::backward_schedule>;
   K::device_forward(step_epilogue::merge, f, fs, out, lse, stream);
   K::device_backward(b, bs, stream);

@@ -67,7 +67,8 @@ class ring_attention {
                 "ringattn::nccl_communicator)");
   static_assert(block_kernel<BlockKernel>,
                 "ringattn::ring_attention: the third template argument must be a BlockKernel "
-                "(ringattn::full, ringattn::causal, or ringattn::host_reference<Mask>)");
+                "(ringattn::full, ringattn::causal, ringattn::cudnn_kernel<Mask, T> or "
+                "ringattn::host_reference<Mask>)");
 
 public:
   //! Plans the ring for this rank. `cu_seqlens` is the *global* packed layout (batch + 1
@@ -109,9 +110,11 @@ public:
   std::size_t host_workspace_bytes() const {
     return layout<T>().forward_bytes();
   }
+  //! The device path adds the BlockKernel's scratch (cuDNN's workspace, say), known once
+  //! `prepare_device()` has planned it.
   template <element T>
   std::size_t device_workspace_bytes() const {
-    return layout<T>().forward_bytes();
+    return with_scratch(layout<T>().forward_bytes(), false);
   }
   //! Workspace of `backward_host`: two ring buffers of the largest block with its dK/dV, this
   //! rank's fp32 dQ and D; `backward` adds one fp32 dK/dV share of the largest block.
@@ -121,7 +124,7 @@ public:
   }
   template <element T>
   std::size_t device_backward_workspace_bytes() const {
-    return layout<T>().device_backward_bytes();
+    return with_scratch(layout<T>().device_backward_bytes(), true);
   }
 
   //! Why `forward_host(q, k, v, out, lse, workspace)` cannot run, or ok.
@@ -186,7 +189,8 @@ public:
   //! Device path, plan time: on the current device, the communication stream, the events, the
   //! forward's per-step kernel schedules and the communicator's device resources. Call once per
   //! rank before `forward` or `backward`; the backward's schedules are made at the first
-  //! `backward`. After those first calls neither allocates nor sets a kernel attribute.
+  //! `backward` (here, for a BlockKernel that plans them with the forward's: the cuDNN one).
+  //! After those first calls neither allocates nor sets a kernel attribute.
   void prepare_device() requires device_communicator_for<Communicator, cudaStream_t> {
     static_assert(device_block_kernel_for<BlockKernel, cudaStream_t>,
                   "ringattn::ring_attention::prepare_device: this BlockKernel has no device path "
@@ -195,7 +199,7 @@ public:
     if constexpr (device_block_kernel_for<BlockKernel, cudaStream_t>) {
       if (device_) return;
       comm_.prepare_device();
-      device_ = std::make_unique<device_resources>(schedule_, args_.head_dim);
+      device_ = std::make_unique<device_resources>(schedule_, args_);
     }
   }
 
@@ -211,22 +215,17 @@ public:
       std::type_identity_t<thd_view<const T>> v, thd_view<T> out, float* lse, void* workspace,
       std::size_t workspace_bytes, cudaStream_t stream) {
     const std::span<std::byte> ws(static_cast<std::byte*>(workspace), workspace_bytes);
-    using buffer = detail::ring_checks::named_buffer;
+    using buffer = ring_checks::named_buffer;
     const buffer buffers[] = {{q.data, "q"},     {k.data, "k"}, {v.data, "v"},
                               {out.data, "out"}, {lse, "lse"},  {workspace, "the workspace"}};
     auto device = [&](validation& ok) {
-      ok.require(device_ != nullptr, "prepare_device() must run before the device forward");
-      if (ok)
-        ok.require(detail::ring_checks::placement(device_->device, stream, buffers, "forward"));
-      ok.require(rows_aligned_to(q, 16), "q must be 16-byte aligned with token and head strides "
-                                         "that are multiples of 8 elements (the kernels load "
-                                         "16-byte vectors)");
-      ok.require(rows_aligned_to(out, 4), "out must be 4-byte aligned with even token and head "
-                                          "strides");
-      ok.require(aligned_to(lse, 4), "lse must be 4-byte aligned");
+      ring_checks::device_forward<T>(ok, device_ ? device_->device : -1, stream, buffers, q,
+                                     thd_view<const T>(out), lse);
+      if constexpr (requires { BlockKernel::check_forward_views(ok, q, k, v); })
+        BlockKernel::check_forward_views(ok, q, k, v);
     };
     const validation ok = checks_.forward(q, k, v, thd_view<const T>(out), lse, ws,
-                                          device_workspace_bytes<T>(), device);
+                                          device_ ? device_workspace_bytes<T>() : 0, device);
     guarded<T>(ok, call::forward, [&] {
       detail::device_ring_forward<BlockKernel>(comm_, schedule_, *device_, args_, q, k, v, out, lse,
                                                ws.data(), stream);
@@ -246,24 +245,21 @@ public:
       std::type_identity_t<thd_view<T>> dk, std::type_identity_t<thd_view<T>> dv, void* workspace,
       std::size_t workspace_bytes, cudaStream_t stream) {
     const std::span<std::byte> ws(static_cast<std::byte*>(workspace), workspace_bytes);
-    using buffer = detail::ring_checks::named_buffer;
+    using buffer = ring_checks::named_buffer;
     const buffer buffers[] = {{q.data, "q"},   {k.data, "k"},
                               {v.data, "v"},   {out.data, "out"},
                               {lse, "lse"},    {dout.data, "dout"},
                               {dq.data, "dq"}, {dk.data, "dk"},
                               {dv.data, "dv"}, {workspace, "the workspace"}};
     auto device = [&](validation& ok) {
-      ok.require(device_ != nullptr, "prepare_device() must run before the device backward");
-      if (ok)
-        ok.require(detail::ring_checks::placement(device_->device, stream, buffers, "backward"));
-      // The block backward reads q and dout in place (k and v travel in the workspace).
-      ok.require(rows_aligned_to(q, 16) && rows_aligned_to(dout, 16),
-                 "q and dout must be 16-byte aligned with token and head strides that are "
-                 "multiples of 8 elements (the kernels load 16-byte vectors)");
-      ok.require(aligned_to(lse, 4), "lse must be 4-byte aligned");
+      ring_checks::device_backward<T>(ok, device_ ? device_->device : -1, stream, buffers, q, dout,
+                                      lse);
+      if constexpr (requires { BlockKernel::check_backward_views(ok, q, out, dout); })
+        BlockKernel::check_backward_views(ok, q, out, dout);
     };
-    const validation ok = checks_.backward(q, k, v, out, lse, dout, dq, dk, dv, ws,
-                                           device_backward_workspace_bytes<T>(), device);
+    const validation ok =
+        checks_.backward(q, k, v, out, lse, dout, dq, dk, dv, ws,
+                         device_ ? device_backward_workspace_bytes<T>() : 0, device);
     guarded<T>(ok, call::backward, [&] {
       device_->prepare_backward(schedule_);
       detail::device_ring_backward<BlockKernel>(comm_, schedule_, *device_, args_, q, k, v, out,
@@ -277,7 +273,11 @@ private:
   ring_workspace layout() const {
     return {schedule_.q_tokens(), schedule_.max_kv_tokens(), args_, sizeof(T)};
   }
+  std::size_t with_scratch(std::size_t ring_bytes, bool backward) const {
+    return detail::with_scratch<BlockKernel>(device_.get(), ring_bytes, backward);
+  }
   using call = detail::call_kind;
+  using ring_checks = detail::ring_checks;
   template <class T, class Body>
   void guarded(const validation& ok, call kind, Body&& body) {
     gate_.run(ok, kind, dtype_of_v<T>, layout<T>(), std::forward<Body>(body));

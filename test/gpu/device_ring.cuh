@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdlib>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -118,6 +119,24 @@ void check_device_ring(const sharded_case<P, T>& c,
   }
   CHECK(std::sqrt(num / den) < 8e-3);
   CHECK(lse < 2e-3);
+}
+
+//! Every P in {1, 2, 3, 4, 8}: a packed batch of three sequences of odd lengths (up to 700
+//! tokens, 150 with RINGATTN_TEST_SMALL) through the device ring of `Kernel` on virtual ranks,
+//! against the oracle; two forwards compared bit for bit at P = 3, or at every P.
+template <class P, class Kernel>
+void check_ring_matrix(attention_arguments a, bool repeat_every_p) {
+  using T = __nv_bfloat16;
+  const auto seed = fresh_seed();
+  CAPTURE(seed);
+  const bool small = std::getenv("RINGATTN_TEST_SMALL") != nullptr;
+  for (int ranks : {1, 2, 3, 4, 8}) {
+    CAPTURE(ranks);
+    std::mt19937_64 rng(seed + static_cast<std::uint64_t>(ranks));
+    sharded_case<P, T> c(random_cu_seqlens(3, 1, small ? 150 : 700, rng), ranks, a, Kernel::mask,
+                         rng);
+    check_device_ring(c, device_ring_in_process<Kernel>(c, 1, repeat_every_p || ranks == 3));
+  }
 }
 
 template <class P, class T>

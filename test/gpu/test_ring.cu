@@ -16,27 +16,12 @@ using namespace ringattn;
 
 namespace {
 using T = __nv_bfloat16;
-
-template <class P, class Mask>
-void check() {
-  const auto seed = test::fresh_seed();
-  CAPTURE(seed);
-  const bool small = std::getenv("RINGATTN_TEST_SMALL") != nullptr;
-  for (int ranks : {1, 2, 3, 4, 8}) {
-    CAPTURE(ranks);
-    std::mt19937_64 rng(seed + static_cast<std::uint64_t>(ranks));
-    test::sharded_case<P, T> c(test::random_cu_seqlens(3, 1, small ? 150 : 700, rng), ranks,
-                               {8, 2, 128, 0.0f}, Mask::mask, rng);
-    test::check_device_ring(
-        c, test::device_ring_in_process<Mask>(c, /*devices=*/1, /*repeat=*/ranks == 3));
-  }
-}
 } // namespace
 
 TEST_CASE_TEMPLATE("device ring, virtual ranks on one GPU, equals the oracle", P, contiguous,
                    round_robin, zigzag) {
-  check<P, full>();
-  check<P, causal>();
+  test::check_ring_matrix<P, full>({8, 2, 128, 0.0f}, false);
+  test::check_ring_matrix<P, causal>({8, 2, 128, 0.0f}, false);
 }
 
 template <class P, class Mask, class E = T>

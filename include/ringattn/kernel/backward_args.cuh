@@ -19,6 +19,7 @@
 #include <ringattn/kernel/block.cuh>
 #include <ringattn/tensor.cuh>
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 
@@ -44,6 +45,11 @@ struct block_backward_args {
   const float* delta = nullptr;
   attention_arguments args;
   gradient_state grad;
+  //! The forward's output (a model that recomputes D itself reads it; the ring's device path
+  //! sets it, the native kernels take `delta` instead).
+  thd_view<const T> out{};
+  //! Device scratch of the BlockKernel's own, as in the forward.
+  std::byte* scratch = nullptr;
 };
 
 //! Shapes agree with the arguments, views are valid, pointers are there (the groups aside).

@@ -8,6 +8,7 @@
 #include <ringattn/kernel/block.cuh>
 #include <ringattn/tensor.cuh>
 
+#include <cstddef>
 #include <cstdint>
 #include <span>
 
@@ -22,6 +23,9 @@ struct block_forward_args {
   thd_view<const T> v;
   attention_arguments args;
   attention_state state;
+  //! Device scratch of the BlockKernel's own (`*_workspace_bytes()` count it; a model that asks
+  //! for none gets a null pointer).
+  std::byte* scratch = nullptr;
 };
 
 //! Shapes agree with the arguments, views are valid, the state matches q (the groups aside: a

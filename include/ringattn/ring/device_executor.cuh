@@ -10,6 +10,7 @@
 #include <ringattn/arguments.cuh>
 #include <ringattn/cuda_check.cuh>
 #include <ringattn/detail/nvtx.cuh>
+#include <ringattn/error.cuh>
 #include <ringattn/kernel/backward.cuh>
 #include <ringattn/kernel/forward.cuh>
 #include <ringattn/ring/schedule.cuh>
@@ -18,8 +19,11 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <array>
+#include <concepts>
 #include <cstddef>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -32,7 +36,7 @@ template <class BlockKernel>
 class ring_device_resources {
 public:
   //! On the current device: the communication stream, the events and the forward's schedules.
-  ring_device_resources(const ring_schedule& s, int head_dim) {
+  ring_device_resources(const ring_schedule& s, const attention_arguments& args) : args_(args) {
     try {
       RINGATTN_CUDA_CHECK(cudaGetDevice(&device));
       // A communication kernel (NCCL's) enqueued while the block kernel fills the GPU gets the
@@ -43,8 +47,10 @@ public:
       for (cudaEvent_t* e : events())
         RINGATTN_CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
       for (const ring_step& step : s.steps())
-        forward.push_back(BlockKernel::make_forward_schedule(step.groups, s.q_tokens(),
-                                                             step.kv_tokens, head_dim));
+        forward.push_back(
+            BlockKernel::make_forward_schedule(step.groups, s.q_tokens(), step.kv_tokens, args));
+      if constexpr (requires { BlockKernel::plans_backward_at_prepare; })
+        if (BlockKernel::plans_backward_at_prepare) prepare_backward(s);
     } catch (...) {
       release(); // no destructor runs for a constructor that throws
       throw;
@@ -56,8 +62,20 @@ public:
     std::vector<typename BlockKernel::backward_schedule> made;
     for (const ring_step& step : s.steps())
       made.push_back(
-          BlockKernel::make_backward_schedule(step.groups, s.q_tokens(), step.kv_tokens));
+          BlockKernel::make_backward_schedule(step.groups, s.q_tokens(), step.kv_tokens, args_));
     backward = std::move(made);
+  }
+  //! Device scratch the BlockKernel's schedules ask for, one step at a time (0 for a model that
+  //! asks for none); the backward's once its schedules exist.
+  std::size_t scratch_bytes(bool backward_direction) const {
+    std::size_t most = 0;
+    if constexpr (requires(const typename BlockKernel::forward_schedule& f) {
+                    { f.scratch_bytes() } -> std::convertible_to<std::size_t>;
+                  }) {
+      for (const auto& f : backward_direction ? backward : forward)
+        most = std::max<std::size_t>(most, f.scratch_bytes());
+    }
+    return most;
   }
   ~ring_device_resources() { release(); }
   ring_device_resources(const ring_device_resources&) = delete;
@@ -72,6 +90,7 @@ public:
   std::vector<typename BlockKernel::backward_schedule> backward;
 
 private:
+  attention_arguments args_;
   void release() noexcept {
     for (cudaEvent_t* e : events())
       if (*e) cudaEventDestroy(std::exchange(*e, nullptr));
@@ -82,6 +101,22 @@ private:
             &recv_done[1], &grads_recv[0], &grads_recv[1],   &grads_ready[0],  &grads_ready[1]};
   }
 };
+
+//! `ring_bytes` and, after them (256-byte aligned), the scratch of the BlockKernel's device
+//! schedules. A model that plans its scratch at `prepare_device` needs the resources first.
+template <class BlockKernel, class Resources>
+std::size_t with_scratch(const Resources* d, std::size_t ring_bytes, bool backward) {
+  if constexpr (requires { BlockKernel::plans_backward_at_prepare; }) {
+    if (d == nullptr)
+      throw invalid_argument("ringattn: " + std::string(BlockKernel::name) +
+                             ": call prepare_device() before asking for the device workspace "
+                             "(it includes what the block kernel plans there)");
+  }
+  std::size_t scratch = 0;
+  if constexpr (requires { d->scratch_bytes(backward); })
+    scratch = d ? d->scratch_bytes(backward) : 0;
+  return scratch ? ring_workspace::align(ring_bytes) + scratch : ring_bytes;
+}
 
 #if defined(__CUDACC__)
 //! A shard's k and v into a dense block (the layout that travels): one copy each when the input
@@ -118,11 +153,12 @@ void device_ring_forward(Communicator& comm, const ring_schedule& s,
                          thd_view<T> out, float* lse, std::byte* workspace, cudaStream_t stream) {
   const ring_workspace ws(s.q_tokens(), s.max_kv_tokens(), args, sizeof(T));
   const attention_state state = ws.state(workspace, lse);
+  std::byte* scratch = workspace + ring_workspace::align(ws.forward_bytes());
   const bool dense = out.dense();
   if (s.ranks() == 1 && dense) {
     // One block: the kernel writes `out` and `lse` directly (no state, no copy of K/V).
-    BlockKernel::device_forward(s.forward_epilogue(0, dense), {q, k, v, args, state}, d.forward[0],
-                                out, lse, stream);
+    BlockKernel::device_forward(s.forward_epilogue(0, dense), {q, k, v, args, state, scratch},
+                                d.forward[0], out, lse, stream);
     return;
   }
   if (s.needs_reset(dense)) reset(state, stream);
@@ -136,9 +172,9 @@ void device_ring_forward(Communicator& comm, const ring_schedule& s,
     if (t > 0) RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream, d.recv_done[t % 2], 0));
     const step_epilogue e = s.forward_epilogue(t, dense);
     if (e != step_epilogue::none)
-      BlockKernel::device_forward(e,
-                                  {q, thd_view<const T>(b.k), thd_view<const T>(b.v), args, state},
-                                  d.forward[static_cast<std::size_t>(t)], out, nullptr, stream);
+      BlockKernel::device_forward(
+          e, {q, thd_view<const T>(b.k), thd_view<const T>(b.v), args, state, scratch},
+          d.forward[static_cast<std::size_t>(t)], out, nullptr, stream);
     RINGATTN_CUDA_CHECK(cudaEventRecord(d.compute_done[t % 2], stream));
     if (const ring_step* next = s.next(t)) {
       // Never recorded yet at t = 0: waiting on it is then a no-op.
@@ -215,7 +251,9 @@ void device_ring_backward(Communicator& comm, const ring_schedule& s,
                                  lse,
                                  delta,
                                  args,
-                                 {dq_acc, share, share + ws.kv_elements(nk)}},
+                                 {dq_acc, share, share + ws.kv_elements(nk)},
+                                 out,
+                                 workspace + ring_workspace::align(ws.device_backward_bytes())},
           d.backward[static_cast<std::size_t>(t)], stream);
     RINGATTN_CUDA_CHECK(cudaEventRecord(d.compute_done[t % 2], stream));
     if (t > 0) {

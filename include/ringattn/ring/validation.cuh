@@ -121,6 +121,34 @@ public:
     return r;
   }
 
+  //! The device forward's own checks: prepared (`device` >= 0: where), placement, alignment.
+  template <class T>
+  static void device_forward(validation& ok, int device, cudaStream_t stream,
+                             std::span<const named_buffer> buffers, thd_view<const T> q,
+                             thd_view<const T> out, const float* lse) {
+    ok.require(device >= 0, "prepare_device() must run before the device forward");
+    if (ok) ok.require(placement(device, stream, buffers, "forward"));
+    ok.require(rows_aligned_to(q, 16), "q must be 16-byte aligned with token and head strides "
+                                       "that are multiples of 8 elements (the kernels load 16-byte "
+                                       "vectors)");
+    ok.require(rows_aligned_to(out, 4), "out must be 4-byte aligned with even token and head "
+                                        "strides");
+    ok.require(aligned_to(lse, 4), "lse must be 4-byte aligned");
+  }
+  //! The device backward's own checks. The block backward reads q and dout in place (k and v
+  //! travel in the workspace).
+  template <class T>
+  static void device_backward(validation& ok, int device, cudaStream_t stream,
+                              std::span<const named_buffer> buffers, thd_view<const T> q,
+                              thd_view<const T> dout, const float* lse) {
+    ok.require(device >= 0, "prepare_device() must run before the device backward");
+    if (ok) ok.require(placement(device, stream, buffers, "backward"));
+    ok.require(rows_aligned_to(q, 16) && rows_aligned_to(dout, 16),
+               "q and dout must be 16-byte aligned with token and head strides that are "
+               "multiples of 8 elements (the kernels load 16-byte vectors)");
+    ok.require(aligned_to(lse, 4), "lse must be 4-byte aligned");
+  }
+
   //! Memory a call reads or writes, for the overlap checks: `tokens` rows `token_stride` bytes
   //! apart, each `row` bytes from its start (a dense buffer is one row).
   struct region {
