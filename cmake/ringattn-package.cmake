@@ -1,4 +1,4 @@
-# Install rules, the package config (with components nccl and mpi), its version file and a
+# Install rules, the package config (with components nccl, mpi and cudnn), its version file and a
 # build-tree export, so find_package(ringattn) works against an install prefix or a build tree.
 include(CMakePackageConfigHelpers)
 set(RINGATTN_CONFIG_DIR "${CMAKE_INSTALL_LIBDIR}/cmake/ringattn")
@@ -14,7 +14,8 @@ export(TARGETS ringattn NAMESPACE ringattn:: FILE "${PROJECT_BINARY_DIR}/ringatt
 foreach(c IN LISTS RINGATTN_COMPONENTS)
   export(TARGETS ringattn_${c} NAMESPACE ringattn:: FILE "${PROJECT_BINARY_DIR}/ringattn-${c}-targets.cmake")
 endforeach()
-file(COPY cmake/FindNCCL.cmake cmake/ringattn-dependencies.cmake DESTINATION "${PROJECT_BINARY_DIR}")
+file(COPY cmake/FindNCCL.cmake cmake/FindCUDNN.cmake cmake/ringattn-dependencies.cmake
+  DESTINATION "${PROJECT_BINARY_DIR}")
 
 if(RINGATTN_INSTALL)
   install(DIRECTORY include/ DESTINATION "${CMAKE_INSTALL_INCLUDEDIR}")
@@ -27,7 +28,7 @@ if(RINGATTN_INSTALL)
   install(FILES
     "${PROJECT_BINARY_DIR}/ringattn-config.cmake"
     "${PROJECT_BINARY_DIR}/ringattn-config-version.cmake"
-    cmake/FindNCCL.cmake cmake/ringattn-dependencies.cmake
+    cmake/FindNCCL.cmake cmake/FindCUDNN.cmake cmake/ringattn-dependencies.cmake
     DESTINATION "${RINGATTN_CONFIG_DIR}")
   install(FILES LICENSE README.md DESTINATION "${CMAKE_INSTALL_DATADIR}/doc/ringattn")
 endif()

@@ -11,9 +11,9 @@
 #   5 concepts.cuh
 #   6 partition/, reference/, comm/
 #   7 block_kernel.cuh
-#   8 ring/
+#   8 ring/, cudnn/ (the cuDNN block kernel)
 #   9 ring_attention.cuh
-#  10 ringattn.cuh
+#  10 ringattn.cuh, cudnn.cuh
 cmake_minimum_required(VERSION 3.25)
 if(NOT ROOT)
   message(FATAL_ERROR "check_layers.cmake: pass -DROOT=<source dir>")
@@ -44,15 +44,15 @@ function(layer_of path out_rank out_group)
   elseif(path STREQUAL "block_kernel.cuh")
     set(r 7)
     set(g block_kernel)
-  elseif(path MATCHES "^ring/")
+  elseif(path MATCHES "^(ring|cudnn)/")
+    string(REGEX REPLACE "/.*" "" g "${path}")
     set(r 8)
-    set(g ring)
   elseif(path STREQUAL "ring_attention.cuh")
     set(r 9)
     set(g ring_attention)
-  elseif(path STREQUAL "ringattn.cuh")
+  elseif(path STREQUAL "ringattn.cuh" OR path STREQUAL "cudnn.cuh")
     set(r 10)
-    set(g umbrella)
+    string(REGEX REPLACE "\\.cuh$" "" g "${path}")
   else()
     set(r -1)
     set(g none)

@@ -1,0 +1,374 @@
+#pragma once
+//! \file
+//! `cudnn_kernel<Mask, T>`: a BlockKernel whose device path computes every ring step's block with
+//! cuDNN's fused attention (SDPA), the host path being the host twin.
+//!
+//! Plan time (`prepare_device`): each step's groups become pieces (kernel/pieces.cuh), one cuDNN
+//! call per mask that occurs, each with its graph built and planned once (cudnn/graphs.cuh, a
+//! cache shared by every functor of the same call shape) and its index tables in device memory.
+//! The backward's graphs are built there too, so no call builds anything.
+//!
+//! Forward step: cuDNN writes each piece's O (T) and LSE (fp32, natural log) packed in the
+//! scratch, and a merge kernel adds them into the ring's fp32 state. A ring of one rank whose
+//! block is one piece covering every row lets cuDNN write `out` and `lse` directly.
+//!
+//! Backward step: cuDNN's SDPA backward from the final O, dO and LSE writes each piece's dQ, dK,
+//! dV (T) packed in the scratch; an add kernel sums them into the fp32 accumulators (dQ over the
+//! steps, dK/dV into the travelling block's). Rounding this adds beyond the native kernels: each
+//! block's O and each block's gradients pass through T once before they join the fp32 sums.
+//!
+//! Determinism: both directions repeat bit for bit. The backward runs cuDNN's deterministic
+//! algorithm: its atomic-dQ algorithm gave wrong dQ for some ring steps in the gpu suite (cuDNN
+//! 9.19, sm_90), so this model does not offer it.
+//!
+//! Requirements: q, k, v (forward) and q, out, dout (backward) dense `[tokens, heads, head_dim]`;
+//! the element type of every call is `T`. Needs `ringattn::cudnn` (cudnn-frontend and cuDNN 9).
+//!
+//! \code
+//! using kernel = ringattn::cudnn_kernel<ringattn::causal_mask, __nv_bfloat16>;
+//! ringattn::ring_attention<ringattn::zigzag, ringattn::nccl_communicator, kernel> attn(...);
+//! attn.prepare_device();                                   // plans every cuDNN graph
+//! std::size_t ws = attn.device_workspace_bytes<__nv_bfloat16>(); // includes cuDNN's workspace
+//! \endcode
+
+#include <ringattn/block_kernel.cuh>
+#include <ringattn/core/element.cuh>
+#include <ringattn/cudnn/graphs.cuh>
+#include <ringattn/detail/device_tables.cuh>
+#include <ringattn/kernel/forward.cuh>
+#include <ringattn/kernel/pieces.cuh>
+#include <ringattn/kernel/row_reduce.cuh>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <type_traits>
+#include <vector>
+
+namespace ringattn {
+
+namespace detail {
+
+inline std::size_t align256(std::size_t n) { return (n + 255) / 256 * 256; }
+
+//! One step's cuDNN calls in one direction, planned on the current device.
+class cudnn_step {
+public:
+  cudnn_step(bool backward, dtype type, std::span<const block_group> groups, std::int64_t q_tokens,
+             const attention_arguments& args)
+      : backward_(backward), q_tokens_(q_tokens), args_(args) {
+    const std::vector<piece_call> calls = calls_of(pieces_of(groups));
+    if (calls.empty()) return;
+    int device = 0;
+    RINGATTN_CUDA_CHECK(cudaGetDevice(&device));
+    handle_ = std::make_shared<cudnn_handle>();
+    const std::int64_t qh = args.q_heads, kvh = args.kv_heads, d = args.head_dim;
+    std::vector<std::int64_t> i64;
+    std::vector<std::int32_t> i32;
+    auto put64 = [&](const std::vector<std::int64_t>& x) {
+      const std::size_t at = i64.size();
+      i64.insert(i64.end(), x.begin(), x.end());
+      i64.resize((i64.size() + 1) / 2 * 2); // 16-byte aligned starts
+      return at;
+    };
+    auto put32 = [&](const std::vector<std::int32_t>& x) {
+      const std::size_t at = i32.size();
+      i32.insert(i32.end(), x.begin(), x.end());
+      i32.resize((i32.size() + 3) / 4 * 4);
+      return at;
+    };
+    for (const piece_call& c : calls) {
+      call k;
+      k.q_rows = c.q_rows, k.kv_rows = c.kv_rows;
+      k.batch = static_cast<std::int64_t>(c.pieces.size());
+      // One piece of at least a tile each way runs dense (PyTorch's layout); anything else
+      // packed, under the padding mask (cuDNN refuses some tiny dense shapes, 1 x 1 among them).
+      k.packed = k.batch > 1 || c.max_q < 64 || c.max_kv < 64;
+      const attention_piece& p0 = c.pieces.front();
+      k.q_begin = p0.q_begin, k.kv_begin = p0.kv_begin;
+      k.whole = !k.packed && p0.q_begin == 0 && p0.q_count == q_tokens;
+      sdpa_shape s;
+      s.backward = backward, s.type = type, s.packed = k.packed, s.mask = c.mask;
+      s.batch = k.batch, s.q_heads = args.q_heads, s.kv_heads = args.kv_heads;
+      s.head_dim = args.head_dim, s.scale = static_cast<float>(args.scale());
+      s.deterministic = backward, s.device = device;
+      if (k.packed) {
+        // Padded maxima and packed totals rounded up so that ranks and steps of nearly equal
+        // shapes share one graph.
+        auto up = [](std::int64_t n, std::int64_t to) { return (n + to - 1) / to * to; };
+        s.s_q = up(c.max_q, 64), s.s_kv = up(c.max_kv, 64);
+        s.total_q = up(c.q_rows, 256), s.total_kv = up(c.kv_rows, 256);
+        std::vector<std::int32_t> seq_q, seq_kv;
+        std::vector<std::int64_t> q_off, kv_off, o_off, stats_off, dkv_off;
+        std::int64_t pq = 0, pk = 0;
+        for (const attention_piece& p : c.pieces) {
+          seq_q.push_back(static_cast<std::int32_t>(p.q_count));
+          seq_kv.push_back(static_cast<std::int32_t>(p.kv_count));
+          q_off.push_back(p.q_begin * qh * d), kv_off.push_back(p.kv_begin * kvh * d);
+          o_off.push_back(pq * qh * d), stats_off.push_back(pq * qh),
+              dkv_off.push_back(pk * kvh * d);
+          pq += p.q_count, pk += p.kv_count;
+        }
+        q_off.push_back(q_tokens * qh * d), kv_off.push_back(kv_off.back());
+        o_off.push_back(pq * qh * d), stats_off.push_back(pq * qh), dkv_off.push_back(pk * kvh * d);
+        k.seq_q = put32(seq_q), k.seq_kv = put32(seq_kv);
+        k.q_off = put64(q_off), k.kv_off = put64(kv_off), k.o_off = put64(o_off);
+        k.stats_off = put64(stats_off), k.dkv_off = put64(dkv_off);
+      } else {
+        s.s_q = p0.q_count, s.s_kv = p0.kv_count;
+      }
+      k.graph = sdpa_graph_for(s, handle_->get());
+      const row_reduction rq = reduction_of(c, false);
+      k.q_reduce = {put32(rq.dest),
+                    put32(rq.first),
+                    put32(rq.source),
+                    static_cast<std::int64_t>(rq.dest.size()),
+                    {}};
+      if (backward) {
+        const row_reduction rk = reduction_of(c, true);
+        k.kv_reduce = {put32(rk.dest),
+                       put32(rk.first),
+                       put32(rk.source),
+                       static_cast<std::int64_t>(rk.dest.size()),
+                       {}};
+        k.rows = put32(packed_query_rows(c));
+      }
+      calls_.push_back(k);
+    }
+    tables_ = device_tables(std::span<const std::int64_t>(i64), std::span<const std::int32_t>(i32));
+    for (call& k : calls_)
+      k.bind(tables_);
+  }
+
+  //! Scratch of one call at a time: cuDNN's workspace, then the packed outputs.
+  std::size_t scratch_bytes() const {
+    std::size_t most = 0;
+    for (const call& k : calls_)
+      most = std::max(most, layout(k).total);
+    return most;
+  }
+
+#if defined(__CUDACC__)
+  template <class T>
+  void forward(step_epilogue e, const block_forward_args<T>& a, thd_view<T> out, float* lse,
+               cudaStream_t stream) const {
+    if (e == step_epilogue::none) return;
+    const attention_state& st = a.state;
+    if (e == step_epilogue::plain && calls_.size() == 1 && calls_[0].whole && out.dense()) {
+      run_forward(calls_[0], a, out.data, lse, a.scratch, stream);
+      return;
+    }
+    if (e == step_epilogue::plain || e == step_epilogue::fresh) reset(st, stream);
+    for (const call& k : calls_) {
+      const scratch_layout l = layout(k);
+      T* o = reinterpret_cast<T*>(a.scratch + l.first);
+      float* stats = reinterpret_cast<float*>(a.scratch + l.stats);
+      run_forward(k, a, o, stats, a.scratch, stream);
+      const std::int64_t qh = args_.q_heads;
+      merge_rows<T>(o, stats, k.packed ? qh : 1, k.packed ? 1 : k.q_rows, k.q_reduce.on(), st,
+                    stream);
+    }
+    if (e == step_epilogue::plain || e == step_epilogue::merge_out) finalize(st, out, stream);
+  }
+
+  template <class T>
+  void backward(const block_backward_args<T>& a, cudaStream_t stream) const {
+    const std::int64_t qh = args_.q_heads, kvh = args_.kv_heads, d = args_.head_dim;
+    for (const call& k : calls_) {
+      const scratch_layout l = layout(k);
+      std::byte* s = a.scratch;
+      T* dq = reinterpret_cast<T*>(s + l.first);
+      T* dk = reinterpret_cast<T*>(s + l.second);
+      T* dv = reinterpret_cast<T*>(s + l.third);
+      float* stats = reinterpret_cast<float*>(s + l.stats);
+      gather_lse(a.lse, q_tokens_, args_.q_heads, k.rows_ptr, k.q_rows, stats, k.packed ? qh : 1,
+                 k.packed ? 1 : k.q_rows, stream);
+      const std::int64_t qo = k.packed ? 0 : k.q_begin * qh * d;
+      const std::int64_t ko = k.packed ? 0 : k.kv_begin * kvh * d;
+      void* q = const_cast<T*>(a.q.data + qo);
+      void* kk = const_cast<T*>(a.k.data + ko);
+      void* v = const_cast<T*>(a.v.data + ko);
+      void* o = const_cast<T*>(a.out.data + qo);
+      void* dout = const_cast<T*>(a.dout.data + qo);
+      if (k.packed) {
+        void* ptrs[] = {q,          kk,         v,         o,          stats,
+                        k.p_seq_q,  k.p_seq_kv, k.p_q_off, k.p_kv_off, k.p_stats_off,
+                        dout,       dq,         dk,        dv,         k.p_o_off,
+                        k.p_dkv_off};
+        run_sdpa(*k.graph, handle_->get(), stream, ptrs, 16, s);
+      } else {
+        void* ptrs[] = {q, kk, v, o, stats, dout, dq, dk, dv};
+        run_sdpa(*k.graph, handle_->get(), stream, ptrs, 9, s);
+      }
+      add_rows<T>(a.grad.dq, dq, qh * d, k.q_reduce.on(), stream);
+      add_rows<T>(a.grad.dk, dk, kvh * d, k.kv_reduce.on(), stream);
+      add_rows<T>(a.grad.dv, dv, kvh * d, k.kv_reduce.on(), stream);
+    }
+  }
+#endif
+
+private:
+  struct reduce_at {
+    std::size_t dest = 0, first = 0, source = 0;
+    std::int64_t entries = 0;
+    device_row_reduction bound;
+    device_row_reduction on() const { return bound; }
+  };
+  struct call {
+    std::shared_ptr<const sdpa_graph> graph;
+    bool packed = false, whole = false;
+    std::int64_t batch = 1, q_rows = 0, kv_rows = 0, q_begin = 0, kv_begin = 0;
+    std::size_t seq_q = 0, seq_kv = 0, q_off = 0, kv_off = 0, o_off = 0, stats_off = 0, dkv_off = 0,
+                rows = 0;
+    reduce_at q_reduce, kv_reduce;
+    void *p_seq_q = nullptr, *p_seq_kv = nullptr, *p_q_off = nullptr, *p_kv_off = nullptr,
+         *p_o_off = nullptr, *p_stats_off = nullptr, *p_dkv_off = nullptr;
+    const std::int32_t* rows_ptr = nullptr;
+    void bind(const device_tables& t) {
+      std::int64_t* w = t.at<std::int64_t>(0);
+      std::int32_t* n = t.at<std::int32_t>(1);
+      if (packed) {
+        p_seq_q = n + seq_q, p_seq_kv = n + seq_kv, p_q_off = w + q_off, p_kv_off = w + kv_off;
+        p_o_off = w + o_off, p_stats_off = w + stats_off, p_dkv_off = w + dkv_off;
+      }
+      rows_ptr = n + rows;
+      for (reduce_at* r : {&q_reduce, &kv_reduce})
+        r->bound = {n + r->dest, n + r->first, n + r->source, r->entries};
+    }
+  };
+  struct scratch_layout {
+    std::size_t first = 0, second = 0, third = 0, stats = 0, total = 0;
+  };
+  scratch_layout layout(const call& k) const {
+    const std::size_t qh = static_cast<std::size_t>(args_.q_heads);
+    const std::size_t row = qh * static_cast<std::size_t>(args_.head_dim) * elem_;
+    const std::size_t kv_row =
+        static_cast<std::size_t>(args_.kv_heads) * static_cast<std::size_t>(args_.head_dim) * elem_;
+    const auto q_rows = static_cast<std::size_t>(k.q_rows);
+    const auto kv_rows = static_cast<std::size_t>(k.kv_rows);
+    scratch_layout l;
+    l.first = align256(static_cast<std::size_t>(k.graph->workspace));
+    if (backward_) {
+      l.second = l.first + align256(q_rows * row);
+      l.third = l.second + align256(kv_rows * kv_row);
+      l.stats = l.third + align256(kv_rows * kv_row);
+    } else {
+      l.stats = l.first + align256(q_rows * row);
+    }
+    l.total = l.stats + align256(q_rows * qh * sizeof(float));
+    return l;
+  }
+  template <class T>
+  void run_forward(const call& k, const block_forward_args<T>& a, T* o, float* stats,
+                   std::byte* workspace, cudaStream_t stream) const {
+    const std::int64_t qh = args_.q_heads, kvh = args_.kv_heads, d = args_.head_dim;
+    const std::int64_t qo = k.packed ? 0 : k.q_begin * qh * d;
+    const std::int64_t ko = k.packed ? 0 : k.kv_begin * kvh * d;
+    void* q = const_cast<T*>(a.q.data + qo);
+    void* kk = const_cast<T*>(a.k.data + ko);
+    void* v = const_cast<T*>(a.v.data + ko);
+    if (k.packed) {
+      void* ptrs[] = {q,          kk,        v,          o,         stats,        k.p_seq_q,
+                      k.p_seq_kv, k.p_q_off, k.p_kv_off, k.p_o_off, k.p_stats_off};
+      run_sdpa(*k.graph, handle_->get(), stream, ptrs, 11, workspace);
+    } else {
+      void* ptrs[] = {q, kk, v, o, stats};
+      run_sdpa(*k.graph, handle_->get(), stream, ptrs, 5, workspace);
+    }
+  }
+
+  bool backward_ = false;
+  std::size_t elem_ = 2; // fp16 and bf16
+  std::int64_t q_tokens_ = 0;
+  attention_arguments args_;
+  std::shared_ptr<cudnn_handle> handle_;
+  std::vector<call> calls_;
+  device_tables tables_;
+};
+
+} // namespace detail
+
+//! The cuDNN-backed BlockKernel under `Mask` for element type `T` (`__half` or
+//! `__nv_bfloat16`).
+template <class Mask, class T>
+struct cudnn_kernel : host_reference<Mask> {
+  static_assert(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>,
+                "ringattn::cudnn_kernel<Mask, T>: T must be __half or __nv_bfloat16");
+  using element_type = T;
+  //! `prepare_device` plans the backward with the forward: cuDNN builds nothing during a call.
+  static constexpr bool plans_backward_at_prepare = true;
+
+  using forward_schedule = detail::cudnn_step;
+  using backward_schedule = detail::cudnn_step;
+  static forward_schedule make_forward_schedule(std::span<const block_group> groups,
+                                                std::int64_t q_tokens, std::int64_t,
+                                                const attention_arguments& args) {
+    return {false, dtype_of_v<T>, groups, q_tokens, args};
+  }
+  static backward_schedule make_backward_schedule(std::span<const block_group> groups,
+                                                  std::int64_t q_tokens, std::int64_t,
+                                                  const attention_arguments& args) {
+    return {true, dtype_of_v<T>, groups, q_tokens, args};
+  }
+
+  //! What the device path needs of the views beyond the ring's own checks.
+  template <class U>
+  static void check_forward_views(validation& ok, const thd_view<const U>& q,
+                                  const thd_view<const U>& k, const thd_view<const U>& v) {
+    ok.require(std::is_same_v<U, T>, "this cudnn_kernel is planned for ", to_string(dtype_of_v<T>),
+               " but the call passes ", to_string(dtype_of_v<U>));
+    ok.require(q.dense() && k.dense() && v.dense(),
+               "the cuDNN block kernel needs dense q, k and v ([tokens, heads, head_dim], no "
+               "gaps)");
+  }
+  template <class U>
+  static void check_backward_views(validation& ok, const thd_view<const U>& q,
+                                   const thd_view<const U>& out, const thd_view<const U>& dout) {
+    ok.require(std::is_same_v<U, T>, "this cudnn_kernel is planned for ", to_string(dtype_of_v<T>),
+               " but the call passes ", to_string(dtype_of_v<U>));
+    ok.require(q.dense() && out.dense() && dout.dense(),
+               "the cuDNN block kernel needs dense q, out and dout ([tokens, heads, head_dim], no "
+               "gaps)");
+  }
+
+  template <class U>
+  static void device_forward(step_epilogue e, const block_forward_args<U>& a,
+                             const forward_schedule& s, thd_view<U> out, float* lse,
+                             cudaStream_t stream) {
+#if defined(__CUDACC__)
+    static_assert(std::is_same_v<U, T>, "ringattn::cudnn_kernel<Mask, T>: called with another "
+                                        "element type than the T it was planned for");
+    s.forward<U>(e, a, out, lse, stream);
+#else
+    static_assert(detail::dependent_false<U>,
+                  "ringattn: the cuDNN block kernel's device path compiles only as CUDA");
+    (void)e, (void)a, (void)s, (void)out, (void)lse, (void)stream;
+#endif
+  }
+  template <class U>
+  static void device_backward(const block_backward_args<U>& a, const backward_schedule& s,
+                              cudaStream_t stream) {
+#if defined(__CUDACC__)
+    static_assert(std::is_same_v<U, T>, "ringattn::cudnn_kernel<Mask, T>: called with another "
+                                        "element type than the T it was planned for");
+    s.backward<U>(a, stream);
+#else
+    static_assert(detail::dependent_false<U>,
+                  "ringattn: the cuDNN block kernel's device path compiles only as CUDA");
+    (void)a, (void)s, (void)stream;
+#endif
+  }
+};
+
+//! cuDNN under a full mask, bf16.
+using cudnn_full = cudnn_kernel<full_mask, __nv_bfloat16>;
+//! cuDNN under a causal mask, bf16.
+using cudnn_causal = cudnn_kernel<causal_mask, __nv_bfloat16>;
+
+} // namespace ringattn

@@ -1,0 +1,265 @@
+#pragma once
+//! \file
+//! cuDNN's fused attention (SDPA) as the cuDNN block kernel uses it: a handle, the forward and
+//! backward graphs of one call shape, built and planned once and kept in a process-wide cache
+//! shared by every functor of that shape on a device.
+//!
+//! Two layouts. *Dense*: one piece, `[1, heads, rows, head_dim]` at a pointer offset, no mask
+//! beyond the piece's own (its stats `[heads, rows]`, the library's lse layout). *Packed*: B
+//! pieces under a padding mask with per-piece lengths and ragged offsets (element offsets, int64):
+//! inputs at their rows in the shard and the block, outputs packed one piece after another, stats
+//! token-major `[rows, heads]`. Needs the cudnn-frontend headers and cuDNN 9 (`ringattn::cudnn`).
+
+#include <ringattn/core/element.cuh>
+#include <ringattn/error.cuh>
+#include <ringattn/kernel/pieces.cuh>
+
+#include <cstring> // before cudnn-frontend, whose shim uses std::strlen without including it
+#include <cuda_runtime_api.h>
+#include <cudnn.h>
+#include <cudnn_frontend.h>
+
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <tuple>
+
+namespace ringattn::detail {
+
+namespace fe = cudnn_frontend;
+
+//! A cuDNN status as an exception naming the call.
+inline void check_cudnn(cudnnStatus_t s, const char* what) {
+  if (s != CUDNN_STATUS_SUCCESS)
+    throw error(std::string("ringattn: ") + what + " failed: " + cudnnGetErrorString(s));
+}
+
+//! A cuDNN handle on the device current at construction.
+class cudnn_handle {
+public:
+  cudnn_handle() { check_cudnn(cudnnCreate(&h_), "cudnnCreate"); }
+  ~cudnn_handle() {
+    if (h_) cudnnDestroy(h_);
+  }
+  cudnn_handle(const cudnn_handle&) = delete;
+  cudnn_handle& operator=(const cudnn_handle&) = delete;
+  cudnnHandle_t get() const noexcept { return h_; }
+
+private:
+  cudnnHandle_t h_ = nullptr;
+};
+
+//! What fixes one graph: direction, element type, layout, mask, dimensions, heads and scale.
+struct sdpa_shape {
+  bool backward = false;
+  dtype type = dtype::bf16;
+  bool packed = false; //!< ragged pieces under a padding mask
+  piece_mask mask = piece_mask::full;
+  std::int64_t batch = 1, s_q = 0, s_kv = 0; //!< packed: padded maxima
+  std::int64_t total_q = 0, total_kv = 0;    //!< packed: the packed rows (workspace bounds)
+  int q_heads = 0, kv_heads = 0, head_dim = 0;
+  float scale = 0.0f;
+  bool deterministic = false;
+  int device = 0;
+
+  auto tie() const {
+    std::uint32_t scale_bits = 0;
+    std::memcpy(&scale_bits, &scale, sizeof scale_bits);
+    return std::tuple(backward, static_cast<int>(type), packed, static_cast<int>(mask), batch, s_q,
+                      s_kv, total_q, total_kv, q_heads, kv_heads, head_dim, scale_bits,
+                      deterministic, device);
+  }
+  friend bool operator<(const sdpa_shape& a, const sdpa_shape& b) { return a.tie() < b.tie(); }
+
+  std::string describe() const {
+    std::ostringstream s;
+    s << (backward ? "backward" : "forward") << ' ' << to_string(type) << ", "
+      << (packed ? "packed, " : "") << batch << " x [" << s_q << " queries, " << s_kv << " keys], "
+      << q_heads << '/' << kv_heads << " heads, head_dim " << head_dim << ", " << to_string(mask)
+      << " mask";
+    return s.str();
+  }
+};
+
+//! Tensor uids; a call passes its pointers in this order (the graph's user tensors, sorted).
+namespace sdpa_uid {
+enum : std::int64_t {
+  q = 1,
+  k,
+  v,
+  o,
+  stats,
+  seq_q,
+  seq_kv,
+  q_offset,
+  kv_offset,
+  o_packed_offset,
+  stats_offset,
+  dout,
+  dq,
+  dk,
+  dv,
+  dq_offset,
+  dkv_offset
+};
+}
+
+//! One built graph and the workspace its plan needs.
+struct sdpa_graph {
+  std::shared_ptr<fe::graph::Graph> graph;
+  std::int64_t workspace = 0;
+  sdpa_shape shape;
+};
+
+inline std::shared_ptr<fe::graph::Graph> make_sdpa_graph(const sdpa_shape& s) {
+  using fe::graph::Tensor_attributes;
+  auto g = std::make_shared<fe::graph::Graph>();
+  g->set_io_data_type(s.type == dtype::bf16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF)
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+  const std::int64_t b = s.batch, qh = s.q_heads, kvh = s.kv_heads, d = s.head_dim;
+  // Token-major rows: [b, h, s, d] with strides (s * h * d, d, h * d, 1).
+  auto rows = [&](const char* name, std::int64_t uid, std::int64_t heads, std::int64_t len) {
+    return g->tensor(Tensor_attributes()
+                         .set_name(name)
+                         .set_uid(uid)
+                         .set_dim({b, heads, len, d})
+                         .set_stride({len * heads * d, d, heads * d, 1}));
+  };
+  auto index = [&](const char* name, std::int64_t uid, std::int64_t n, fe::DataType_t t) {
+    return g->tensor(Tensor_attributes()
+                         .set_name(name)
+                         .set_uid(uid)
+                         .set_dim({n, 1, 1, 1})
+                         .set_stride({1, 1, 1, 1})
+                         .set_data_type(t));
+  };
+  auto q = rows("Q", sdpa_uid::q, qh, s.s_q);
+  auto k = rows("K", sdpa_uid::k, kvh, s.s_kv);
+  auto v = rows("V", sdpa_uid::v, kvh, s.s_kv);
+  std::shared_ptr<Tensor_attributes> seq_q, seq_kv, q_off, kv_off;
+  if (s.packed) {
+    seq_q = index("seq_q", sdpa_uid::seq_q, b, fe::DataType_t::INT32);
+    seq_kv = index("seq_kv", sdpa_uid::seq_kv, b, fe::DataType_t::INT32);
+    q_off = index("q_offset", sdpa_uid::q_offset, b + 1, fe::DataType_t::INT64);
+    kv_off = index("kv_offset", sdpa_uid::kv_offset, b + 1, fe::DataType_t::INT64);
+    q->set_ragged_offset(q_off);
+    k->set_ragged_offset(kv_off);
+    v->set_ragged_offset(kv_off);
+  }
+  const std::vector<std::int64_t> stats_dim{b, qh, s.s_q, 1};
+  const std::vector<std::int64_t> stats_stride =
+      s.packed ? std::vector<std::int64_t>{s.s_q * qh, 1, qh, 1}
+               : std::vector<std::int64_t>{qh * s.s_q, s.s_q, 1, 1};
+  const bool top_left = !s.packed && s.s_q == s.s_kv; // the plain causal case, as in PyTorch
+  auto mask = [&](auto& a) {
+    if (s.mask == piece_mask::causal_bottom_right) {
+      if (top_left)
+        a.set_causal_mask(true);
+      else
+        a.set_causal_mask_bottom_right(true);
+    }
+    if (s.packed) a.set_padding_mask(true).set_seq_len_q(seq_q).set_seq_len_kv(seq_kv);
+  };
+  if (!s.backward) {
+    auto a = fe::graph::SDPA_attributes().set_name("sdpa").set_generate_stats(true).set_attn_scale(
+        s.scale);
+    mask(a);
+    auto [o, stats] = g->sdpa(q, k, v, a);
+    o->set_output(true)
+        .set_uid(sdpa_uid::o)
+        .set_dim({b, qh, s.s_q, d})
+        .set_stride({s.s_q * qh * d, d, qh * d, 1});
+    stats->set_output(true)
+        .set_uid(sdpa_uid::stats)
+        .set_data_type(fe::DataType_t::FLOAT)
+        .set_dim(stats_dim)
+        .set_stride(stats_stride);
+    if (s.packed) {
+      o->set_ragged_offset(
+          index("o_offset", sdpa_uid::o_packed_offset, b + 1, fe::DataType_t::INT64));
+      stats->set_ragged_offset(
+          index("stats_offset", sdpa_uid::stats_offset, b + 1, fe::DataType_t::INT64));
+    }
+    return g;
+  }
+  auto o = rows("O", sdpa_uid::o, qh, s.s_q);
+  auto stats = g->tensor(Tensor_attributes()
+                             .set_name("stats")
+                             .set_uid(sdpa_uid::stats)
+                             .set_dim(stats_dim)
+                             .set_stride(stats_stride)
+                             .set_data_type(fe::DataType_t::FLOAT));
+  auto dout = rows("dO", sdpa_uid::dout, qh, s.s_q);
+  auto a = fe::graph::SDPA_backward_attributes().set_name("sdpa_backward").set_attn_scale(s.scale);
+  mask(a);
+  if (s.deterministic) a.set_deterministic_algorithm(true);
+  std::shared_ptr<Tensor_attributes> dq_off, dkv_off;
+  if (s.packed) {
+    o->set_ragged_offset(q_off);
+    dout->set_ragged_offset(q_off);
+    stats->set_ragged_offset(
+        index("stats_offset", sdpa_uid::stats_offset, b + 1, fe::DataType_t::INT64));
+    dq_off = index("dq_offset", sdpa_uid::dq_offset, b + 1, fe::DataType_t::INT64);
+    dkv_off = index("dkv_offset", sdpa_uid::dkv_offset, b + 1, fe::DataType_t::INT64);
+    a.set_max_total_seq_len_q(s.total_q).set_max_total_seq_len_kv(s.total_kv);
+  }
+  auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, dout, stats, a);
+  dq->set_output(true)
+      .set_uid(sdpa_uid::dq)
+      .set_dim({b, qh, s.s_q, d})
+      .set_stride({s.s_q * qh * d, d, qh * d, 1});
+  dk->set_output(true)
+      .set_uid(sdpa_uid::dk)
+      .set_dim({b, kvh, s.s_kv, d})
+      .set_stride({s.s_kv * kvh * d, d, kvh * d, 1});
+  dv->set_output(true)
+      .set_uid(sdpa_uid::dv)
+      .set_dim({b, kvh, s.s_kv, d})
+      .set_stride({s.s_kv * kvh * d, d, kvh * d, 1});
+  if (s.packed) {
+    dq->set_ragged_offset(dq_off);
+    dk->set_ragged_offset(dkv_off);
+    dv->set_ragged_offset(dkv_off);
+  }
+  return g;
+}
+
+//! The graph of `shape`, built and planned on first use (with `handle`), then shared. Throws
+//! `invalid_argument` naming the shape and cuDNN's reason where cuDNN cannot run it.
+inline std::shared_ptr<const sdpa_graph> sdpa_graph_for(const sdpa_shape& shape,
+                                                        cudnnHandle_t handle) {
+  static std::mutex mutex;
+  static std::map<sdpa_shape, std::shared_ptr<const sdpa_graph>> cache;
+  std::lock_guard lock(mutex);
+  if (auto it = cache.find(shape); it != cache.end()) return it->second;
+  auto made = std::make_shared<sdpa_graph>();
+  made->shape = shape;
+  made->graph = make_sdpa_graph(shape);
+  fe::error_t built = made->graph->build(handle, {fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK});
+  if (!built.is_good())
+    throw invalid_argument("ringattn: cuDNN cannot run the " + shape.describe() + ": " +
+                           built.get_message());
+  fe::error_t ws = made->graph->get_workspace_size(made->workspace);
+  if (!ws.is_good())
+    throw error("ringattn: cuDNN's workspace size of the " + shape.describe() + ": " +
+                ws.get_message());
+  cache.emplace(shape, made);
+  return made;
+}
+
+//! Runs a built graph on `stream` with the user pointers in uid order.
+inline void run_sdpa(const sdpa_graph& g, cudnnHandle_t handle, cudaStream_t stream, void** ptrs,
+                     int n, void* workspace) {
+  check_cudnn(cudnnSetStream(handle, stream), "cudnnSetStream");
+  fe::error_t e = g.graph->execute(handle, ptrs, n, workspace);
+  if (!e.is_good())
+    throw error("ringattn: cuDNN's " + g.shape.describe() + " failed: " + e.get_message());
+}
+
+} // namespace ringattn::detail
