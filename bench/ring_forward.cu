@@ -1,7 +1,9 @@
 // Ring forward, and forward + backward, with P virtual ranks on one GPU (threads of an in-process
 // group, a stream each) over 64K tokens against the single-GPU block-kernel calls over the whole
 // sequence (single_call), in the same run: bf16, 32 query heads, 8 kv heads, head_dim 128; causal
-// (zigzag) and full (contiguous).
+// (zigzag) and full (contiguous). With ringattn::cudnn (RINGATTN_BENCH_CUDNN) the same rings run
+// on the cuDNN block kernel too (cudnn_ring), and cudnn_block and native_block time one rank's
+// ring (a single block, written directly) at 2K, 8K and 32K tokens.
 // Time: host wall clock from launching every rank until every rank's stream has drained
 // (manual time), so it covers the ring's exchanges, the merges and the load balance; the single
 // call is timed the same way.
@@ -12,16 +14,20 @@
 #include <ringattn/partition/scatter.cuh>
 #include <ringattn/partition/zigzag.cuh>
 #include <ringattn/ring_attention.cuh>
+#if defined(RINGATTN_BENCH_CUDNN)
+#include <ringattn/cudnn.cuh>
+#endif
 
 #include <algorithm>
 #include <chrono>
 #include <memory>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 namespace {
 using T = __nv_bfloat16;
-constexpr std::int64_t tokens = 65536;
+constexpr std::int64_t ring_tokens = 65536;
 constexpr int q_heads = 32, kv_heads = 8, head_dim = 128;
 
 // Host wall time of `fn()` per iteration (after one warm-up call).
@@ -37,7 +43,8 @@ void time_host(benchmark::State& state, Fn&& fn) {
 }
 
 // FLOPs of the forward, or of forward + backward (3.5x the forward's).
-void report(benchmark::State& state, bool causal, bool backward) {
+void report(benchmark::State& state, bool causal, bool backward,
+            std::int64_t tokens = ring_tokens) {
   ringattn::bench::report_flops(state, (backward ? 3.5 : 1.0) *
                                            ringattn::bench::attention_forward_flops(
                                                1, q_heads, tokens, tokens, head_dim, causal));
@@ -46,6 +53,7 @@ void report(benchmark::State& state, bool causal, bool backward) {
 // range(0): causal; range(1): forward + backward
 void single_call(benchmark::State& state) {
   if (!ringattn::bench::require_gpu(state)) return;
+  const std::int64_t tokens = ring_tokens;
   const bool causal = state.range(0) != 0, backward = state.range(1) != 0;
   const ringattn::bench::single_gpu_attention<T> attention(tokens, q_heads, kv_heads, head_dim,
                                                            causal);
@@ -59,10 +67,12 @@ void single_call(benchmark::State& state) {
   state.SetLabel(std::string("single call") + (causal ? " causal" : " full"));
 }
 
-// range(0): ranks; range(1): causal; range(2): forward + backward
-template <class P>
+// range(0): ranks; range(1): causal; range(2): forward + backward; range(3): tokens (default
+// 64K). `Causal` and `Full` are the BlockKernels of the two masks.
+template <class P, class Causal = ringattn::causal, class Full = ringattn::full>
 void ring_forward(benchmark::State& state) {
   if (!ringattn::bench::require_gpu(state)) return;
+  const std::int64_t tokens = state.range(3) > 0 ? state.range(3) : ring_tokens;
   const int ranks = static_cast<int>(state.range(0));
   const bool causal = state.range(1) != 0, backward = state.range(2) != 0;
   const std::vector<std::int32_t> cu = {0, static_cast<std::int32_t>(tokens)};
@@ -85,9 +95,8 @@ void ring_forward(benchmark::State& state) {
   };
   std::vector<rank_state> rs(static_cast<std::size_t>(ranks));
   std::vector<ringattn::in_process_communicator> comms;
-  using causal_ring =
-      ringattn::ring_attention<P, ringattn::in_process_communicator, ringattn::causal>;
-  using full_ring = ringattn::ring_attention<P, ringattn::in_process_communicator, ringattn::full>;
+  using causal_ring = ringattn::ring_attention<P, ringattn::in_process_communicator, Causal>;
+  using full_ring = ringattn::ring_attention<P, ringattn::in_process_communicator, Full>;
   std::vector<std::unique_ptr<causal_ring>> cr;
   std::vector<std::unique_ptr<full_ring>> fr;
   for (int r = 0; r < ranks; ++r)
@@ -154,6 +163,7 @@ void ring_forward(benchmark::State& state) {
     RINGATTN_CUDA_CHECK(cudaStreamSynchronize(s.stream));
   };
   auto all_ranks = [&] {
+    if (ranks == 1) return one_rank(0); // one block: no thread to start
     std::vector<std::thread> th;
     for (int r = 0; r < ranks; ++r)
       th.emplace_back(one_rank, r);
@@ -161,9 +171,10 @@ void ring_forward(benchmark::State& state) {
       t.join();
   };
   time_host(state, all_ranks);
-  report(state, causal, backward);
+  report(state, causal, backward, tokens);
   state.SetLabel(std::string(P::name) + (causal ? " causal" : " full") +
-                 ", P = " + std::to_string(ranks));
+                 ", P = " + std::to_string(ranks) +
+                 (std::is_same_v<Causal, ringattn::causal> ? ", native" : ", cuDNN"));
   for (auto& s : rs) {
     cudaFree(s.q), cudaFree(s.k), cudaFree(s.v), cudaFree(s.out), cudaFree(s.lse), cudaFree(s.ws);
     cudaFree(s.dout), cudaFree(s.dq), cudaFree(s.dk), cudaFree(s.dv);
@@ -178,17 +189,50 @@ BENCHMARK(single_call)
     ->Unit(benchmark::kMillisecond)
     ->Iterations(3);
 BENCHMARK(ring_forward<ringattn::zigzag>)
-    ->ArgNames({"ranks", "causal", "backward"})
-    ->ArgsProduct({{1, 4, 8}, {1}, {0, 1}})
+    ->ArgNames({"ranks", "causal", "backward", "tokens"})
+    ->ArgsProduct({{1, 4, 8}, {1}, {0, 1}, {0}})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond)
     ->Iterations(3);
 BENCHMARK(ring_forward<ringattn::contiguous>)
-    ->ArgNames({"ranks", "causal", "backward"})
-    ->ArgsProduct({{1, 4, 8}, {0}, {0, 1}})
+    ->ArgNames({"ranks", "causal", "backward", "tokens"})
+    ->ArgsProduct({{1, 4, 8}, {0}, {0, 1}, {0}})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond)
     ->Iterations(3);
+#if defined(RINGATTN_BENCH_CUDNN)
+using cudnn_causal = ringattn::cudnn_causal;
+using cudnn_full = ringattn::cudnn_full;
+BENCHMARK(ring_forward<ringattn::zigzag, cudnn_causal, cudnn_full>)
+    ->Name("cudnn_ring/zigzag")
+    ->ArgNames({"ranks", "causal", "backward", "tokens"})
+    ->ArgsProduct({{1, 4, 8}, {1}, {0, 1}, {0}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(3);
+BENCHMARK(ring_forward<ringattn::contiguous, cudnn_causal, cudnn_full>)
+    ->Name("cudnn_ring/contiguous")
+    ->ArgNames({"ranks", "causal", "backward", "tokens"})
+    ->ArgsProduct({{1, 4, 8}, {0}, {0, 1}, {0}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(3);
+// One rank: the block itself, cuDNN and native side by side.
+BENCHMARK(ring_forward<ringattn::contiguous, cudnn_causal, cudnn_full>)
+    ->Name("cudnn_block")
+    ->ArgNames({"ranks", "causal", "backward", "tokens"})
+    ->ArgsProduct({{1}, {0, 1}, {0, 1}, {2048, 8192, 32768}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(10);
+BENCHMARK(ring_forward<ringattn::contiguous>)
+    ->Name("native_block")
+    ->ArgNames({"ranks", "causal", "backward", "tokens"})
+    ->ArgsProduct({{1}, {0, 1}, {0, 1}, {2048, 8192, 32768}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(10);
+#endif
 } // namespace
 
 int main(int argc, char** argv) { return ringattn::bench::run_benchmarks(argc, argv); }

@@ -14,6 +14,10 @@
 #include <ringattn/ring_attention.cuh>
 #include <ringattn/ringattn.cuh>
 
+#if defined(RINGATTN_EXAMPLE_CUDNN)
+#include <ringattn/cudnn.cuh>
+#endif
+
 #include "../common/example.hpp"
 
 #include <algorithm>
@@ -25,13 +29,15 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 namespace {
 using T = __nv_bfloat16;
 using partitioner = ringattn::zigzag;
 using mask = ringattn::causal;
-using ring = ringattn::ring_attention<partitioner, ringattn::in_process_communicator, mask>;
+template <class Kernel>
+using ring_of = ringattn::ring_attention<partitioner, ringattn::in_process_communicator, Kernel>;
 constexpr ringattn::attention_arguments args{8, 2, 64, 0.0f};
 
 struct batch {
@@ -65,7 +71,8 @@ std::vector<T> loss_gradient(const std::vector<T>& out, const std::vector<T>& ta
 }
 
 // One rank's step on the host: forward, dO, backward into gq, gk, gv.
-void step_on_host(ring& attn, const std::vector<T>& q, const std::vector<T>& k,
+template <class Ring>
+void step_on_host(Ring& attn, const std::vector<T>& q, const std::vector<T>& k,
                   const std::vector<T>& v, const std::vector<T>& target, std::vector<T>& gq,
                   std::vector<T>& gk, std::vector<T>& gv) {
   const std::int64_t n = attn.local_tokens();
@@ -80,22 +87,23 @@ void step_on_host(ring& attn, const std::vector<T>& q, const std::vector<T>& k,
   };
   std::vector<T> out(q.size());
   std::vector<float> lse(static_cast<std::size_t>(n * qh));
-  std::vector<std::byte> ws(attn.host_workspace_bytes<T>() + 16);
+  std::vector<std::byte> ws(attn.template host_workspace_bytes<T>() + 16);
   attn.forward_host(view(q, qh), view(k, kvh), view(v, kvh), view(out, qh), lse.data(),
-                    aligned(ws, attn.host_workspace_bytes<T>()));
+                    aligned(ws, attn.template host_workspace_bytes<T>()));
   const std::vector<T> dout = loss_gradient(out, target);
   const std::vector<T>& cout = out;
-  std::vector<std::byte> wb(attn.host_backward_workspace_bytes<T>() + 16);
+  std::vector<std::byte> wb(attn.template host_backward_workspace_bytes<T>() + 16);
   attn.backward_host(view(q, qh), view(k, kvh), view(v, kvh), view(cout, qh), lse.data(),
                      view(dout, qh), view(gq, qh), view(gk, kvh), view(gv, kvh),
-                     aligned(wb, attn.host_backward_workspace_bytes<T>()));
+                     aligned(wb, attn.template host_backward_workspace_bytes<T>()));
 }
 
 #if defined(__CUDACC__)
 // One rank's step on the current GPU: shards to device memory, the device forward, dO on the
 // host (a training framework computes its loss gradient on the device), the device backward,
 // gradients back to the host. Everything is asynchronous on one stream.
-void step_on_gpu(ring& attn, const std::vector<T>& q, const std::vector<T>& k,
+template <class Ring>
+void step_on_gpu(Ring& attn, const std::vector<T>& q, const std::vector<T>& k,
                  const std::vector<T>& v, const std::vector<T>& target, std::vector<T>& gq,
                  std::vector<T>& gk, std::vector<T>& gv) {
   const std::int64_t n = attn.local_tokens();
@@ -122,8 +130,8 @@ void step_on_gpu(ring& attn, const std::vector<T>& q, const std::vector<T>& k,
   T* out_d = static_cast<T*>(alloc(sizeof(T) * q.size()));
   float* lse = static_cast<float*>(alloc(sizeof(float) * static_cast<std::size_t>(n * qh)));
   // One workspace serves both calls.
-  const std::size_t ws_bytes =
-      std::max(attn.device_workspace_bytes<T>(), attn.device_backward_workspace_bytes<T>());
+  const std::size_t ws_bytes = std::max(attn.template device_workspace_bytes<T>(),
+                                        attn.template device_backward_workspace_bytes<T>());
   void* ws = alloc(ws_bytes);
   cudaStream_t stream = nullptr;
   RINGATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -164,15 +172,22 @@ int gpus_for(const std::string& device) {
 
 int main(int argc, char** argv) try {
   int ranks = 4, tokens = 2000;
-  std::string device = "auto";
+  std::string device = "auto", kernel = "native";
   example::flags("training_step",
                  "One training step over the ring: forward, a loss, backward; the gradients "
                  "against the float64 reference.")
       .add("ranks", ranks, "ranks (threads of this process)")
       .add("tokens", tokens, "tokens of the packed batch (two sequences)", 2)
       .add("device", device, {"auto", "cpu", "gpu"}, "auto: the GPU where there is one")
+      .add("kernel", kernel, {"native", "cudnn"},
+           "the block kernel of the device path: the native kernels or cuDNN's fused attention")
       .parse(argc, argv);
   const int gpus = gpus_for(device);
+#if !defined(RINGATTN_EXAMPLE_CUDNN)
+  if (kernel == "cudnn")
+    throw ringattn::error("--kernel cudnn: this build has no ringattn::cudnn (cuDNN 9 and "
+                          "cudnn-frontend)");
+#endif
   // Two packed sequences of odd lengths.
   batch b;
   b.cu = {0, static_cast<std::int32_t>(tokens * 2 / 3 + 1), static_cast<std::int32_t>(tokens)};
@@ -201,8 +216,7 @@ int main(int argc, char** argv) try {
     threads.emplace_back([&, r] {
       try {
         auto comm = group.communicator(r);
-        ring attn(comm, args, b.cu);
-        const std::int64_t n = attn.local_tokens();
+        const std::int64_t n = plan.local_tokens(r);
         auto shard = [&](const std::vector<T>& full, int heads) {
           std::vector<T> s(static_cast<std::size_t>(n * heads * d));
           ringattn::scatter(plan, r, b.view(full, heads),
@@ -212,14 +226,23 @@ int main(int argc, char** argv) try {
         const auto qs = shard(b.q, qh), ks = shard(b.k, kvh), vs = shard(b.v, kvh),
                    target = shard(b.target, qh);
         std::vector<T> gq(qs.size()), gk(ks.size()), gv(vs.size());
-        if (gpus > 0) {
+        auto step = [&](auto kernel_type) {
+          ring_of<typename decltype(kernel_type)::type> attn(comm, args, b.cu);
+          if (gpus > 0) {
 #if defined(__CUDACC__)
-          RINGATTN_CUDA_CHECK(cudaSetDevice(r % gpus)); // P virtual ranks per GPU
-          step_on_gpu(attn, qs, ks, vs, target, gq, gk, gv);
+            RINGATTN_CUDA_CHECK(cudaSetDevice(r % gpus)); // P virtual ranks per GPU
+            step_on_gpu(attn, qs, ks, vs, target, gq, gk, gv);
 #endif
-        } else {
-          step_on_host(attn, qs, ks, vs, target, gq, gk, gv);
-        }
+          } else {
+            step_on_host(attn, qs, ks, vs, target, gq, gk, gv);
+          }
+        };
+#if defined(RINGATTN_EXAMPLE_CUDNN)
+        if (kernel == "cudnn")
+          step(std::type_identity<ringattn::cudnn_kernel<ringattn::causal_mask, T>>{});
+        else
+#endif
+          step(std::type_identity<mask>{});
         // Gather: each rank writes its rows back to their places in the batch.
         for (std::int64_t l = 0; l < n; ++l) {
           const std::int64_t g = plan.global_token(r, l);
@@ -263,9 +286,9 @@ int main(int argc, char** argv) try {
   const double step = ringattn::to_float(qp[at]) - ringattn::to_float(qm[at]);
   const double fd = (loss(b, qp, kt, vt) - loss(b, qm, kt, vt)) / step;
 
-  std::printf("training step: %s, %s mask, %d ranks (%s), %lld tokens in 2 sequences, %d:%d "
-              "heads x %d\n",
-              partitioner::name, mask::name, ranks,
+  std::printf("training step: %s, %s mask, %s kernel, %d ranks (%s), %lld tokens in 2 "
+              "sequences, %d:%d heads x %d\n",
+              partitioner::name, mask::name, gpus > 0 ? kernel.c_str() : "host", ranks,
               gpus > 0 ? (gpus == 1 ? "on 1 GPU" : "over the GPUs") : "host path",
               static_cast<long long>(tokens), qh, kvh, d);
   std::printf("  gradients against the float64 oracle's backward (relative L2): dq %.2e, dk %.2e, "
