@@ -5,12 +5,17 @@
 //   P = 2, the GPU count and twice it;
 // - NCCL with one process driving every GPU (a thread and a communicator per GPU, P = GPU count).
 // (One process per GPU under mpirun: test/mpi/test_mpi_nccl.cu, the mpi_nccl CTest tests.)
+// With ringattn::cudnn the NCCL cases run on the cuDNN block kernel too.
 #include "../gpu/device_ring.cuh"
 #include "per_gpu.cuh"
 
 #include <ringattn/partition/contiguous.cuh>
 #include <ringattn/partition/round_robin.cuh>
 #include <ringattn/partition/zigzag.cuh>
+
+#if defined(RINGATTN_TEST_CUDNN)
+#include <ringattn/cudnn.cuh>
+#endif
 
 #include <doctest/doctest.h>
 
@@ -120,3 +125,15 @@ TEST_CASE("device ring backward over NCCL, one process and one thread per GPU, e
   check_nccl_backward<zigzag, full>(comms);
   check_nccl_backward<zigzag, causal>(comms);
 }
+
+#if defined(RINGATTN_TEST_CUDNN)
+TEST_CASE("cuDNN block kernel over NCCL, one process and one thread per GPU, equals the oracle") {
+  test::nccl_per_gpu comms(test::gpu_count());
+  check_nccl<contiguous, cudnn_full>(comms);
+  check_nccl<round_robin, cudnn_causal>(comms);
+  check_nccl<zigzag, cudnn_causal>(comms);
+  check_nccl_backward<contiguous, cudnn_full>(comms);
+  check_nccl_backward<round_robin, cudnn_causal>(comms);
+  check_nccl_backward<zigzag, cudnn_causal>(comms);
+}
+#endif
