@@ -171,7 +171,7 @@ public:
       float* stats = reinterpret_cast<float*>(a.scratch + l.stats);
       run_forward(k, a, o, stats, a.scratch, stream);
       const std::int64_t qh = args_.q_heads;
-      merge_rows<T>(o, stats, k.packed ? qh : 1, k.packed ? 1 : k.q_rows, k.q_reduce.on(), st,
+      merge_rows<T>(o, stats, k.packed ? qh : 1, k.packed ? 1 : k.q_rows, k.q_reduce.bound, st,
                     stream);
     }
     if (e == step_epilogue::plain || e == step_epilogue::merge_out) finalize(st, out, stream);
@@ -206,9 +206,9 @@ public:
         void* ptrs[] = {q, kk, v, o, stats, dout, dq, dk, dv};
         run_sdpa(*k.graph, handle_->get(), stream, ptrs, 9, s);
       }
-      add_rows<T>(a.grad.dq, dq, qh * d, k.q_reduce.on(), stream);
-      add_rows<T>(a.grad.dk, dk, kvh * d, k.kv_reduce.on(), stream);
-      add_rows<T>(a.grad.dv, dv, kvh * d, k.kv_reduce.on(), stream);
+      add_rows<T>(a.grad.dq, dq, qh * d, k.q_reduce.bound, stream);
+      add_rows<T>(a.grad.dk, dk, kvh * d, k.kv_reduce.bound, stream);
+      add_rows<T>(a.grad.dv, dv, kvh * d, k.kv_reduce.bound, stream);
     }
   }
 #endif
@@ -217,8 +217,7 @@ private:
   struct reduce_at {
     std::size_t dest = 0, first = 0, source = 0;
     std::int64_t entries = 0;
-    device_row_reduction bound;
-    device_row_reduction on() const { return bound; }
+    device_row_reduction bound; // the tables' device pointers, set by bind()
   };
   struct call {
     std::shared_ptr<const sdpa_graph> graph;

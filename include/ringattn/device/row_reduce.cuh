@@ -6,6 +6,7 @@
 //! the order of its `row_reduction`, so results repeat bit for bit.
 
 #include <ringattn/config.cuh>
+#include <ringattn/core/element.cuh>
 #include <ringattn/core/state.cuh>
 
 #include <cuda_bf16.h>
@@ -17,14 +18,6 @@
 
 RINGATTN_ABI_BEGIN
 namespace kernels {
-
-template <class T>
-__device__ __forceinline__ float to_f32(T x) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>)
-    return __bfloat162float(x);
-  else
-    return __half2float(x);
-}
 
 //! Packed rows into a head-major state: one warp per (destination entry, head). `o` is
 //! `[rows, heads, head_dim]` (T, dense), the block's lse of packed row r and head h at
@@ -50,7 +43,7 @@ merge_rows_kernel(const T* __restrict__ o, const float* __restrict__ stats, std:
       const row_merge m = merge_into(ref, stats[r * stats_row + h * stats_head]);
       const T* src = o + (r * s.q_heads + h) * d;
       for (int i = lane; i < d; i += 32)
-        acc[i] = acc[i] * m.old + m.block * to_f32(src[i]);
+        acc[i] = acc[i] * m.old + m.block * to_float(src[i]);
       sum = sum * m.old + m.block;
       ref = m.new_ref;
     }
@@ -83,7 +76,7 @@ __global__ void add_rows_kernel(float* __restrict__ acc, const T* __restrict__ p
     const std::int64_t e = i / width, c = i % width;
     float x = 0.0f;
     for (std::int32_t k = first[e]; k < first[e + 1]; ++k)
-      x += to_f32(packed[source[k] * width + c]);
+      x += to_float(packed[source[k] * width + c]);
     acc[dest[e] * width + c] += x;
   }
 }
