@@ -6,7 +6,8 @@
 // ring (a single block, written directly) at 2K, 8K and 32K tokens.
 // Time: host wall clock from launching every rank until every rank's stream has drained
 // (manual time), so it covers the ring's exchanges, the merges and the load balance; the single
-// call is timed the same way.
+// call is timed the same way. A ring of one rank (the block benchmarks) is timed with CUDA events
+// on its stream, as PyTorch's side is.
 #include "single_gpu.cuh"
 
 #include <ringattn/comm/in_process.cuh>
@@ -21,6 +22,8 @@
 #include <algorithm>
 #include <chrono>
 #include <memory>
+#include <mutex>
+#include <string>
 #include <thread>
 #include <type_traits>
 #include <vector>
@@ -99,22 +102,35 @@ void ring_forward(benchmark::State& state) {
   using full_ring = ringattn::ring_attention<P, ringattn::in_process_communicator, Full>;
   std::vector<std::unique_ptr<causal_ring>> cr;
   std::vector<std::unique_ptr<full_ring>> fr;
+  ringattn::bench::gpu_timer timer; // one rank: its stream and events
   for (int r = 0; r < ranks; ++r)
     comms.push_back(group.communicator(r));
   // Construction is collective (an all-gather): one thread per rank.
   cr.resize(static_cast<std::size_t>(ranks));
   fr.resize(static_cast<std::size_t>(ranks));
+  std::string refused; // a plan a rank's BlockKernel cannot run (the benchmark is skipped)
   {
+    std::mutex m;
     std::vector<std::thread> th;
     for (int r = 0; r < ranks; ++r)
       th.emplace_back([&, r] {
-        if (causal)
-          cr[r] = std::make_unique<causal_ring>(comms[r], args, cu), cr[r]->prepare_device();
-        else
-          fr[r] = std::make_unique<full_ring>(comms[r], args, cu), fr[r]->prepare_device();
+        try {
+          if (causal)
+            cr[r] = std::make_unique<causal_ring>(comms[r], args, cu), cr[r]->prepare_device();
+          else
+            fr[r] = std::make_unique<full_ring>(comms[r], args, cu), fr[r]->prepare_device();
+        } catch (const ringattn::invalid_argument& e) {
+          const std::lock_guard lock(m);
+          refused = e.what();
+        }
       });
     for (auto& t : th)
       t.join();
+  }
+  if (!refused.empty()) {
+    cudaFree(q), cudaFree(k), cudaFree(v);
+    state.SkipWithError(refused.c_str());
+    return;
   }
   for (int r = 0; r < ranks; ++r) {
     rank_state& s = rs[static_cast<std::size_t>(r)];
@@ -134,7 +150,10 @@ void ring_forward(benchmark::State& state) {
                         : std::max(fr[r]->template device_workspace_bytes<T>(),
                                    fr[r]->template device_backward_workspace_bytes<T>());
     RINGATTN_CUDA_CHECK(cudaMalloc(&s.ws, s.ws_bytes));
-    RINGATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
+    if (ranks == 1)
+      s.stream = timer.stream();
+    else
+      RINGATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
     ringattn::scatter(dplan, r, ringattn::thd_view<const T>(q, tokens, q_heads, head_dim),
                       ringattn::thd_view<T>(s.q, n, q_heads, head_dim), nullptr);
     ringattn::scatter(dplan, r, ringattn::thd_view<const T>(k, tokens, kv_heads, head_dim),
@@ -143,7 +162,7 @@ void ring_forward(benchmark::State& state) {
                       ringattn::thd_view<T>(s.v, n, kv_heads, head_dim), nullptr);
   }
   RINGATTN_CUDA_CHECK(cudaDeviceSynchronize());
-  auto one_rank = [&](int r) {
+  auto enqueue = [&](int r) {
     rank_state& s = rs[static_cast<std::size_t>(r)];
     const std::int64_t n = plan.local_tokens(r);
     const ringattn::thd_view<const T> qv(s.q, n, q_heads, head_dim), kv(s.k, n, kv_heads, head_dim),
@@ -160,17 +179,21 @@ void ring_forward(benchmark::State& state) {
       run(*cr[r]);
     else
       run(*fr[r]);
-    RINGATTN_CUDA_CHECK(cudaStreamSynchronize(s.stream));
   };
-  auto all_ranks = [&] {
-    if (ranks == 1) return one_rank(0); // one block: no thread to start
-    std::vector<std::thread> th;
-    for (int r = 0; r < ranks; ++r)
-      th.emplace_back(one_rank, r);
-    for (auto& t : th)
-      t.join();
-  };
-  time_host(state, all_ranks);
+  if (ranks == 1) {
+    timer.time(state, [&](cudaStream_t) { enqueue(0); });
+  } else {
+    time_host(state, [&] {
+      std::vector<std::thread> th;
+      for (int r = 0; r < ranks; ++r)
+        th.emplace_back([&, r] {
+          enqueue(r);
+          RINGATTN_CUDA_CHECK(cudaStreamSynchronize(rs[static_cast<std::size_t>(r)].stream));
+        });
+      for (auto& t : th)
+        t.join();
+    });
+  }
   report(state, causal, backward, tokens);
   state.SetLabel(std::string(P::name) + (causal ? " causal" : " full") +
                  ", P = " + std::to_string(ranks) +
@@ -178,7 +201,7 @@ void ring_forward(benchmark::State& state) {
   for (auto& s : rs) {
     cudaFree(s.q), cudaFree(s.k), cudaFree(s.v), cudaFree(s.out), cudaFree(s.lse), cudaFree(s.ws);
     cudaFree(s.dout), cudaFree(s.dq), cudaFree(s.dk), cudaFree(s.dv);
-    cudaStreamDestroy(s.stream);
+    if (ranks > 1) cudaStreamDestroy(s.stream);
   }
   cudaFree(q), cudaFree(k), cudaFree(v);
 }

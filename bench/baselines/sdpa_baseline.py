@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """PyTorch SDPA baseline (cuDNN and flash backends) at the block benchmarks' shapes.
 
-usage: sdpa_baseline.py OUT.json [--backward]
+usage: sdpa_baseline.py OUT.json [--backward | --ring]
 
 Forward (default): bench_block_forward's shapes. --backward: bench_block_backward's shapes (bf16,
-32 q heads with 32 and 8 kv heads, head_dim 128, 8K and 32K tokens, full and causal); the time of
-the backward alone is that of forward + backward minus that of the forward (medians), FLOPs 2.5x
-the forward's. Run in the same job as our benchmark so ratios compare one machine
+32 q heads with 32 and 8 kv heads, head_dim 128, 2K, 8K and 32K tokens, full and causal); the time
+of the backward alone is that of forward + backward minus that of the forward (medians), FLOPs
+2.5x the forward's. --ring: one whole-sequence call at bench_ring_forward's shape (64K tokens,
+32:8 heads, head_dim 128, full and causal), forward and forward + backward (FLOPs 3.5x the
+forward's), cuDNN only. Run in the same job as our benchmark so ratios compare one machine
 state. Writes JSON (list of records) to OUT.json.
 """
 import json
@@ -37,7 +39,7 @@ def backward(path):
     out = []
     torch.manual_seed(0)
     for backend, name in ((SDPBackend.CUDNN_ATTENTION, "cudnn"), (SDPBackend.FLASH_ATTENTION, "flash")):
-        for s in (8192, 32768):
+        for s in (2048, 8192, 32768):
             for kvh in (32, 8):
                 for causal in (False, True):
                     rec = dict(backend=name, tokens=s, kv_heads=kvh, head_dim=128, causal=causal,
@@ -68,6 +70,31 @@ def backward(path):
                     print(f"{name:6s} backward s={s:6d} kvh={kvh:2d} causal={causal!s:5s} "
                           f"{ms:8.3f} ms {rec['tflops']:7.1f} TFLOP/s", flush=True)
                     del q, k, v, dout
+    with open(path, "w") as f:
+        json.dump(dict(torch=torch.__version__, cudnn=torch.backends.cudnn.version(),
+                       device=torch.cuda.get_device_name(), results=out), f, indent=1)
+
+
+def ring(path):
+    out = []
+    torch.manual_seed(0)
+    s, kvh = 65536, 8
+    q = torch.randn(1, 32, s, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(1, kvh, s, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(1, kvh, s, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dout = torch.randn(1, 32, s, 128, device="cuda", dtype=torch.bfloat16)
+    for causal in (True, False):
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            fwd = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+            ms_fwd = time_ms(lambda: fwd().detach(), iters=5)
+            ms_both = time_ms(lambda: fwd().backward(dout), iters=5)
+        flops = 4 * 32 * s * s * 128 / (2 if causal else 1)
+        for pass_, ms, f in (("forward", ms_fwd, flops), ("forward_backward", ms_both, 3.5 * flops)):
+            rec = dict(backend="cudnn", tokens=s, kv_heads=kvh, head_dim=128, causal=causal,
+                       pass_=pass_, ms=ms, tflops=f / ms / 1e9)
+            out.append(rec)
+            print(f"cudnn  whole s={s} causal={causal!s:5s} {pass_:16s} {ms:9.3f} ms "
+                  f"{rec['tflops']:7.1f} TFLOP/s", flush=True)
     with open(path, "w") as f:
         json.dump(dict(torch=torch.__version__, cudnn=torch.backends.cudnn.version(),
                        device=torch.cuda.get_device_name(), results=out), f, indent=1)
@@ -118,5 +145,7 @@ def main(path):
 if __name__ == "__main__":
     if "--backward" in sys.argv[2:]:
         backward(sys.argv[1])
+    elif "--ring" in sys.argv[2:]:
+        ring(sys.argv[1])
     else:
         main(sys.argv[1])

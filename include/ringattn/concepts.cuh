@@ -99,4 +99,15 @@ concept device_block_kernel_for = block_kernel<K> &&
   K::device_backward(b, bs, stream);
 };
 
+//! A device BlockKernel that can also write a one-rank ring's gradients straight from its single
+//! block: `device_backward_whole(args, schedule, dq, dk, dv, stream)` enqueues that and returns
+//! true, or enqueues nothing and returns false where the schedule or the views do not allow it
+//! (the ring then takes its general path through the fp32 accumulators).
+template <class K, class Stream>
+concept whole_block_backward_for = device_block_kernel_for<K, Stream> &&
+    requires(const typename K::backward_schedule& bs, const block_backward_args<__nv_bfloat16>& b,
+             thd_view<__nv_bfloat16> g, Stream stream) {
+  { K::device_backward_whole(b, bs, g, g, g, stream) } -> std::same_as<bool>;
+};
+
 } // namespace ringattn

@@ -1,7 +1,9 @@
 // The cuDNN block kernel (ringattn::cudnn_kernel): the device ring's matrix with cuDNN computing
 // every block — every partitioner x {full, causal} x P in {1, 2, 3, 4, 8} virtual ranks x GQA
 // 1 and 4, packed batches of odd lengths, forward and backward against the float64 oracle;
-// fp16 and head_dim 64; repeatability; bad views refused before anything runs.
+// fp16 and head_dim 64; repeatability; one rank over one sequence (cuDNN writes the outputs
+// directly); a one-rank ring captured in a CUDA graph and replayed bit for bit; bad views refused
+// before anything runs.
 // Tolerances (bf16): forward 8e-3 relative L2 on O and 2e-3 absolute on LSE, as the native
 // kernels; backward 1e-2 relative L2 on each of dQ, dK, dV (each block's gradients pass through
 // bf16 once before the fp32 sums: the errors against the native path are printed). Both
@@ -15,7 +17,9 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <type_traits>
 
@@ -77,6 +81,135 @@ TEST_CASE("cuDNN block kernel: fp16 and head_dim 64") {
   check_backward<round_robin, full16, full, __half>({4, 4, 128, 0.0f}, true);
   check_forward<zigzag, cudnn_causal>({8, 2, 64, 0.0f});
   check_backward<contiguous, cudnn_causal, causal>({8, 2, 64, 0.0f}, true);
+}
+
+TEST_CASE("cuDNN block kernel: one rank over one sequence writes out, lse, dq, dk, dv directly") {
+  // One dense piece covering the rank's queries and keys: the forward's out and lse and the
+  // backward's dq, dk, dv come straight from cuDNN (40 tokens: below a tile, the packed path).
+  const auto seed = test::fresh_seed();
+  CAPTURE(seed);
+  for (std::int32_t len : {40, 333, 1024}) {
+    for (attention_arguments a : {attention_arguments{8, 2, 128, 0.0f}, {4, 4, 64, 0.0f}}) {
+      CAPTURE(len);
+      CAPTURE(a.kv_heads);
+      std::mt19937_64 rng(seed + static_cast<std::uint64_t>(len));
+      const std::vector<std::int32_t> cu{0, len};
+      test::sharded_case<zigzag, T> f(cu, 1, a, mask_kind::causal, rng);
+      test::check_device_ring(f, test::device_ring_in_process<cudnn_causal>(f, 1, true));
+      test::sharded_backward_case<contiguous, T> full(cu, 1, a, mask_kind::full, rng);
+      test::check_device_backward(full,
+                                  test::device_backward_in_process<cudnn_full>(full, 1, true));
+      test::sharded_backward_case<zigzag, T> causal(cu, 1, a, mask_kind::causal, rng);
+      test::check_device_backward(causal,
+                                  test::device_backward_in_process<cudnn_causal>(causal, 1, true));
+    }
+  }
+}
+
+namespace {
+// A one-rank ring's forward and backward captured in a CUDA graph: the graph's launches give the
+// eager call's bits (out, lse, dq, dk, dv), each into poisoned outputs.
+template <class Kernel>
+void check_captured(const std::vector<std::int32_t>& cu) {
+  const attention_arguments a{8, 2, 128, 0.0f};
+  const int qh = a.q_heads, kvh = a.kv_heads, d = a.head_dim;
+  std::mt19937_64 rng(test::fresh_seed());
+  in_process_group group(1);
+  auto comm = group.communicator(0);
+  ring_attention<zigzag, in_process_communicator, Kernel> attn(comm, a, cu);
+  attn.prepare_device();
+  const std::int64_t n = attn.local_tokens();
+  const auto q_elems = static_cast<std::size_t>(n * qh * d);
+  const auto kv_elems = static_cast<std::size_t>(n * kvh * d);
+  test::device_buffer<T> q(test::random_buffer<T>(q_elems, rng)),
+      k(test::random_buffer<T>(kv_elems, rng)), v(test::random_buffer<T>(kv_elems, rng)),
+      dout(test::random_buffer<T>(q_elems, rng));
+  test::device_buffer<T> out(q_elems), dq(q_elems), dk(kv_elems), dv(kv_elems);
+  test::device_buffer<float> lse(static_cast<std::size_t>(n * qh));
+  const std::size_t bytes = std::max(attn.template device_workspace_bytes<T>(),
+                                     attn.template device_backward_workspace_bytes<T>());
+  test::device_buffer<std::byte> ws(bytes);
+  cudaStream_t stream;
+  RINGATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  auto enqueue = [&] {
+    attn.forward(thd_view<const T>(q.get(), n, qh, d), thd_view<const T>(k.get(), n, kvh, d),
+                 thd_view<const T>(v.get(), n, kvh, d), thd_view<T>(out.get(), n, qh, d), lse.get(),
+                 ws.get(), bytes, stream);
+    attn.backward(thd_view<const T>(q.get(), n, qh, d), thd_view<const T>(k.get(), n, kvh, d),
+                  thd_view<const T>(v.get(), n, kvh, d), thd_view<const T>(out.get(), n, qh, d),
+                  lse.get(), thd_view<const T>(dout.get(), n, qh, d),
+                  thd_view<T>(dq.get(), n, qh, d), thd_view<T>(dk.get(), n, kvh, d),
+                  thd_view<T>(dv.get(), n, kvh, d), ws.get(), bytes, stream);
+  };
+  auto poison_all = [&] {
+    out.upload(std::vector<T>(q_elems, test::poison<T>()));
+    dq.upload(std::vector<T>(q_elems, test::poison<T>()));
+    dk.upload(std::vector<T>(kv_elems, test::poison<T>()));
+    dv.upload(std::vector<T>(kv_elems, test::poison<T>()));
+    lse.upload(std::vector<float>(lse.size(), -7.0f));
+  };
+  auto same = [](const auto& x, const auto& y) {
+    return x.size() == y.size() && std::memcmp(x.data(), y.data(), x.size() * sizeof(x[0])) == 0;
+  };
+  poison_all();
+  enqueue();
+  RINGATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
+  const auto want_out = out.download(), want_dq = dq.download(), want_dk = dk.download(),
+             want_dv = dv.download();
+  const auto want_lse = lse.download();
+  cudaGraph_t graph = nullptr;
+  RINGATTN_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  try {
+    enqueue();
+  } catch (...) {
+    // End the capture so that later work on this thread is not captured too.
+    if (cudaStreamEndCapture(stream, &graph) == cudaSuccess && graph) cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+    throw;
+  }
+  RINGATTN_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec = nullptr;
+  RINGATTN_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  for (int launch = 0; launch < 2; ++launch) {
+    CAPTURE(launch);
+    poison_all();
+    RINGATTN_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+    RINGATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
+    CHECK(same(out.download(), want_out));
+    CHECK(same(lse.download(), want_lse));
+    CHECK(same(dq.download(), want_dq));
+    CHECK(same(dk.download(), want_dk));
+    CHECK(same(dv.download(), want_dv));
+  }
+  RINGATTN_CUDA_CHECK(cudaGraphExecDestroy(exec));
+  RINGATTN_CUDA_CHECK(cudaGraphDestroy(graph));
+  RINGATTN_CUDA_CHECK(cudaStreamDestroy(stream));
+}
+} // namespace
+
+TEST_CASE("cuDNN block kernel: a one-rank ring's forward and backward replay from a CUDA graph") {
+  // One sequence (cuDNN writes the outputs directly) and a packed batch (the pieces, the merge
+  // and add kernels, the fp32 sums), with the native kernels alongside.
+  for (const std::vector<std::int32_t>& cu :
+       {std::vector<std::int32_t>{0, 500}, std::vector<std::int32_t>{0, 100, 377, 380}}) {
+    CAPTURE(cu.size());
+    check_captured<cudnn_causal>(cu);
+    check_captured<cudnn_full>(cu);
+    check_captured<causal>(cu);
+  }
+}
+
+TEST_CASE("cuDNN block kernel: a block whose backward workspace exceeds the device is refused at "
+          "plan time") {
+  // One rank over 64K tokens with 32 query heads: the deterministic backward's dP alone is
+  // 65536^2 x 32 x 2 bytes = 256 GiB.
+  const std::vector<std::int32_t> cu{0, 65536};
+  in_process_group group(1);
+  auto comm = group.communicator(0);
+  ring_attention<contiguous, in_process_communicator, cudnn_full> attn(comm, {32, 8, 128, 0.0f},
+                                                                       cu);
+  CHECK_THROWS_WITH_AS(attn.prepare_device(), doctest::Contains("GiB of workspace"),
+                       invalid_argument);
 }
 
 TEST_CASE("cuDNN block kernel: views it cannot take are refused before anything runs") {

@@ -15,7 +15,9 @@
 //! Backward step: cuDNN's SDPA backward from the final O, dO and LSE writes each piece's dQ, dK,
 //! dV (T) packed in the scratch; an add kernel sums them into the fp32 accumulators (dQ over the
 //! steps, dK/dV into the travelling block's). Rounding this adds beyond the native kernels: each
-//! block's O and each block's gradients pass through T once before they join the fp32 sums.
+//! block's O and each block's gradients pass through T once before they join the fp32 sums. A
+//! ring of one rank whose block is one piece covering every query and key lets cuDNN write dq, dk
+//! and dv directly (`device_backward_whole`).
 //!
 //! Determinism: both directions repeat bit for bit. The backward runs cuDNN's deterministic
 //! algorithm: its atomic-dQ algorithm gave wrong dQ for some ring steps in the gpu suite (cuDNN
@@ -48,6 +50,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <sstream>
 #include <type_traits>
 #include <vector>
 
@@ -61,7 +64,7 @@ inline std::size_t align256(std::size_t n) { return (n + 255) / 256 * 256; }
 class cudnn_step {
 public:
   cudnn_step(bool backward, dtype type, std::span<const block_group> groups, std::int64_t q_tokens,
-             const attention_arguments& args)
+             std::int64_t kv_tokens, const attention_arguments& args)
       : backward_(backward), q_tokens_(q_tokens), args_(args) {
     const std::vector<piece_call> calls = calls_of(pieces_of(groups));
     if (calls.empty()) return;
@@ -93,6 +96,7 @@ public:
       const attention_piece& p0 = c.pieces.front();
       k.q_begin = p0.q_begin, k.kv_begin = p0.kv_begin;
       k.whole = !k.packed && p0.q_begin == 0 && p0.q_count == q_tokens;
+      k.whole_kv = k.whole && p0.kv_begin == 0 && p0.kv_count == kv_tokens;
       sdpa_shape s;
       s.backward = backward, s.type = type, s.packed = k.packed, s.mask = c.mask;
       s.batch = k.batch, s.q_heads = args.q_heads, s.kv_heads = args.kv_heads;
@@ -124,6 +128,7 @@ public:
         s.s_q = p0.q_count, s.s_kv = p0.kv_count;
       }
       k.graph = sdpa_graph_for(s, handle_->get());
+      if (backward) refuse_oversized(*k.graph);
       const row_reduction rq = reduction_of(c, false);
       k.q_reduce = {put32(rq.dest),
                     put32(rq.first),
@@ -211,9 +216,46 @@ public:
       add_rows<T>(a.grad.dv, dv, kvh * d, k.kv_reduce.bound, stream);
     }
   }
+
+  //! One dense piece over every query and key: cuDNN's gradients straight into dense dq, dk, dv
+  //! (k and v dense too); false, with nothing enqueued, otherwise.
+  template <class T>
+  bool backward_whole(const block_backward_args<T>& a, thd_view<T> dq, thd_view<T> dk,
+                      thd_view<T> dv, cudaStream_t stream) const {
+    if (calls_.size() != 1 || !calls_[0].whole_kv) return false;
+    if (!(a.k.dense() && a.v.dense() && dq.dense() && dk.dense() && dv.dense())) return false;
+    void* ptrs[] = {const_cast<T*>(a.q.data),
+                    const_cast<T*>(a.k.data),
+                    const_cast<T*>(a.v.data),
+                    const_cast<T*>(a.out.data),
+                    const_cast<float*>(a.lse),
+                    const_cast<T*>(a.dout.data),
+                    dq.data,
+                    dk.data,
+                    dv.data};
+    run_sdpa(*calls_[0].graph, handle_->get(), stream, ptrs, 9, a.scratch);
+    return true;
+  }
 #endif
 
 private:
+  // cuDNN's deterministic backward keeps dP in its workspace (query rows x key rows x query heads
+  // x 2 bytes): a block whose workspace exceeds the device's memory is refused here, at plan time.
+  static void refuse_oversized(const sdpa_graph& g) {
+    std::size_t free = 0, total = 0;
+    RINGATTN_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+    if (static_cast<std::size_t>(g.workspace) <= total) return;
+    std::ostringstream m;
+    m.setf(std::ios::fixed);
+    m.precision(1);
+    m << "ringattn: cuDNN's deterministic backward of the " << g.shape.describe() << " needs "
+      << static_cast<double>(g.workspace) / (1 << 30)
+      << " GiB of workspace (query rows x key rows x query heads x 2 bytes), more than the "
+         "device's "
+      << static_cast<double>(total) / (1 << 30)
+      << " GiB: use more ranks (smaller blocks) or the native kernels";
+    throw invalid_argument(m.str());
+  }
   struct reduce_at {
     std::size_t dest = 0, first = 0, source = 0;
     std::int64_t entries = 0;
@@ -221,7 +263,7 @@ private:
   };
   struct call {
     std::shared_ptr<const sdpa_graph> graph;
-    bool packed = false, whole = false;
+    bool packed = false, whole = false, whole_kv = false;
     std::int64_t batch = 1, q_rows = 0, kv_rows = 0, q_begin = 0, kv_begin = 0;
     std::size_t seq_q = 0, seq_kv = 0, q_off = 0, kv_off = 0, o_off = 0, stats_off = 0, dkv_off = 0,
                 rows = 0;
@@ -306,14 +348,14 @@ struct cudnn_kernel : host_reference<Mask> {
   using forward_schedule = detail::cudnn_step;
   using backward_schedule = detail::cudnn_step;
   static forward_schedule make_forward_schedule(std::span<const block_group> groups,
-                                                std::int64_t q_tokens, std::int64_t,
+                                                std::int64_t q_tokens, std::int64_t kv_tokens,
                                                 const attention_arguments& args) {
-    return {false, dtype_of_v<T>, groups, q_tokens, args};
+    return {false, dtype_of_v<T>, groups, q_tokens, kv_tokens, args};
   }
   static backward_schedule make_backward_schedule(std::span<const block_group> groups,
-                                                  std::int64_t q_tokens, std::int64_t,
+                                                  std::int64_t q_tokens, std::int64_t kv_tokens,
                                                   const attention_arguments& args) {
-    return {true, dtype_of_v<T>, groups, q_tokens, args};
+    return {true, dtype_of_v<T>, groups, q_tokens, kv_tokens, args};
   }
 
   //! What the device path needs of the views beyond the ring's own checks.
@@ -361,6 +403,23 @@ struct cudnn_kernel : host_reference<Mask> {
     static_assert(detail::dependent_false<U>,
                   "ringattn: the cuDNN block kernel's device path compiles only as CUDA");
     (void)a, (void)s, (void)stream;
+#endif
+  }
+  //! A one-rank ring: cuDNN writes dq, dk and dv directly where the block is one dense piece
+  //! over every query and key (see `whole_block_backward_for`).
+  template <class U>
+  static bool device_backward_whole(const block_backward_args<U>& a, const backward_schedule& s,
+                                    thd_view<U> dq, thd_view<U> dk, thd_view<U> dv,
+                                    cudaStream_t stream) {
+#if defined(__CUDACC__)
+    static_assert(std::is_same_v<U, T>, "ringattn::cudnn_kernel<Mask, T>: called with another "
+                                        "element type than the T it was planned for");
+    return s.backward_whole<U>(a, dq, dk, dv, stream);
+#else
+    static_assert(detail::dependent_false<U>,
+                  "ringattn: the cuDNN block kernel's device path compiles only as CUDA");
+    (void)a, (void)s, (void)dq, (void)dk, (void)dv, (void)stream;
+    return false;
 #endif
   }
 };

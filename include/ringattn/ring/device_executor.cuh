@@ -8,6 +8,7 @@
 //! backward (so a forward-only user never builds them).
 
 #include <ringattn/arguments.cuh>
+#include <ringattn/concepts.cuh>
 #include <ringattn/cuda_check.cuh>
 #include <ringattn/detail/nvtx.cuh>
 #include <ringattn/error.cuh>
@@ -212,6 +213,15 @@ void device_ring_backward(Communicator& comm, const ring_schedule& s,
   const int p = s.ranks();
   const std::int64_t n = s.q_tokens();
   const int kvh = args.kv_heads, dim = args.head_dim, qh = args.q_heads;
+  std::byte* scratch = workspace + ring_workspace::align(ws.device_backward_bytes());
+  if constexpr (whole_block_backward_for<BlockKernel, cudaStream_t>) {
+    // One block: a model that can writes dq, dk and dv directly (no D, no fp32 sums).
+    if (p == 1 && !d.backward.empty() &&
+        BlockKernel::device_backward_whole(
+            block_backward_args<T>{q, k, v, dout, lse, nullptr, args, {}, out, scratch},
+            d.backward[0], dq, dk, dv, stream))
+      return;
+  }
   float* dq_acc = ws.dq(workspace);
   float* delta = ws.delta(workspace);
   float* local = ws.share(workspace);
@@ -253,7 +263,7 @@ void device_ring_backward(Communicator& comm, const ring_schedule& s,
                                  args,
                                  {dq_acc, share, share + ws.kv_elements(nk)},
                                  out,
-                                 workspace + ring_workspace::align(ws.device_backward_bytes())},
+                                 scratch},
           d.backward[static_cast<std::size_t>(t)], stream);
     RINGATTN_CUDA_CHECK(cudaEventRecord(d.compute_done[t % 2], stream));
     if (t > 0) {

@@ -87,6 +87,7 @@ public:
   };
   //! The current device and the stream's are `device` (where the ring was prepared), and every
   //! buffer is device memory there (or managed), so no kernel ever dereferences a host pointer.
+  //! The stream's device is not checked while the stream is being captured.
   //! `call` names the entry point in messages. Allocates nothing unless it fails.
   static validation placement(int device, cudaStream_t stream,
                               std::span<const named_buffer> buffers, const char* call) {
@@ -95,7 +96,12 @@ public:
     RINGATTN_CUDA_CHECK(cudaGetDevice(&current));
     r.require(current == device, "the current device is ", current, " but prepare_device() ran on ",
               device);
-    if (stream != nullptr && stream != cudaStreamLegacy && stream != cudaStreamPerThread) {
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    RINGATTN_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
+    // A capturing stream cannot be asked for its device (the call is not permitted during
+    // capture); the buffers are still checked against the device.
+    if (stream != nullptr && stream != cudaStreamLegacy && stream != cudaStreamPerThread &&
+        capturing == cudaStreamCaptureStatusNone) {
       int on = -1;
       RINGATTN_CUDA_CHECK(cudaStreamGetDevice(stream, &on));
       r.require(on == device, "the stream belongs to device ", on, "; this rank runs on device ",
