@@ -85,3 +85,9 @@ if [ -x $BUILD/bench/bench_block_backward ]; then
 fi
 python3 bench/baselines/sdpa_baseline.py "$OUT/sdpa.json" 2>&1 | tail -50
 python3 bench/baselines/sdpa_baseline.py "$OUT/sdpa_backward.json" --backward 2>&1 | tail -20
+if grep -q '"cudnn_block' "$OUT/ring_forward.json" 2>/dev/null; then
+  # The cuDNN block kernel's rows (a build with ringattn::cudnn) against one PyTorch call.
+  python3 bench/baselines/sdpa_baseline.py "$OUT/sdpa_ring.json" --ring 2>&1 | tail -4
+  python3 bench/scripts/report_cudnn.py "$OUT/ring_forward.json" "$OUT/sdpa.json" \
+    "$OUT/sdpa_backward.json" "$OUT/sdpa_ring.json" --bundle "$OUT/cudnn.json"
+fi
