@@ -215,7 +215,7 @@ void device_ring_backward(Communicator& comm, const ring_schedule& s,
   const int kvh = args.kv_heads, dim = args.head_dim, qh = args.q_heads;
   std::byte* scratch = workspace + ring_workspace::align(ws.device_backward_bytes());
   if constexpr (whole_block_backward_for<BlockKernel, cudaStream_t>) {
-    // One block: a model that can writes dq, dk and dv directly (no D, no fp32 sums).
+    // One block: a model that can write dq, dk and dv directly does (no D, no fp32 sums).
     if (p == 1 && !d.backward.empty() &&
         BlockKernel::device_backward_whole(
             block_backward_args<T>{q, k, v, dout, lse, nullptr, args, {}, out, scratch},

@@ -96,16 +96,17 @@ public:
     RINGATTN_CUDA_CHECK(cudaGetDevice(&current));
     r.require(current == device, "the current device is ", current, " but prepare_device() ran on ",
               device);
-    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-    RINGATTN_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
-    // A capturing stream cannot be asked for its device (the call is not permitted during
-    // capture); the buffers are still checked against the device.
-    if (stream != nullptr && stream != cudaStreamLegacy && stream != cudaStreamPerThread &&
-        capturing == cudaStreamCaptureStatusNone) {
-      int on = -1;
-      RINGATTN_CUDA_CHECK(cudaStreamGetDevice(stream, &on));
-      r.require(on == device, "the stream belongs to device ", on, "; this rank runs on device ",
-                device);
+    if (stream != nullptr && stream != cudaStreamLegacy && stream != cudaStreamPerThread) {
+      // A capturing stream cannot be asked for its device (the call is not permitted during
+      // capture); the buffers are still checked against the device.
+      cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+      RINGATTN_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
+      if (capturing == cudaStreamCaptureStatusNone) {
+        int on = -1;
+        RINGATTN_CUDA_CHECK(cudaStreamGetDevice(stream, &on));
+        r.require(on == device, "the stream belongs to device ", on, "; this rank runs on device ",
+                  device);
+      }
     }
     for (const named_buffer& b : buffers) {
       if (b.data == nullptr || !r) continue;
