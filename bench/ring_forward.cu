@@ -195,9 +195,12 @@ void ring_forward(benchmark::State& state) {
     });
   }
   report(state, causal, backward, tokens);
-  state.SetLabel(std::string(P::name) + (causal ? " causal" : " full") +
-                 ", P = " + std::to_string(ranks) +
-                 (std::is_same_v<Causal, ringattn::causal> ? ", native" : ", cuDNN"));
+  std::string label = std::string(P::name) + (causal ? " causal" : " full") +
+                      ", P = " + std::to_string(ranks) +
+                      (std::is_same_v<Causal, ringattn::causal> ? ", native" : ", cuDNN");
+  if constexpr (requires { typename Causal::backward_algorithm; })
+    label += std::string(" ") + Causal::backward_algorithm::name;
+  state.SetLabel(label);
   for (auto& s : rs) {
     cudaFree(s.q), cudaFree(s.k), cudaFree(s.v), cudaFree(s.out), cudaFree(s.lse), cudaFree(s.ws);
     cudaFree(s.dout), cudaFree(s.dq), cudaFree(s.dk), cudaFree(s.dv);
@@ -240,6 +243,31 @@ BENCHMARK(ring_forward<ringattn::contiguous, cudnn_causal, cudnn_full>)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond)
     ->Iterations(3);
+using atomic_causal =
+    ringattn::cudnn_kernel<ringattn::causal_mask, __nv_bfloat16, ringattn::cudnn_atomic>;
+using atomic_full =
+    ringattn::cudnn_kernel<ringattn::full_mask, __nv_bfloat16, ringattn::cudnn_atomic>;
+BENCHMARK(ring_forward<ringattn::zigzag, atomic_causal, atomic_full>)
+    ->Name("cudnn_atomic_ring/zigzag")
+    ->ArgNames({"ranks", "causal", "backward", "tokens"})
+    ->ArgsProduct({{1, 4, 8}, {1}, {1}, {0}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(3);
+BENCHMARK(ring_forward<ringattn::contiguous, atomic_causal, atomic_full>)
+    ->Name("cudnn_atomic_ring/contiguous")
+    ->ArgNames({"ranks", "causal", "backward", "tokens"})
+    ->ArgsProduct({{1, 4, 8}, {0}, {1}, {0}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(3);
+BENCHMARK(ring_forward<ringattn::contiguous, atomic_causal, atomic_full>)
+    ->Name("cudnn_atomic_block")
+    ->ArgNames({"ranks", "causal", "backward", "tokens"})
+    ->ArgsProduct({{1}, {0, 1}, {1}, {2048, 8192, 32768}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(10);
 // One rank: the block itself, cuDNN and native side by side.
 BENCHMARK(ring_forward<ringattn::contiguous, cudnn_causal, cudnn_full>)
     ->Name("cudnn_block")

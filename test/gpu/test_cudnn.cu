@@ -1,7 +1,8 @@
 // The cuDNN block kernel (ringattn::cudnn_kernel): the device ring's matrix with cuDNN computing
 // every block — every partitioner x {full, causal} x P in {1, 2, 3, 4, 8} virtual ranks x GQA
 // 1 and 4, packed batches of odd lengths, forward and backward against the float64 oracle;
-// fp16 and head_dim 64; repeatability; one rank over one sequence (cuDNN writes the outputs
+// fp16 and head_dim 64; repeatability; the backward with cuDNN's atomic dQ (the same matrix, no
+// bitwise repeat); one rank over one sequence (cuDNN writes the outputs
 // directly); a one-rank ring captured in a CUDA graph and replayed bit for bit; bad views refused
 // before anything runs.
 // Tolerances (bf16): forward 8e-3 relative L2 on O and 2e-3 absolute on LSE, as the native
@@ -74,6 +75,18 @@ TEST_CASE_TEMPLATE("cuDNN block kernel: device ring backward equals the oracle",
   }
 }
 
+TEST_CASE_TEMPLATE("cuDNN block kernel, atomic dQ: device ring backward equals the oracle", P,
+                   contiguous, round_robin, zigzag) {
+  // cuDNN's atomic dQ accumulation: the same oracle and tolerances, no bitwise repeat.
+  using atomic_full = cudnn_kernel<full_mask, T, cudnn_atomic>;
+  using atomic_causal = cudnn_kernel<causal_mask, T, cudnn_atomic>;
+  for (attention_arguments a : {attention_arguments{8, 2, 128, 0.0f}, {8, 8, 128, 0.0f}}) {
+    CAPTURE(a.kv_heads);
+    check_backward<P, atomic_full, full>(a, false);
+    check_backward<P, atomic_causal, causal>(a, false);
+  }
+}
+
 TEST_CASE("cuDNN block kernel: fp16 and head_dim 64") {
   using full16 = cudnn_kernel<full_mask, __half>;
   using causal16 = cudnn_kernel<causal_mask, __half>;
@@ -102,6 +115,9 @@ TEST_CASE("cuDNN block kernel: one rank over one sequence writes out, lse, dq, d
       test::sharded_backward_case<zigzag, T> causal(cu, 1, a, mask_kind::causal, rng);
       test::check_device_backward(causal,
                                   test::device_backward_in_process<cudnn_causal>(causal, 1, true));
+      using atomic_causal = cudnn_kernel<causal_mask, T, cudnn_atomic>;
+      test::check_device_backward(
+          causal, test::device_backward_in_process<atomic_causal>(causal, 1, false));
     }
   }
 }

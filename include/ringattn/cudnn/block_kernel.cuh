@@ -19,15 +19,16 @@
 //! ring of one rank whose block is one piece covering every query and key lets cuDNN write dq, dk
 //! and dv directly (`device_backward_whole`).
 //!
-//! Determinism: both directions repeat bit for bit. The backward runs cuDNN's deterministic
-//! algorithm: its atomic-dQ algorithm gave wrong dQ for some ring steps in the gpu suite (cuDNN
-//! 9.19, sm_90), so this model does not offer it.
+//! The backward's algorithm is the third parameter: `cudnn_deterministic` (the default; both
+//! directions repeat bit for bit; on sm_90 cuDNN keeps dP in the workspace, query rows x key rows
+//! x query heads x 2 bytes per call) or `cudnn_atomic` (cuDNN's atomic dQ accumulation, as
+//! PyTorch's default: workspace linear in the rows, faster, dQ not bitwise repeatable).
 //!
 //! Requirements: q, k, v (forward) and q, out, dout (backward) dense `[tokens, heads, head_dim]`;
 //! the element type of every call is `T`. Needs `ringattn::cudnn` (cudnn-frontend and cuDNN 9).
 //!
 //! \code
-//! using kernel = ringattn::cudnn_kernel<ringattn::causal_mask, __nv_bfloat16>;
+//! using kernel = ringattn::cudnn_kernel<ringattn::causal_mask, __nv_bfloat16>; // deterministic
 //! ringattn::ring_attention<ringattn::zigzag, ringattn::nccl_communicator, kernel> attn(...);
 //! attn.prepare_device();                                   // plans every cuDNN graph
 //! std::size_t ws = attn.device_workspace_bytes<__nv_bfloat16>(); // includes cuDNN's workspace
@@ -46,6 +47,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -63,14 +65,13 @@ inline std::size_t align256(std::size_t n) { return (n + 255) / 256 * 256; }
 //! One step's cuDNN calls in one direction, planned on the current device.
 class cudnn_step {
 public:
-  cudnn_step(bool backward, dtype type, std::span<const block_group> groups, std::int64_t q_tokens,
-             std::int64_t kv_tokens, const attention_arguments& args)
+  cudnn_step(bool backward, bool deterministic, dtype type, std::span<const block_group> groups,
+             std::int64_t q_tokens, std::int64_t kv_tokens, const attention_arguments& args)
       : backward_(backward), q_tokens_(q_tokens), args_(args) {
     const std::vector<piece_call> calls = calls_of(pieces_of(groups));
     if (calls.empty()) return;
     int device = 0;
     RINGATTN_CUDA_CHECK(cudaGetDevice(&device));
-    handle_ = std::make_shared<cudnn_handle>();
     const std::int64_t qh = args.q_heads, kvh = args.kv_heads, d = args.head_dim;
     std::vector<std::int64_t> i64;
     std::vector<std::int32_t> i32;
@@ -101,7 +102,7 @@ public:
       s.backward = backward, s.type = type, s.packed = k.packed, s.mask = c.mask;
       s.batch = k.batch, s.q_heads = args.q_heads, s.kv_heads = args.kv_heads;
       s.head_dim = args.head_dim, s.scale = static_cast<float>(args.scale());
-      s.deterministic = backward, s.device = device;
+      s.deterministic = backward && deterministic, s.device = device;
       if (k.packed) {
         // Padded maxima and packed totals rounded up so that ranks and steps of nearly equal
         // shapes share one graph.
@@ -127,7 +128,7 @@ public:
       } else {
         s.s_q = p0.q_count, s.s_kv = p0.kv_count;
       }
-      k.graph = sdpa_graph_for(s, handle_->get());
+      k.graph = sdpa_graph_for(s);
       if (backward) refuse_oversized(*k.graph);
       const row_reduction rq = reduction_of(c, false);
       k.q_reduce = {put32(rq.dest),
@@ -206,10 +207,10 @@ public:
                         k.p_seq_q,  k.p_seq_kv, k.p_q_off, k.p_kv_off, k.p_stats_off,
                         dout,       dq,         dk,        dv,         k.p_o_off,
                         k.p_dkv_off};
-        run_sdpa(*k.graph, handle_->get(), stream, ptrs, 16, s);
+        run_sdpa(*k.graph, stream, ptrs, 16, s);
       } else {
         void* ptrs[] = {q, kk, v, o, stats, dout, dq, dk, dv};
-        run_sdpa(*k.graph, handle_->get(), stream, ptrs, 9, s);
+        run_sdpa(*k.graph, stream, ptrs, 9, s);
       }
       add_rows<T>(a.grad.dq, dq, qh * d, k.q_reduce.bound, stream);
       add_rows<T>(a.grad.dk, dk, kvh * d, k.kv_reduce.bound, stream);
@@ -233,14 +234,14 @@ public:
                     dq.data,
                     dk.data,
                     dv.data};
-    run_sdpa(*calls_[0].graph, handle_->get(), stream, ptrs, 9, a.scratch);
+    run_sdpa(*calls_[0].graph, stream, ptrs, 9, a.scratch);
     return true;
   }
 #endif
 
 private:
   // cuDNN's deterministic backward keeps dP in its workspace (query rows x key rows x query heads
-  // x 2 bytes): a block whose workspace exceeds the device's memory is refused here, at plan time.
+  // x 2 bytes): a call whose workspace exceeds the device's memory is refused here, at plan time.
   static void refuse_oversized(const sdpa_graph& g) {
     std::size_t free = 0, total = 0;
     RINGATTN_CUDA_CHECK(cudaMemGetInfo(&free, &total));
@@ -248,12 +249,13 @@ private:
     std::ostringstream m;
     m.setf(std::ios::fixed);
     m.precision(1);
-    m << "ringattn: cuDNN's deterministic backward of the " << g.shape.describe() << " needs "
-      << static_cast<double>(g.workspace) / (1 << 30)
-      << " GiB of workspace (query rows x key rows x query heads x 2 bytes), more than the "
-         "device's "
-      << static_cast<double>(total) / (1 << 30)
-      << " GiB: use more ranks (smaller blocks) or the native kernels";
+    m << "ringattn: cuDNN's " << (g.shape.deterministic ? "deterministic " : "")
+      << "backward of the " << g.shape.describe() << " needs "
+      << static_cast<double>(g.workspace) / (1 << 30) << " GiB of workspace"
+      << (g.shape.deterministic ? " (query rows x key rows x query heads x 2 bytes)" : "")
+      << ", more than the device's " << static_cast<double>(total) / (1 << 30)
+      << " GiB: use more ranks (smaller blocks)"
+      << (g.shape.deterministic ? ", ringattn::cudnn_atomic" : "") << " or the native kernels";
     throw invalid_argument(m.str());
   }
   struct reduce_at {
@@ -317,10 +319,10 @@ private:
     if (k.packed) {
       void* ptrs[] = {q,          kk,        v,          o,         stats,        k.p_seq_q,
                       k.p_seq_kv, k.p_q_off, k.p_kv_off, k.p_o_off, k.p_stats_off};
-      run_sdpa(*k.graph, handle_->get(), stream, ptrs, 11, workspace);
+      run_sdpa(*k.graph, stream, ptrs, 11, workspace);
     } else {
       void* ptrs[] = {q, kk, v, o, stats};
-      run_sdpa(*k.graph, handle_->get(), stream, ptrs, 5, workspace);
+      run_sdpa(*k.graph, stream, ptrs, 5, workspace);
     }
   }
 
@@ -328,20 +330,42 @@ private:
   std::size_t elem_ = 2; // fp16 and bf16
   std::int64_t q_tokens_ = 0;
   attention_arguments args_;
-  std::shared_ptr<cudnn_handle> handle_;
   std::vector<call> calls_;
   device_tables tables_;
 };
 
 } // namespace detail
 
+//! The cuDNN backward's algorithm: deterministic (bit for bit repeatable; on sm_90 its workspace
+//! holds dP, query rows x key rows x query heads x 2 bytes per call).
+struct cudnn_deterministic {
+  static constexpr bool deterministic = true;
+  static constexpr const char* name = "deterministic";
+};
+//! The cuDNN backward's algorithm: dQ accumulated with atomics (PyTorch's default; workspace
+//! linear in the rows; dQ not bitwise repeatable).
+struct cudnn_atomic {
+  static constexpr bool deterministic = false;
+  static constexpr const char* name = "atomic";
+};
+//! A cuDNN backward algorithm says whether it is deterministic and names itself.
+template <class A>
+concept cudnn_backward_algorithm = requires {
+  { A::deterministic } -> std::convertible_to<bool>;
+  { A::name } -> std::convertible_to<const char*>;
+};
+
 //! The cuDNN-backed BlockKernel under `Mask` for element type `T` (`__half` or
-//! `__nv_bfloat16`).
-template <class Mask, class T>
+//! `__nv_bfloat16`), its backward running `Algorithm`.
+template <class Mask, class T, class Algorithm = cudnn_deterministic>
 struct cudnn_kernel : host_reference<Mask> {
   static_assert(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>,
-                "ringattn::cudnn_kernel<Mask, T>: T must be __half or __nv_bfloat16");
+                "ringattn::cudnn_kernel<Mask, T, Algorithm>: T must be __half or __nv_bfloat16");
+  static_assert(cudnn_backward_algorithm<Algorithm>,
+                "ringattn::cudnn_kernel<Mask, T, Algorithm>: Algorithm must be "
+                "ringattn::cudnn_deterministic or ringattn::cudnn_atomic");
   using element_type = T;
+  using backward_algorithm = Algorithm;
   //! `prepare_device` plans the backward with the forward: cuDNN builds nothing during a call.
   static constexpr bool plans_backward_at_prepare = true;
 
@@ -350,12 +374,12 @@ struct cudnn_kernel : host_reference<Mask> {
   static forward_schedule make_forward_schedule(std::span<const block_group> groups,
                                                 std::int64_t q_tokens, std::int64_t kv_tokens,
                                                 const attention_arguments& args) {
-    return {false, dtype_of_v<T>, groups, q_tokens, kv_tokens, args};
+    return {false, Algorithm::deterministic, dtype_of_v<T>, groups, q_tokens, kv_tokens, args};
   }
   static backward_schedule make_backward_schedule(std::span<const block_group> groups,
                                                   std::int64_t q_tokens, std::int64_t kv_tokens,
                                                   const attention_arguments& args) {
-    return {true, dtype_of_v<T>, groups, q_tokens, kv_tokens, args};
+    return {true, Algorithm::deterministic, dtype_of_v<T>, groups, q_tokens, kv_tokens, args};
   }
 
   //! What the device path needs of the views beyond the ring's own checks.

@@ -109,11 +109,15 @@ enum : std::int64_t {
 };
 }
 
-//! One built graph and the workspace its plan needs.
+//! One built graph, the workspace its plan needs, and the handle it was planned with: every
+//! execution goes through that handle (cuDNN may enqueue its own work, such as zeroing an
+//! accumulator, on the stream of the handle a plan belongs to), one caller at a time.
 struct sdpa_graph {
   std::shared_ptr<fe::graph::Graph> graph;
   std::int64_t workspace = 0;
   sdpa_shape shape;
+  std::unique_ptr<cudnn_handle> handle;
+  mutable std::mutex run; //!< held from cudnnSetStream to the end of the enqueue
 };
 
 inline std::shared_ptr<fe::graph::Graph> make_sdpa_graph(const sdpa_shape& s) {
@@ -230,18 +234,22 @@ inline std::shared_ptr<fe::graph::Graph> make_sdpa_graph(const sdpa_shape& s) {
   return g;
 }
 
-//! The graph of `shape`, built and planned on first use (with `handle`), then shared. Throws
-//! `invalid_argument` naming the shape and cuDNN's reason where cuDNN cannot run it.
-inline std::shared_ptr<const sdpa_graph> sdpa_graph_for(const sdpa_shape& shape,
-                                                        cudnnHandle_t handle) {
-  static std::mutex mutex;
-  static std::map<sdpa_shape, std::shared_ptr<const sdpa_graph>> cache;
+//! The graph of `shape`, built and planned on first use (on the current device, which is
+//! `shape.device`, with a handle of its own), then shared. Throws `invalid_argument` naming the
+//! shape and cuDNN's reason where cuDNN cannot run it.
+inline std::shared_ptr<const sdpa_graph> sdpa_graph_for(const sdpa_shape& shape) {
+  // Never destroyed: the graphs' handles would otherwise be destroyed during static destruction,
+  // after the CUDA runtime may have shut down.
+  static std::mutex& mutex = *new std::mutex;
+  static auto& cache = *new std::map<sdpa_shape, std::shared_ptr<const sdpa_graph>>;
   std::lock_guard lock(mutex);
   if (auto it = cache.find(shape); it != cache.end()) return it->second;
   auto made = std::make_shared<sdpa_graph>();
   made->shape = shape;
+  made->handle = std::make_unique<cudnn_handle>();
   made->graph = make_sdpa_graph(shape);
-  fe::error_t built = made->graph->build(handle, {fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK});
+  fe::error_t built =
+      made->graph->build(made->handle->get(), {fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK});
   if (!built.is_good())
     throw invalid_argument("ringattn: cuDNN cannot run the " + shape.describe() + ": " +
                            built.get_message());
@@ -253,11 +261,13 @@ inline std::shared_ptr<const sdpa_graph> sdpa_graph_for(const sdpa_shape& shape,
   return made;
 }
 
-//! Runs a built graph on `stream` with the user pointers in uid order.
-inline void run_sdpa(const sdpa_graph& g, cudnnHandle_t handle, cudaStream_t stream, void** ptrs,
-                     int n, void* workspace) {
-  check_cudnn(cudnnSetStream(handle, stream), "cudnnSetStream");
-  fe::error_t e = g.graph->execute(handle, ptrs, n, workspace);
+//! Enqueues a built graph on `stream` with the user pointers in uid order (through the graph's
+//! own handle; callers on other threads wait for the enqueue, not for the device).
+inline void run_sdpa(const sdpa_graph& g, cudaStream_t stream, void** ptrs, int n,
+                     void* workspace) {
+  std::lock_guard lock(g.run);
+  check_cudnn(cudnnSetStream(g.handle->get(), stream), "cudnnSetStream");
+  fe::error_t e = g.graph->execute(g.handle->get(), ptrs, n, workspace);
   if (!e.is_good())
     throw error("ringattn: cuDNN's " + g.shape.describe() + " failed: " + e.get_message());
 }
