@@ -79,6 +79,9 @@ TEST_CASE_TEMPLATE("pieces hold every visible pair of a step exactly once", P, c
                   CHECK(red.dest[e] > red.dest[e - 1]);
               }
               CHECK(packed_query_rows(c).size() == static_cast<std::size_t>(c.q_rows));
+              const row_reduction in_place = in_place_reduction_of(c); // throws on a row twice
+              CHECK(in_place.dest.size() == static_cast<std::size_t>(c.q_rows));
+              CHECK(in_place.source == in_place.dest);
             }
             CHECK(rows == [&] {
               std::int64_t n = 0;
@@ -90,14 +93,66 @@ TEST_CASE_TEMPLATE("pieces hold every visible pair of a step exactly once", P, c
     }
 }
 
-TEST_CASE("pieces: zigzag's two chunks join into one bottom-right causal piece") {
-  // Rank 0 of 2 against itself, one sequence of 8: chunk 3 sees chunk 0 fully and itself causally.
+TEST_CASE("pieces: zigzag's own block is one causal piece") {
+  // Rank 0 of 2 against itself, one sequence of 8: chunk 0 sees itself causally, chunk 3 sees
+  // chunk 0 fully and itself causally; locally that is one causal 4 x 4 piece.
   partition_plan<zigzag> plan(std::vector<std::int32_t>{0, 8}, 2);
   const auto groups = group_blocks(plan.blocks(0, 0, position_window::of(mask_kind::causal)));
   const auto pieces = pieces_of(groups);
-  REQUIRE(pieces.size() == 2);
-  CHECK(pieces[0] == attention_piece{0, 2, 0, 2, piece_mask::causal_bottom_right});
-  CHECK(pieces[1] == attention_piece{2, 2, 0, 4, piece_mask::causal_bottom_right});
+  REQUIRE(pieces.size() == 1);
+  CHECK(pieces[0] == attention_piece{0, 4, 0, 4, piece_mask::causal_bottom_right});
+}
+
+TEST_CASE("pieces: a chunk that sees an earlier chunk whole and its own causally is one piece") {
+  // Rank 0 of 2 against rank 1's block (chunks 1 and 2), one sequence of 8: chunk 3 sees chunk 1
+  // and chunk 2 whole; chunk 0 sees neither. Rank 1 against rank 0's block: chunk 1 sees chunk
+  // 0, chunk 2 sees chunk 0 (both whole).
+  partition_plan<zigzag> plan(std::vector<std::int32_t>{0, 8}, 2);
+  const auto a = pieces_of(group_blocks(plan.blocks(0, 1, position_window::of(mask_kind::causal))));
+  REQUIRE(a.size() == 1);
+  CHECK(a[0] == attention_piece{2, 2, 0, 4, piece_mask::full});
+  // Rows of one sequence that continue a causal diagonal (bottom-right, 2 keys ahead) join too.
+  const std::vector<attention_piece> diagonal{{0, 2, 0, 4, piece_mask::causal_bottom_right},
+                                              {2, 3, 0, 7, piece_mask::causal_bottom_right}};
+  std::vector<block_group> groups(2);
+  for (int i = 0; i < 2; ++i) {
+    groups[i] = {diagonal[i].q_begin, diagonal[i].q_count, 1, {}};
+    groups[i].kv[0] = {0, diagonal[i].kv_count,
+                       band{-unbounded, diagonal[i].kv_count - diagonal[i].q_count}};
+  }
+  const auto b = pieces_of(groups);
+  REQUIRE(b.size() == 1);
+  CHECK(b[0] == attention_piece{0, 5, 0, 7, piece_mask::causal_bottom_right});
+}
+
+TEST_CASE("pieces: zigzag's two chunks that both see an earlier chunk whole are one full piece") {
+  // Rank 1 of 2 (chunks 1 and 2 of 4, c = 2) against rank 0's block (chunks 0 and 3): both
+  // query chunks see chunk 0 whole and chunk 3 not at all.
+  partition_plan<zigzag> plan(std::vector<std::int32_t>{0, 8}, 2);
+  const auto groups = group_blocks(plan.blocks(1, 0, position_window::of(mask_kind::causal)));
+  REQUIRE(groups.size() == 2);
+  const auto pieces = pieces_of(groups);
+  REQUIRE(pieces.size() == 1);
+  CHECK(pieces[0] == attention_piece{0, 4, 0, 2, piece_mask::full});
+}
+
+TEST_CASE("calls: pieces that compute one query row go to different calls") {
+  const std::vector<attention_piece> pieces{{0, 4, 0, 4, piece_mask::full},
+                                            {2, 4, 8, 3, piece_mask::full},
+                                            {6, 2, 0, 2, piece_mask::full},
+                                            {0, 3, 4, 3, piece_mask::causal_bottom_right}};
+  const auto calls = calls_of(pieces);
+  REQUIRE(calls.size() == 3);
+  CHECK(calls[0].pieces == std::vector<attention_piece>{pieces[0], pieces[2]});
+  CHECK(calls[0].q_rows == 6);
+  CHECK(calls[1].pieces == std::vector<attention_piece>{pieces[1]});
+  CHECK(calls[2].mask == piece_mask::causal_bottom_right);
+  const row_reduction r = in_place_reduction_of(calls[0]);
+  CHECK(r.dest == std::vector<std::int32_t>{0, 1, 2, 3, 6, 7});
+  CHECK(r.first == std::vector<std::int32_t>{0, 1, 2, 3, 4, 5, 6});
+  piece_call twice;
+  twice.pieces = {pieces[0], pieces[1]};
+  CHECK_THROWS_AS((void)in_place_reduction_of(twice), invalid_argument);
 }
 
 TEST_CASE("pieces: a band with a lower bound is refused") {

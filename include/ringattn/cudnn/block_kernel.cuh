@@ -108,7 +108,9 @@ public:
         // shapes share one graph.
         auto up = [](std::int64_t n, std::int64_t to) { return (n + to - 1) / to * to; };
         s.s_q = up(c.max_q, 64), s.s_kv = up(c.max_kv, 64);
-        s.total_q = up(c.q_rows, 256), s.total_kv = up(c.kv_rows, 256);
+        // The backward's query side (Q, O, dO, dQ, Stats) lies at the Q shard's own rows: cuDNN's
+        // atomic dQ accumulation is right only where dQ's rows are Q's.
+        s.total_q = up(backward ? q_tokens : c.q_rows, 256), s.total_kv = up(c.kv_rows, 256);
         std::vector<std::int32_t> seq_q, seq_kv;
         std::vector<std::int64_t> q_off, kv_off, o_off, stats_off, dkv_off;
         std::int64_t pq = 0, pk = 0;
@@ -116,12 +118,15 @@ public:
           seq_q.push_back(static_cast<std::int32_t>(p.q_count));
           seq_kv.push_back(static_cast<std::int32_t>(p.kv_count));
           q_off.push_back(p.q_begin * qh * d), kv_off.push_back(p.kv_begin * kvh * d);
-          o_off.push_back(pq * qh * d), stats_off.push_back(pq * qh),
+          const std::int64_t at = backward ? p.q_begin : pq;
+          o_off.push_back(at * qh * d), stats_off.push_back(at * qh),
               dkv_off.push_back(pk * kvh * d);
           pq += p.q_count, pk += p.kv_count;
         }
         q_off.push_back(q_tokens * qh * d), kv_off.push_back(kv_off.back());
-        o_off.push_back(pq * qh * d), stats_off.push_back(pq * qh), dkv_off.push_back(pk * kvh * d);
+        const std::int64_t end = backward ? q_tokens : pq;
+        o_off.push_back(end * qh * d), stats_off.push_back(end * qh),
+            dkv_off.push_back(pk * kvh * d);
         k.seq_q = put32(seq_q), k.seq_kv = put32(seq_kv);
         k.q_off = put64(q_off), k.kv_off = put64(kv_off), k.o_off = put64(o_off);
         k.stats_off = put64(stats_off), k.dkv_off = put64(dkv_off);
@@ -130,7 +135,7 @@ public:
       }
       k.graph = sdpa_graph_for(s);
       if (backward) refuse_oversized(*k.graph);
-      const row_reduction rq = reduction_of(c, false);
+      const row_reduction rq = backward ? in_place_reduction_of(c) : reduction_of(c, false);
       k.q_reduce = {put32(rq.dest),
                     put32(rq.first),
                     put32(rq.source),
@@ -143,7 +148,16 @@ public:
                        put32(rk.source),
                        static_cast<std::int64_t>(rk.dest.size()),
                        {}};
-        k.rows = put32(packed_query_rows(c));
+        // Stats rows: the packed call's at the shard's rows (every row gathered), the dense
+        // call's its piece's rows.
+        std::vector<std::int32_t> rows = packed_query_rows(c);
+        if (k.packed) {
+          rows.resize(static_cast<std::size_t>(q_tokens));
+          for (std::size_t r = 0; r < rows.size(); ++r)
+            rows[r] = static_cast<std::int32_t>(r);
+        }
+        k.stats_rows = static_cast<std::int64_t>(rows.size());
+        k.rows = put32(rows);
       }
       calls_.push_back(k);
     }
@@ -189,12 +203,12 @@ public:
     for (const call& k : calls_) {
       const scratch_layout l = layout(k);
       std::byte* s = a.scratch;
-      T* dq = reinterpret_cast<T*>(s + l.first);
+      T* dq = reinterpret_cast<T*>(s + l.first) + (k.packed ? 0 : k.q_begin * qh * d);
       T* dk = reinterpret_cast<T*>(s + l.second);
       T* dv = reinterpret_cast<T*>(s + l.third);
       float* stats = reinterpret_cast<float*>(s + l.stats);
-      gather_lse(a.lse, q_tokens_, args_.q_heads, k.rows_ptr, k.q_rows, stats, k.packed ? qh : 1,
-                 k.packed ? 1 : k.q_rows, stream);
+      gather_lse(a.lse, q_tokens_, args_.q_heads, k.rows_ptr, k.stats_rows, stats,
+                 k.packed ? qh : 1, k.packed ? 1 : k.q_rows, stream);
       const std::int64_t qo = k.packed ? 0 : k.q_begin * qh * d;
       const std::int64_t ko = k.packed ? 0 : k.kv_begin * kvh * d;
       void* q = const_cast<T*>(a.q.data + qo);
@@ -266,7 +280,7 @@ private:
   struct call {
     std::shared_ptr<const sdpa_graph> graph;
     bool packed = false, whole = false, whole_kv = false;
-    std::int64_t batch = 1, q_rows = 0, kv_rows = 0, q_begin = 0, kv_begin = 0;
+    std::int64_t batch = 1, q_rows = 0, kv_rows = 0, q_begin = 0, kv_begin = 0, stats_rows = 0;
     std::size_t seq_q = 0, seq_kv = 0, q_off = 0, kv_off = 0, o_off = 0, stats_off = 0, dkv_off = 0,
                 rows = 0;
     reduce_at q_reduce, kv_reduce;
@@ -298,13 +312,16 @@ private:
     scratch_layout l;
     l.first = align256(static_cast<std::size_t>(k.graph->workspace));
     if (backward_) {
-      l.second = l.first + align256(q_rows * row);
+      // dQ at the shard's rows; the stats of every shard row (packed) or of the piece's (dense)
+      const auto q_tokens = static_cast<std::size_t>(q_tokens_);
+      l.second = l.first + align256(q_tokens * row);
       l.third = l.second + align256(kv_rows * kv_row);
       l.stats = l.third + align256(kv_rows * kv_row);
+      l.total = l.stats + align256(static_cast<std::size_t>(k.stats_rows) * qh * sizeof(float));
     } else {
       l.stats = l.first + align256(q_rows * row);
+      l.total = l.stats + align256(q_rows * qh * sizeof(float));
     }
-    l.total = l.stats + align256(q_rows * qh * sizeof(float));
     return l;
   }
   template <class T>

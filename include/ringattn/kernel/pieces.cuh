@@ -10,14 +10,16 @@
 //! (zigzag's two chunks of a source) join into one key range when one band describes both; the
 //! band `j - i <= hi` (no lower bound: full and causal masks) is then cut into pieces: rows that
 //! see no key are dropped, rows that see part of the range form one bottom-right causal piece,
-//! rows that see all of it one full piece. Every visible (row, key) pair lies in exactly one
-//! piece and every row of a piece sees at least one key, so a piece's log-sum-exp is finite.
+//! rows that see all of it one full piece; pieces of adjacent query rows then join where one
+//! mask describes both. Every visible (row, key) pair lies in exactly one piece and every row of a
+//! piece sees at least one key, so a piece's log-sum-exp is finite.
 //!
-//! A *call* is the pieces of one step under one mask. Its outputs are packed: piece b's rows at
-//! scratch rows `[q_scratch(b), q_scratch(b) + q_count)` (and its keys likewise), so that no two
-//! pieces write the same place even where they read the same rows. A `row_reduction` then names,
-//! per destination row, the scratch rows that belong to it, in piece order: merges and sums
-//! follow it, so every result is the same bit for bit from call to call.
+//! A *call* is pieces of one step under one mask that compute no query row twice. Its outputs are
+//! packed: piece b's rows at scratch rows `[q_scratch(b), q_scratch(b) + q_count)` (and its keys
+//! likewise), so that no two pieces write the same place even where they read the same rows; or,
+//! on the query side, at the rows' own places. A `row_reduction` then names, per destination row,
+//! the scratch rows that belong to it, in piece order: merges and sums follow it, so every result
+//! is the same bit for bit from call to call.
 //!
 //! \code
 //! auto pieces = ringattn::pieces_of(step.groups);       // plan time
@@ -145,7 +147,24 @@ inline std::vector<attention_piece> pieces_of(std::span<const block_group> group
         out.push_back({q0 + partial, rows - partial, s.begin, m, piece_mask::full});
     }
   }
-  return out;
+  // Pieces of adjacent query rows from the same first key join where one mask describes both:
+  // full pieces against the same keys (zigzag's two chunks of a rank both see a whole earlier
+  // chunk: one piece of 2c rows), and causal pieces on one diagonal (zigzag's own block, chunk
+  // c x c and chunk c x 2c: one causal 2c x 2c piece).
+  std::vector<attention_piece> joined;
+  for (const attention_piece& p : out) {
+    auto into = std::find_if(joined.begin(), joined.end(), [&](const attention_piece& x) {
+      if (x.mask != p.mask || x.kv_begin != p.kv_begin || x.q_begin + x.q_count != p.q_begin)
+        return false;
+      return p.mask == piece_mask::full ? x.kv_count == p.kv_count
+                                        : p.kv_count == x.kv_count + p.q_count;
+    });
+    if (into != joined.end())
+      into->q_count += p.q_count, into->kv_count = p.kv_count;
+    else
+      joined.push_back(p);
+  }
+  return joined;
 }
 
 //! The pieces of one step under one mask, computed by one library call.
@@ -158,19 +177,34 @@ struct piece_call {
   std::int64_t max_kv = 0;  //!< the largest piece's key rows
 };
 
-//! The calls of one step: one per mask that occurs, full first.
+//! The calls of one step: one per mask that occurs, full first, a mask's pieces split over more
+//! calls where two of them compute the same query row, so that no call computes a row twice
+//! (a call's gradients can then be written at the rows' own places, `in_place_reduction_of`).
 inline std::vector<piece_call> calls_of(std::span<const attention_piece> pieces) {
   std::vector<piece_call> calls;
   for (piece_mask m : {piece_mask::full, piece_mask::causal_bottom_right}) {
-    piece_call c;
-    c.mask = m;
-    for (const attention_piece& p : pieces)
-      if (p.mask == m) {
-        c.pieces.push_back(p);
-        c.q_rows += p.q_count, c.kv_rows += p.kv_count;
-        c.max_q = std::max(c.max_q, p.q_count), c.max_kv = std::max(c.max_kv, p.kv_count);
+    std::vector<piece_call> of_mask;
+    std::vector<std::vector<std::pair<std::int64_t, std::int64_t>>> taken; // row ranges per call
+    for (const attention_piece& p : pieces) {
+      if (p.mask != m) continue;
+      const std::int64_t b = p.q_begin, e = p.q_begin + p.q_count;
+      std::size_t at = 0;
+      for (; at < of_mask.size(); ++at)
+        if (std::none_of(taken[at].begin(), taken[at].end(),
+                         [&](const auto& r) { return r.first < e && b < r.second; }))
+          break;
+      if (at == of_mask.size()) {
+        of_mask.emplace_back().mask = m;
+        taken.emplace_back();
       }
-    if (!c.pieces.empty()) calls.push_back(std::move(c));
+      piece_call& c = of_mask[at];
+      taken[at].emplace_back(b, e);
+      c.pieces.push_back(p);
+      c.q_rows += p.q_count, c.kv_rows += p.kv_count;
+      c.max_q = std::max(c.max_q, p.q_count), c.max_kv = std::max(c.max_kv, p.kv_count);
+    }
+    for (piece_call& c : of_mask)
+      calls.push_back(std::move(c));
   }
   return calls;
 }
@@ -210,6 +244,23 @@ inline row_reduction reduction_of(const piece_call& c, bool keys) {
     r.source.push_back(pairs[i].second);
   }
   r.first.push_back(static_cast<std::int32_t>(pairs.size()));
+  return r;
+}
+
+//! The reduction of a call's query side when its outputs lie at the rows' own places (scratch row
+//! r belongs to Q-shard row r): every row a piece computes, in order. Needs a call that computes
+//! no row twice (`calls_of` makes such calls).
+inline row_reduction in_place_reduction_of(const piece_call& c) {
+  row_reduction r;
+  for (const attention_piece& p : c.pieces)
+    for (std::int64_t i = 0; i < p.q_count; ++i)
+      r.dest.push_back(static_cast<std::int32_t>(p.q_begin + i));
+  std::sort(r.dest.begin(), r.dest.end());
+  if (std::adjacent_find(r.dest.begin(), r.dest.end()) != r.dest.end())
+    throw invalid_argument("ringattn: a library call computes a query row twice");
+  r.source = r.dest;
+  for (std::size_t i = 0; i <= r.dest.size(); ++i)
+    r.first.push_back(static_cast<std::int32_t>(i));
   return r;
 }
 
