@@ -3,7 +3,8 @@
 // sequence (single_call), in the same run: bf16, 32 query heads, 8 kv heads, head_dim 128; causal
 // (zigzag) and full (contiguous). With ringattn::cudnn (RINGATTN_BENCH_CUDNN) the same rings run
 // on the cuDNN block kernel too (cudnn_ring), and cudnn_block and native_block time one rank's
-// ring (a single block, written directly) at 2K, 8K and 32K tokens.
+// ring (a single block, written directly) at 2K, 8K and 32K tokens. The schedules rows run the
+// ring and the all-gather schedule side by side (8 ranks, 8K-64K tokens, 8 and 32 kv heads).
 // Time: host wall clock from launching every rank until every rank's stream has drained
 // (manual time), so it covers the ring's exchanges, the merges and the load balance; the single
 // call is timed the same way. A ring of one rank (the block benchmarks) is timed with CUDA events
@@ -72,20 +73,21 @@ void single_call(benchmark::State& state) {
 
 // range(0): ranks; range(1): causal; range(2): forward + backward; range(3): tokens (default
 // 64K). `Causal` and `Full` are the BlockKernels of the two masks.
-template <class P, class Causal = ringattn::causal, class Full = ringattn::full>
+template <class P, class Causal = ringattn::causal, class Full = ringattn::full,
+          class Schedule = ringattn::ring_pass, int KvHeads = kv_heads>
 void ring_forward(benchmark::State& state) {
   if (!ringattn::bench::require_gpu(state)) return;
   const std::int64_t tokens = state.range(3) > 0 ? state.range(3) : ring_tokens;
   const int ranks = static_cast<int>(state.range(0));
   const bool causal = state.range(1) != 0, backward = state.range(2) != 0;
   const std::vector<std::int32_t> cu = {0, static_cast<std::int32_t>(tokens)};
-  const ringattn::attention_arguments args{q_heads, kv_heads, head_dim, 0.0f};
+  const ringattn::attention_arguments args{q_heads, KvHeads, head_dim, 0.0f};
   T* q =
       ringattn::bench::device_uniform<T>(static_cast<std::size_t>(tokens * q_heads * head_dim), 1);
   T* k =
-      ringattn::bench::device_uniform<T>(static_cast<std::size_t>(tokens * kv_heads * head_dim), 2);
+      ringattn::bench::device_uniform<T>(static_cast<std::size_t>(tokens * KvHeads * head_dim), 2);
   T* v =
-      ringattn::bench::device_uniform<T>(static_cast<std::size_t>(tokens * kv_heads * head_dim), 3);
+      ringattn::bench::device_uniform<T>(static_cast<std::size_t>(tokens * KvHeads * head_dim), 3);
   ringattn::partition_plan<P> plan(cu, ranks);
   ringattn::device_partition_plan<P> dplan(plan);
   ringattn::in_process_group group(ranks);
@@ -98,8 +100,9 @@ void ring_forward(benchmark::State& state) {
   };
   std::vector<rank_state> rs(static_cast<std::size_t>(ranks));
   std::vector<ringattn::in_process_communicator> comms;
-  using causal_ring = ringattn::ring_attention<P, ringattn::in_process_communicator, Causal>;
-  using full_ring = ringattn::ring_attention<P, ringattn::in_process_communicator, Full>;
+  using causal_ring =
+      ringattn::ring_attention<P, ringattn::in_process_communicator, Causal, Schedule>;
+  using full_ring = ringattn::ring_attention<P, ringattn::in_process_communicator, Full, Schedule>;
   std::vector<std::unique_ptr<causal_ring>> cr;
   std::vector<std::unique_ptr<full_ring>> fr;
   ringattn::bench::gpu_timer timer; // one rank: its stream and events
@@ -136,12 +139,12 @@ void ring_forward(benchmark::State& state) {
     rank_state& s = rs[static_cast<std::size_t>(r)];
     const std::int64_t n = plan.local_tokens(r);
     RINGATTN_CUDA_CHECK(cudaMalloc(&s.q, sizeof(T) * n * q_heads * head_dim));
-    RINGATTN_CUDA_CHECK(cudaMalloc(&s.k, sizeof(T) * n * kv_heads * head_dim));
-    RINGATTN_CUDA_CHECK(cudaMalloc(&s.v, sizeof(T) * n * kv_heads * head_dim));
+    RINGATTN_CUDA_CHECK(cudaMalloc(&s.k, sizeof(T) * n * KvHeads * head_dim));
+    RINGATTN_CUDA_CHECK(cudaMalloc(&s.v, sizeof(T) * n * KvHeads * head_dim));
     RINGATTN_CUDA_CHECK(cudaMalloc(&s.out, sizeof(T) * n * q_heads * head_dim));
     RINGATTN_CUDA_CHECK(cudaMalloc(&s.dq, sizeof(T) * n * q_heads * head_dim));
-    RINGATTN_CUDA_CHECK(cudaMalloc(&s.dk, sizeof(T) * n * kv_heads * head_dim));
-    RINGATTN_CUDA_CHECK(cudaMalloc(&s.dv, sizeof(T) * n * kv_heads * head_dim));
+    RINGATTN_CUDA_CHECK(cudaMalloc(&s.dk, sizeof(T) * n * KvHeads * head_dim));
+    RINGATTN_CUDA_CHECK(cudaMalloc(&s.dv, sizeof(T) * n * KvHeads * head_dim));
     s.dout = ringattn::bench::device_uniform<T>(static_cast<std::size_t>(n * q_heads * head_dim),
                                                 10 + static_cast<std::uint64_t>(r));
     RINGATTN_CUDA_CHECK(cudaMalloc(&s.lse, sizeof(float) * n * q_heads));
@@ -156,19 +159,19 @@ void ring_forward(benchmark::State& state) {
       RINGATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
     ringattn::scatter(dplan, r, ringattn::thd_view<const T>(q, tokens, q_heads, head_dim),
                       ringattn::thd_view<T>(s.q, n, q_heads, head_dim), nullptr);
-    ringattn::scatter(dplan, r, ringattn::thd_view<const T>(k, tokens, kv_heads, head_dim),
-                      ringattn::thd_view<T>(s.k, n, kv_heads, head_dim), nullptr);
-    ringattn::scatter(dplan, r, ringattn::thd_view<const T>(v, tokens, kv_heads, head_dim),
-                      ringattn::thd_view<T>(s.v, n, kv_heads, head_dim), nullptr);
+    ringattn::scatter(dplan, r, ringattn::thd_view<const T>(k, tokens, KvHeads, head_dim),
+                      ringattn::thd_view<T>(s.k, n, KvHeads, head_dim), nullptr);
+    ringattn::scatter(dplan, r, ringattn::thd_view<const T>(v, tokens, KvHeads, head_dim),
+                      ringattn::thd_view<T>(s.v, n, KvHeads, head_dim), nullptr);
   }
   RINGATTN_CUDA_CHECK(cudaDeviceSynchronize());
   auto enqueue = [&](int r) {
     rank_state& s = rs[static_cast<std::size_t>(r)];
     const std::int64_t n = plan.local_tokens(r);
-    const ringattn::thd_view<const T> qv(s.q, n, q_heads, head_dim), kv(s.k, n, kv_heads, head_dim),
-        vv(s.v, n, kv_heads, head_dim);
+    const ringattn::thd_view<const T> qv(s.q, n, q_heads, head_dim), kv(s.k, n, KvHeads, head_dim),
+        vv(s.v, n, KvHeads, head_dim);
     const ringattn::thd_view<T> ov(s.out, n, q_heads, head_dim), dq(s.dq, n, q_heads, head_dim),
-        dk(s.dk, n, kv_heads, head_dim), dv(s.dv, n, kv_heads, head_dim);
+        dk(s.dk, n, KvHeads, head_dim), dv(s.dv, n, KvHeads, head_dim);
     const ringattn::thd_view<const T> dout(s.dout, n, q_heads, head_dim);
     auto run = [&](auto& ring) {
       ring.forward(qv, kv, vv, ov, s.lse, s.ws, s.ws_bytes, s.stream);
@@ -200,6 +203,8 @@ void ring_forward(benchmark::State& state) {
                       (std::is_same_v<Causal, ringattn::causal> ? ", native" : ", cuDNN");
   if constexpr (requires { typename Causal::backward_algorithm; })
     label += std::string(" ") + Causal::backward_algorithm::name;
+  if constexpr (std::is_same_v<Schedule, ringattn::all_gather_kv>) label += ", all-gather";
+  if constexpr (KvHeads != kv_heads) label += ", " + std::to_string(KvHeads) + " kv heads";
   state.SetLabel(label);
   for (auto& s : rs) {
     cudaFree(s.q), cudaFree(s.k), cudaFree(s.v), cudaFree(s.out), cudaFree(s.lse), cudaFree(s.ws);
@@ -223,6 +228,36 @@ BENCHMARK(ring_forward<ringattn::zigzag>)
 BENCHMARK(ring_forward<ringattn::contiguous>)
     ->ArgNames({"ranks", "causal", "backward", "tokens"})
     ->ArgsProduct({{1, 4, 8}, {0}, {0, 1}, {0}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(3);
+// The two schedules side by side: 8 ranks, 8K-64K tokens, 8 and 32 kv heads (32 query heads).
+BENCHMARK(ring_forward<ringattn::zigzag>)
+    ->Name("schedules/ring/zigzag/kv8")
+    ->ArgNames({"ranks", "causal", "backward", "tokens"})
+    ->ArgsProduct({{8}, {1}, {0, 1}, {8192, 16384, 32768, 65536}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(3);
+BENCHMARK(ring_forward<ringattn::zigzag, ringattn::causal, ringattn::full, ringattn::all_gather_kv>)
+    ->Name("schedules/all_gather/zigzag/kv8")
+    ->ArgNames({"ranks", "causal", "backward", "tokens"})
+    ->ArgsProduct({{8}, {1}, {0, 1}, {8192, 16384, 32768, 65536}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(3);
+BENCHMARK(ring_forward<ringattn::zigzag, ringattn::causal, ringattn::full, ringattn::ring_pass, 32>)
+    ->Name("schedules/ring/zigzag/kv32")
+    ->ArgNames({"ranks", "causal", "backward", "tokens"})
+    ->ArgsProduct({{8}, {1}, {0, 1}, {8192, 16384, 32768, 65536}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(3);
+BENCHMARK(
+    ring_forward<ringattn::zigzag, ringattn::causal, ringattn::full, ringattn::all_gather_kv, 32>)
+    ->Name("schedules/all_gather/zigzag/kv32")
+    ->ArgNames({"ranks", "causal", "backward", "tokens"})
+    ->ArgsProduct({{8}, {1}, {0, 1}, {8192, 16384, 32768, 65536}})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond)
     ->Iterations(3);

@@ -1,6 +1,7 @@
 #pragma once
 //! \file
-//! One concept per policy family of `ring_attention<Partitioner, Communicator, BlockKernel>`.
+//! One concept per policy family of
+//! `ring_attention<Partitioner, Communicator, BlockKernel, Schedule>`.
 //! They state type-level requirements only; the driver re-checks them with `static_assert` and a
 //! sentence a user can act on.
 
@@ -108,6 +109,17 @@ concept whole_block_backward_for = device_block_kernel_for<K, Stream> &&
     requires(const typename K::backward_schedule& bs, const block_backward_args<__nv_bfloat16>& b,
              thd_view<__nv_bfloat16> g, Stream stream) {
   { K::device_backward_whole(b, bs, g, g, g, stream) } -> std::same_as<bool>;
+};
+
+//! A Schedule decides how the K/V blocks reach the ranks that need them (the ring passes them on
+//! step by step; the all-gather gathers them once): it names itself and lays out the workspace
+//! its executors use for a rank's plan (`Plan`: the rank's per-step groups, the ring_schedule;
+//! `Layout`: the workspace layout, ring_workspace; both template parameters so this header needs
+//! neither). Its executors are static member templates the driver instantiates per call.
+template <class S, class Plan, class Layout>
+concept schedule_policy_for = requires(const Plan& plan, const attention_arguments& args) {
+  { S::name } -> std::convertible_to<const char*>;
+  { S::workspace(plan, args, std::size_t{2}) } -> std::same_as<Layout>;
 };
 
 } // namespace ringattn

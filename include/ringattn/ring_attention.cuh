@@ -1,7 +1,8 @@
 #pragma once
 //! \file
-//! `ring_attention<Partitioner, Communicator, BlockKernel>`: context-parallel attention over a
-//! ring.
+//! `ring_attention<Partitioner, Communicator, BlockKernel, Schedule>`: context-parallel
+//! attention, its K/V blocks passed around a ring (`ring_pass`, the default) or gathered once
+//! (`all_gather_kv`; ring/schedules.cuh).
 //!
 //! Each rank holds its Q, K, V shard (the partitioner's layout of a packed batch). The functor is
 //! built once per layout: the ranks agree on the arguments (ring/agreement.cuh: a disagreement is
@@ -41,6 +42,7 @@
 #include <ringattn/ring/device_executor.cuh>
 #include <ringattn/ring/host_executor.cuh>
 #include <ringattn/ring/schedule.cuh>
+#include <ringattn/ring/schedules.cuh>
 #include <ringattn/ring/validation.cuh>
 #include <ringattn/ring/workspace.cuh>
 #include <ringattn/tensor.cuh>
@@ -56,7 +58,7 @@
 
 namespace ringattn {
 
-template <class Partitioner, class Communicator, class BlockKernel>
+template <class Partitioner, class Communicator, class BlockKernel, class Schedule = ring_pass>
 class ring_attention {
   static_assert(partitioner<Partitioner>,
                 "ringattn::ring_attention: the first template argument must be a Partitioner "
@@ -69,6 +71,9 @@ class ring_attention {
                 "ringattn::ring_attention: the third template argument must be a BlockKernel "
                 "(ringattn::full, ringattn::causal, ringattn::cudnn_kernel<Mask, T> or "
                 "ringattn::host_reference<Mask>)");
+  static_assert(schedule_policy_for<Schedule, ring_schedule, ring_workspace>,
+                "ringattn::ring_attention: the fourth template argument must be a Schedule "
+                "(ringattn::ring_pass or ringattn::all_gather_kv)");
 
 public:
   //! Plans the ring for this rank. `cu_seqlens` is the *global* packed layout (batch + 1
@@ -78,7 +83,7 @@ public:
                  std::span<const std::int32_t> cu_seqlens)
       : comm_(comm), args_(args),
         plan_(detail::agreed_plan<Partitioner>(comm, args, cu_seqlens, BlockKernel::mask,
-                                               BlockKernel::name, fingerprint_)),
+                                               BlockKernel::name, Schedule::name, fingerprint_)),
         schedule_(plan_, comm.rank(), position_window::of(BlockKernel::mask)),
         checks_(args, schedule_.q_tokens(), comm.rank()),
         gate_(comm, fingerprint_, layout<__half>().largest_message(false)) {}
@@ -120,7 +125,7 @@ public:
   //! rank's fp32 dQ and D; `backward` adds one fp32 dK/dV share of the largest block.
   template <element T>
   std::size_t host_backward_workspace_bytes() const {
-    return layout<T>().host_backward_bytes();
+    return Schedule::host_backward_bytes(layout<T>());
   }
   template <element T>
   std::size_t device_backward_workspace_bytes() const {
@@ -161,7 +166,8 @@ public:
                     std::type_identity_t<thd_view<const T>> v, thd_view<T> out, float* lse,
                     std::span<std::byte> workspace) {
     guarded<T>(validate_forward(q, k, v, out, lse, workspace), call::forward_host, [&] {
-      detail::host_ring_forward<BlockKernel>(comm_, schedule_, args_, q, k, v, out, lse, workspace);
+      Schedule::template host_forward<BlockKernel, Communicator, T>(comm_, schedule_, args_, q, k,
+                                                                    v, out, lse, workspace);
     });
   }
 
@@ -181,8 +187,8 @@ public:
                      std::span<std::byte> workspace) {
     guarded<T>(validate_backward(q, k, v, out, lse, dout, dq, dk, dv, workspace),
                call::backward_host, [&] {
-                 detail::host_ring_backward<BlockKernel>(comm_, schedule_, args_, q, k, v, out, lse,
-                                                         dout, dq, dk, dv, workspace);
+                 Schedule::template host_backward<BlockKernel, Communicator, T>(
+                     comm_, schedule_, args_, q, k, v, out, lse, dout, dq, dk, dv, workspace);
                });
   }
 
@@ -227,8 +233,8 @@ public:
     const validation ok = checks_.forward(q, k, v, thd_view<const T>(out), lse, ws,
                                           device_ ? device_workspace_bytes<T>() : 0, device);
     guarded<T>(ok, call::forward, [&] {
-      detail::device_ring_forward<BlockKernel>(comm_, schedule_, *device_, args_, q, k, v, out, lse,
-                                               ws.data(), stream);
+      Schedule::template device_forward<BlockKernel, Communicator, T>(
+          comm_, schedule_, *device_, args_, q, k, v, out, lse, ws.data(), stream);
     });
   }
 
@@ -262,8 +268,9 @@ public:
                          device_ ? device_backward_workspace_bytes<T>() : 0, device);
     guarded<T>(ok, call::backward, [&] {
       device_->prepare_backward(schedule_);
-      detail::device_ring_backward<BlockKernel>(comm_, schedule_, *device_, args_, q, k, v, out,
-                                                lse, dout, dq, dk, dv, ws.data(), stream);
+      Schedule::template device_backward<BlockKernel, Communicator, T>(
+          comm_, schedule_, *device_, args_, q, k, v, out, lse, dout, dq, dk, dv, ws.data(),
+          stream);
     });
   }
 #endif
@@ -271,7 +278,7 @@ public:
 private:
   template <element T>
   ring_workspace layout() const {
-    return {schedule_.q_tokens(), schedule_.max_kv_tokens(), args_, sizeof(T)};
+    return Schedule::workspace(schedule_, args_, sizeof(T));
   }
   std::size_t with_scratch(std::size_t ring_bytes, bool backward) const {
     return detail::with_scratch<BlockKernel>(device_.get(), ring_bytes, backward);

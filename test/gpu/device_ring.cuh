@@ -15,10 +15,45 @@
 #include <array>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 namespace ringattn::test {
+
+//! Bytes rank r sends in one forward: the ring forwards every block it used but the last; the
+//! all-gather sends its own block to each other rank.
+template <class Schedule, class Ring>
+std::uint64_t expected_forward_bytes(const Ring& attn, int r, int ranks) {
+  std::uint64_t want = 0;
+  for (int t = 0; t + 1 < ranks; ++t)
+    want += attn.template block_bytes<__nv_bfloat16>(
+        std::is_same_v<Schedule, all_gather_kv> ? r : (r - t + ranks) % ranks);
+  return want;
+}
+
+//! Bytes rank r sends in one backward: the ring passes the blocks with their fp32 dK/dV and sends
+//! the last block's dK/dV home; the all-gather gathers K/V again and returns every other block's
+//! fp32 dK/dV share to its owner.
+template <class Schedule, class Ring, class Plan>
+std::uint64_t expected_backward_bytes(const Ring& attn, const Plan& plan, int r, int ranks,
+                                      const attention_arguments& a) {
+  const auto grads = [&](int src) {
+    return 2 * sizeof(float) * static_cast<std::uint64_t>(plan.local_tokens(src)) * a.kv_heads *
+           a.head_dim;
+  };
+  std::uint64_t want = 0;
+  if constexpr (std::is_same_v<Schedule, all_gather_kv>) {
+    want = expected_forward_bytes<Schedule>(attn, r, ranks);
+    for (int src = 0; src < ranks; ++src)
+      if (src != r) want += grads(src);
+  } else {
+    for (int t = 0; t + 1 < ranks; ++t)
+      want += attn.template backward_block_bytes<__nv_bfloat16>((r - t + ranks) % ranks);
+    if (ranks > 1) want += grads((r + 1) % ranks);
+  }
+  return want;
+}
 
 template <class P, class T>
 struct device_rank_run {
@@ -30,13 +65,13 @@ struct device_rank_run {
 
 //! Rank r's device forward through `comm` on the current device. The host joins the stream with
 //! the communicator's bounded `wait` where it has one (NCCL), else synchronises.
-template <class Mask, class P, class T, class Comm>
+template <class Mask, class Schedule = ring_pass, class P, class T, class Comm>
 device_rank_run<P, T> device_ring_rank(const sharded_case<P, T>& c, int r, Comm& comm,
                                        bool repeat) {
   const attention_arguments a = c.args;
   const int ranks = c.plan.ranks();
   const auto at = static_cast<std::size_t>(r);
-  ring_attention<P, Comm, Mask> attn(comm, a, c.plan.cu_seqlens());
+  ring_attention<P, Comm, Mask, Schedule> attn(comm, a, c.plan.cu_seqlens());
   attn.prepare_device();
   const std::int64_t n = attn.local_tokens();
   device_buffer<T> q(c.qs[at]), k(c.ks[at]), v(c.vs[at]);
@@ -69,8 +104,7 @@ device_rank_run<P, T> device_ring_rank(const sharded_case<P, T>& c, int r, Comm&
   RINGATTN_CUDA_CHECK(cudaStreamDestroy(stream));
   res.output = {std::move(o1), std::move(l1)};
   res.sent = (comm.bytes_sent() - sent_before) / (repeat ? 2 : 1);
-  for (int t = 0; t + 1 < ranks; ++t)
-    res.expected += attn.template block_bytes<T>((r - t + ranks) % ranks);
+  res.expected = expected_forward_bytes<Schedule>(attn, r, ranks);
   return res;
 }
 
@@ -91,13 +125,13 @@ std::vector<Run> on_device_ranks(int ranks, int devices, RankRun rank_run) {
 }
 
 //! Every rank's device forward (in-process group, rank r on device r % `devices`).
-template <class Mask, class P, class T>
+template <class Mask, class Schedule = ring_pass, class P, class T>
 std::vector<device_rank_run<P, T>> device_ring_in_process(const sharded_case<P, T>& c, int devices,
                                                           bool repeat) {
-  return on_device_ranks<device_rank_run<P, T>>(c.plan.ranks(), devices,
-                                                [&](int r, in_process_communicator& comm) {
-                                                  return device_ring_rank<Mask>(c, r, comm, repeat);
-                                                });
+  return on_device_ranks<device_rank_run<P, T>>(
+      c.plan.ranks(), devices, [&](int r, in_process_communicator& comm) {
+        return device_ring_rank<Mask, Schedule>(c, r, comm, repeat);
+      });
 }
 
 //! All ranks' outputs against the oracle (the block kernel's bf16 tolerances, see
@@ -124,7 +158,7 @@ void check_device_ring(const sharded_case<P, T>& c,
 //! Every P in {1, 2, 3, 4, 8}: a packed batch of three sequences of odd lengths (up to 700
 //! tokens, 150 with RINGATTN_TEST_SMALL) through the device ring of `Kernel` on virtual ranks,
 //! against the oracle; two forwards compared bit for bit at P = 3, or at every P.
-template <class P, class Kernel>
+template <class P, class Kernel, class Schedule = ring_pass>
 void check_ring_matrix(attention_arguments a, bool repeat_every_p) {
   using T = __nv_bfloat16;
   const auto seed = fresh_seed();
@@ -135,7 +169,8 @@ void check_ring_matrix(attention_arguments a, bool repeat_every_p) {
     std::mt19937_64 rng(seed + static_cast<std::uint64_t>(ranks));
     sharded_case<P, T> c(random_cu_seqlens(3, 1, small ? 150 : 700, rng), ranks, a, Kernel::mask,
                          rng);
-    check_device_ring(c, device_ring_in_process<Kernel>(c, 1, repeat_every_p || ranks == 3));
+    check_device_ring(c,
+                      device_ring_in_process<Kernel, Schedule>(c, 1, repeat_every_p || ranks == 3));
   }
 }
 
@@ -149,13 +184,13 @@ struct device_backward_run {
 
 //! Rank r's device forward, then its device backward from that forward's out and lse (twice
 //! when `repeat`), on the current device, into poisoned gradients.
-template <class Mask, class P, class T, class Comm>
+template <class Mask, class Schedule = ring_pass, class P, class T, class Comm>
 device_backward_run<P, T> device_backward_rank(const sharded_backward_case<P, T>& c, int r,
                                                Comm& comm, bool repeat) {
   const attention_arguments a = c.args;
   const int ranks = c.plan.ranks();
   const auto at = static_cast<std::size_t>(r);
-  ring_attention<P, Comm, Mask> attn(comm, a, c.plan.cu_seqlens());
+  ring_attention<P, Comm, Mask, Schedule> attn(comm, a, c.plan.cu_seqlens());
   attn.prepare_device();
   const std::int64_t n = attn.local_tokens();
   const int qh = a.q_heads, kvh = a.kv_heads, d = a.head_dim;
@@ -204,21 +239,17 @@ device_backward_run<P, T> device_backward_rank(const sharded_backward_case<P, T>
   }
   RINGATTN_CUDA_CHECK(cudaStreamDestroy(stream));
   res.sent = (comm.bytes_sent() - before) / (repeat ? 2 : 1);
-  for (int t = 0; t + 1 < ranks; ++t)
-    res.expected += attn.template backward_block_bytes<T>((r - t + ranks) % ranks);
-  if (ranks > 1)
-    res.expected += 2 * sizeof(float) *
-                    static_cast<std::size_t>(c.plan.local_tokens((r + 1) % ranks)) * kvh * d;
+  res.expected = expected_backward_bytes<Schedule>(attn, c.plan, r, ranks, a);
   return res;
 }
 
 //! Every rank's device backward (in-process group, rank r on device r % `devices`).
-template <class Mask, class P, class T>
+template <class Mask, class Schedule = ring_pass, class P, class T>
 std::vector<device_backward_run<P, T>>
 device_backward_in_process(const sharded_backward_case<P, T>& c, int devices, bool repeat) {
   return on_device_ranks<device_backward_run<P, T>>(
       c.plan.ranks(), devices, [&](int r, in_process_communicator& comm) {
-        return device_backward_rank<Mask>(c, r, comm, repeat);
+        return device_backward_rank<Mask, Schedule>(c, r, comm, repeat);
       });
 }
 

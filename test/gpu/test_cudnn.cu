@@ -1,8 +1,8 @@
 // The cuDNN block kernel (ringattn::cudnn_kernel): the device ring's matrix with cuDNN computing
 // every block — every partitioner x {full, causal} x P in {1, 2, 3, 4, 8} virtual ranks x GQA
 // 1 and 4, packed batches of odd lengths, forward and backward against the float64 oracle;
-// fp16 and head_dim 64; repeatability; the backward with cuDNN's atomic dQ (the same matrix, no
-// bitwise repeat); one rank over one sequence (cuDNN writes the outputs
+// fp16 and head_dim 64; the all-gather schedule; repeatability; the backward with cuDNN's atomic dQ
+// (the same matrix, no bitwise repeat); one rank over one sequence (cuDNN writes the outputs
 // directly); a one-rank ring captured in a CUDA graph and replayed bit for bit; bad views refused
 // before anything runs.
 // Tolerances (bf16): forward 8e-3 relative L2 on O and 2e-3 absolute on LSE, as the native
@@ -34,7 +34,7 @@ void check_forward(attention_arguments a) {
   test::check_ring_matrix<P, Kernel>(a, /*repeat_every_p=*/true);
 }
 
-template <class P, class Kernel, class Native, class E = T>
+template <class P, class Kernel, class Native, class E = T, class Schedule = ring_pass>
 void check_backward(attention_arguments a, bool repeat) {
   const auto seed = test::fresh_seed();
   CAPTURE(seed);
@@ -45,12 +45,12 @@ void check_backward(attention_arguments a, bool repeat) {
     CAPTURE(ranks);
     std::mt19937_64 rng(seed + 1);
     test::sharded_backward_case<P, E> c(cu, ranks, a, Kernel::mask, rng);
-    const auto err =
-        test::check_device_backward(c, test::device_backward_in_process<Kernel>(c, 1, repeat));
+    const auto err = test::check_device_backward(
+        c, test::device_backward_in_process<Kernel, Schedule>(c, 1, repeat));
     const auto native =
         test::check_device_backward(c, test::device_backward_in_process<Native>(c, 1, false));
-    MESSAGE(std::string(P::name), ' ', std::string(Kernel::name),
-            (std::is_same_v<E, __half> ? " fp16" : " bf16"), " heads ", a.q_heads, '/', a.kv_heads,
+    MESSAGE(std::string(P::name), " ", std::string(Kernel::name),
+            (std::is_same_v<E, __half> ? " fp16" : " bf16"), " heads ", a.q_heads, "/", a.kv_heads,
             " d", a.head_dim, ", ", ranks, " ranks: cuDNN dq ", err[0], " dk ", err[1], " dv ",
             err[2], "; native dq ", native[0], " dk ", native[1], " dv ", native[2]);
   }
@@ -84,6 +84,16 @@ TEST_CASE_TEMPLATE("cuDNN block kernel, atomic dQ: device ring backward equals t
     CAPTURE(a.kv_heads);
     check_backward<P, atomic_full, full>(a, false);
     check_backward<P, atomic_causal, causal>(a, false);
+  }
+}
+
+TEST_CASE("cuDNN block kernel on the all-gather schedule equals the oracle") {
+  for (attention_arguments a : {attention_arguments{8, 2, 128, 0.0f}, {8, 1, 128, 0.0f}}) {
+    CAPTURE(a.kv_heads);
+    test::check_ring_matrix<zigzag, cudnn_causal, all_gather_kv>(a, true);
+    test::check_ring_matrix<contiguous, cudnn_full, all_gather_kv>(a, true);
+    check_backward<zigzag, cudnn_causal, causal, T, all_gather_kv>(a, true);
+    check_backward<round_robin, cudnn_full, full, T, all_gather_kv>(a, true);
   }
 }
 

@@ -1,6 +1,7 @@
 // The device ring: P virtual ranks on one GPU (threads of an in-process group, each with its own
 // stream), every partitioner x {full, causal} x P in {1, 2, 3, 4, 8} against the float64 oracle;
-// bytes per step; bitwise repeatability. (Ranks on several GPUs: test/multi_gpu.)
+// bytes per step; bitwise repeatability. The same for the all-gather schedule, with GQA 1, 4 and
+// 8. (Ranks on several GPUs: test/multi_gpu.)
 #include "device_ring.cuh"
 
 #include <ringattn/partition/contiguous.cuh>
@@ -10,6 +11,7 @@
 #include <doctest/doctest.h>
 
 #include <cstdlib>
+#include <string>
 #include <type_traits>
 
 using namespace ringattn;
@@ -24,8 +26,8 @@ TEST_CASE_TEMPLATE("device ring, virtual ranks on one GPU, equals the oracle", P
   test::check_ring_matrix<P, causal>({8, 2, 128, 0.0f}, false);
 }
 
-template <class P, class Mask, class E = T>
-void check_backward() {
+template <class P, class Mask, class E = T, class Schedule = ring_pass>
+void check_backward(attention_arguments a = {8, 2, 128, 0.0f}) {
   const auto seed = test::fresh_seed();
   CAPTURE(seed);
   const bool small = std::getenv("RINGATTN_TEST_SMALL") != nullptr;
@@ -35,11 +37,13 @@ void check_backward() {
   for (int ranks : {1, 2, 3, 4, 8}) {
     CAPTURE(ranks);
     std::mt19937_64 rng(seed + 1);
-    test::sharded_backward_case<P, E> c(cu, ranks, {8, 2, 128, 0.0f}, Mask::mask, rng);
+    test::sharded_backward_case<P, E> c(cu, ranks, a, Mask::mask, rng);
     const auto err = test::check_device_backward(
-        c, test::device_backward_in_process<Mask>(c, /*devices=*/1, /*repeat=*/ranks == 3));
-    MESSAGE((std::is_same_v<E, __half> ? "fp16, " : "bf16, "), ranks, " ranks: dq ", err[0],
-            ", dk ", err[1], ", dv ", err[2]);
+        c, test::device_backward_in_process<Mask, Schedule>(c, /*devices=*/1,
+                                                            /*repeat=*/ranks == 3));
+    MESSAGE(std::string(Schedule::name), (std::is_same_v<E, __half> ? " fp16, " : " bf16, "),
+            a.q_heads, "/", a.kv_heads, " heads, ", ranks, " ranks: dq ", err[0], ", dk ", err[1],
+            ", dv ", err[2]);
     for (std::size_t i = 0; i < 3; ++i) {
       if (ranks == 1) at_p1[i] = err[i];
       if (ranks == 8) CHECK(err[i] <= 1.2 * at_p1[i]);
@@ -53,4 +57,24 @@ TEST_CASE_TEMPLATE("device ring backward, virtual ranks on one GPU, equals the o
   check_backward<P, causal>();
   check_backward<P, full, __half>();
   check_backward<P, causal, __half>();
+}
+
+TEST_CASE_TEMPLATE("device all-gather, virtual ranks on one GPU, equals the oracle", P, contiguous,
+                   round_robin, zigzag) {
+  for (int group : {1, 4, 8}) {
+    CAPTURE(group);
+    const attention_arguments a{8, 8 / group, 128, 0.0f};
+    test::check_ring_matrix<P, full, all_gather_kv>(a, false);
+    test::check_ring_matrix<P, causal, all_gather_kv>(a, false);
+  }
+}
+
+TEST_CASE_TEMPLATE("device all-gather backward, virtual ranks on one GPU, equals the oracle", P,
+                   contiguous, round_robin, zigzag) {
+  for (int group : {1, 4, 8}) {
+    CAPTURE(group);
+    const attention_arguments a{8, 8 / group, 128, 0.0f};
+    check_backward<P, full, T, all_gather_kv>(a);
+    check_backward<P, causal, T, all_gather_kv>(a);
+  }
 }

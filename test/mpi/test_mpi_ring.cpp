@@ -1,6 +1,7 @@
 // The host ring under mpirun: one process per rank, mpi_communicator, every partitioner x mask x
-// GQA x packed odd lengths, forward and backward, against the float64 oracle (each rank checks its
-// own shard); bytes per step; plan-time disagreement.
+// GQA 1, 4, 8 x packed odd lengths, forward and backward, against the float64 oracle (each rank
+// checks its own shard), on both schedules (the ring and the all-gather); bytes per rank;
+// plan-time disagreement.
 #include "../sharded_backward_case.hpp"
 
 #include <ringattn/comm/mpi.cuh>
@@ -16,27 +17,31 @@
 #include <cmath>
 #include <string>
 #include <thread>
+#include <type_traits>
 
 using namespace ringattn;
 
 namespace {
-template <class P, class Mask>
+template <class P, class Mask, class Schedule = ring_pass>
 void check_ring(mpi_communicator& comm, std::uint64_t seed) {
-  for (int group : {1, 4}) {
+  constexpr bool gather = std::is_same_v<Schedule, all_gather_kv>;
+  for (int group : {1, 4, 8}) {
     CAPTURE(group);
     std::mt19937_64 rng(seed + static_cast<std::uint64_t>(group)); // same inputs on every rank
     const auto cu = test::random_cu_seqlens(3, 1, 61, rng);
-    test::sharded_backward_case<P, __nv_bfloat16> c(cu, comm.size(), {4, 4 / group, 64, 0.0f},
+    test::sharded_backward_case<P, __nv_bfloat16> c(cu, comm.size(), {8, 8 / group, 64, 0.0f},
                                                     Mask::mask, rng);
     const auto ref = c.oracle();
     const attention_arguments a = c.args;
-    ring_attention<P, mpi_communicator, Mask> attn(comm, a, cu);
-    const int r = comm.rank();
+    ring_attention<P, mpi_communicator, Mask, Schedule> attn(comm, a, cu);
+    const int r = comm.rank(), p = comm.size();
     const std::uint64_t before = comm.bytes_sent();
     const auto out = c.forward_rank(attn, r);
+    // The ring: every step but the last sends the block it used. The all-gather: the own block
+    // to each of the others.
     std::uint64_t want = 0;
-    for (int t = 0; t + 1 < comm.size(); ++t)
-      want += attn.template block_bytes<__nv_bfloat16>((r - t + comm.size()) % comm.size());
+    for (int t = 0; t + 1 < p; ++t)
+      want += attn.template block_bytes<__nv_bfloat16>(gather ? r : (r - t + p) % p);
     CHECK(comm.bytes_sent() - before == want);
     // The relative error of the whole output: every rank's sums, reduced over ranks.
     const auto part = c.rank_error(r, out, ref);
@@ -50,14 +55,20 @@ void check_ring(mpi_communicator& comm, std::uint64_t seed) {
     // Backward from this forward's output: dq, dk, dv of every rank against the oracle's backward.
     const std::uint64_t before_backward = comm.bytes_sent();
     const auto g = c.backward_rank(attn, r, out);
+    const auto grad_bytes = [&](int src) {
+      return 2 * sizeof(float) * static_cast<std::size_t>(c.plan.local_tokens(src)) * a.kv_heads *
+             a.head_dim;
+    };
     std::uint64_t want_backward = 0;
-    for (int t = 0; t + 1 < comm.size(); ++t)
-      want_backward +=
-          attn.template backward_block_bytes<__nv_bfloat16>((r - t + comm.size()) % comm.size());
-    if (comm.size() > 1)
-      want_backward += 2 * sizeof(float) *
-                       static_cast<std::size_t>(c.plan.local_tokens((r + 1) % comm.size())) *
-                       a.kv_heads * a.head_dim;
+    if constexpr (gather) { // the gather again, then each other block's dK/dV share home
+      want_backward = want;
+      for (int src = 0; src < p; ++src)
+        if (src != r) want_backward += grad_bytes(src);
+    } else { // blocks travel with their dK/dV; the last one's go home
+      for (int t = 0; t + 1 < p; ++t)
+        want_backward += attn.template backward_block_bytes<__nv_bfloat16>((r - t + p) % p);
+      if (p > 1) want_backward += grad_bytes((r + 1) % p);
+    }
     CHECK(comm.bytes_sent() - before_backward == want_backward);
     const auto gp = c.rank_grad_error(r, g, c.oracle_backward());
     double gs[6] = {gp.num[0], gp.num[1], gp.num[2], gp.den[0], gp.den[1], gp.den[2]}, gt[6] = {};
@@ -84,6 +95,15 @@ TEST_CASE_TEMPLATE("MPI ring equals the oracle on every rank: full and causal", 
   CAPTURE(seed);
   check_ring<P, full>(comm, seed);
   check_ring<P, causal>(comm, seed);
+}
+
+TEST_CASE_TEMPLATE("MPI all-gather equals the oracle on every rank: full and causal", P, contiguous,
+                   round_robin, zigzag) {
+  mpi_communicator comm(MPI_COMM_WORLD);
+  const auto seed = shared_seed();
+  CAPTURE(seed);
+  check_ring<P, full, all_gather_kv>(comm, seed);
+  check_ring<P, causal, all_gather_kv>(comm, seed);
 }
 
 TEST_CASE("MPI: ranks that disagree are rejected at plan time on every rank") {

@@ -26,6 +26,7 @@ struct ring_fingerprint {
   std::uint64_t cu_seqlens_hash;
   std::uint64_t partitioner_hash;
   std::uint64_t kernel_hash;
+  std::uint64_t schedule_hash;
   std::int32_t ranks, batch, q_heads, kv_heads, head_dim, mask;
   std::uint32_t scale_bits;
   std::int32_t padding = 0;
@@ -40,12 +41,13 @@ inline std::uint64_t fnv1a(const void* p, std::size_t n, std::uint64_t h = 14695
 inline std::uint64_t fnv1a(const char* s) { return fnv1a(s, std::char_traits<char>::length(s)); }
 
 //! The plan every rank of `comm` agrees on, or `invalid_argument` on every rank. `kernel` names
-//! the BlockKernel model (its type), `mask` its mask. `fingerprint` receives a hash of what the
-//! ranks agreed on (the same on every rank), by which later calls name their ring.
+//! the BlockKernel model (its type), `mask` its mask, `schedule` the Schedule model. `fingerprint`
+//! receives a hash of what the ranks agreed on (the same on every rank), by which later calls name
+//! their ring.
 template <class Partitioner, class Communicator>
-partition_plan<Partitioner> agreed_plan(Communicator& comm, const attention_arguments& args,
-                                        std::span<const std::int32_t> cu, mask_kind mask,
-                                        const char* kernel, std::uint64_t& fingerprint) {
+partition_plan<Partitioner>
+agreed_plan(Communicator& comm, const attention_arguments& args, std::span<const std::int32_t> cu,
+            mask_kind mask, const char* kernel, const char* schedule, std::uint64_t& fingerprint) {
   validation own = args.validate();
   own.require(partition_plan<Partitioner>::validate(cu, comm.size()));
   ring_fingerprint mine{};
@@ -55,6 +57,7 @@ partition_plan<Partitioner> agreed_plan(Communicator& comm, const attention_argu
     mine.cu_seqlens_hash = fnv1a(cu.data(), cu.size_bytes());
     mine.partitioner_hash = fnv1a(Partitioner::name);
     mine.kernel_hash = fnv1a(kernel);
+    mine.schedule_hash = fnv1a(schedule);
     mine.ranks = comm.size();
     mine.batch = static_cast<std::int32_t>(cu.size()) - 1;
     mine.q_heads = args.q_heads;
@@ -85,6 +88,8 @@ partition_plan<Partitioner> agreed_plan(Communicator& comm, const attention_argu
     differ(x.mask == ref.mask, "the mask", to_string(static_cast<mask_kind>(x.mask)),
            to_string(static_cast<mask_kind>(ref.mask)));
     differ(x.kernel_hash == ref.kernel_hash, "the block kernel", "a different one", kernel);
+    v.require(x.schedule_hash == ref.schedule_hash, "rank ", r,
+              " disagrees with rank 0 on the schedule (this rank's is ", schedule, ")");
     differ(x.partitioner_hash == ref.partitioner_hash, "the partitioner", "a different one",
            Partitioner::name);
     differ(x.tokens == ref.tokens, "the total token count", x.tokens, ref.tokens);

@@ -24,6 +24,7 @@
 #include <array>
 #include <concepts>
 #include <cstddef>
+#include <initializer_list>
 #include <string>
 #include <utility>
 #include <vector>
@@ -47,6 +48,11 @@ public:
       RINGATTN_CUDA_CHECK(cudaStreamCreateWithPriority(&comm, cudaStreamNonBlocking, greatest));
       for (cudaEvent_t* e : events())
         RINGATTN_CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+      arrived.resize(static_cast<std::size_t>(s.ranks()));
+      computed.resize(static_cast<std::size_t>(s.ranks()));
+      for (std::vector<cudaEvent_t>* list : {&arrived, &computed})
+        for (cudaEvent_t& e : *list)
+          RINGATTN_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
       for (const ring_step& step : s.steps())
         forward.push_back(
             BlockKernel::make_forward_schedule(step.groups, s.q_tokens(), step.kv_tokens, args));
@@ -87,6 +93,8 @@ public:
   cudaEvent_t own_ready = nullptr, comm_end = nullptr;
   cudaEvent_t compute_done[2] = {}, recv_done[2] = {};
   cudaEvent_t grads_recv[2] = {}, grads_ready[2] = {}; // backward: dK/dV arrived, complete
+  // The all-gather schedule: per block, arrived (its K/V) and computed (its dK/dV share).
+  std::vector<cudaEvent_t> arrived, computed;
   std::vector<typename BlockKernel::forward_schedule> forward;
   std::vector<typename BlockKernel::backward_schedule> backward;
 
@@ -95,6 +103,9 @@ private:
   void release() noexcept {
     for (cudaEvent_t* e : events())
       if (*e) cudaEventDestroy(std::exchange(*e, nullptr));
+    for (std::vector<cudaEvent_t>* list : {&arrived, &computed})
+      for (cudaEvent_t& e : *list)
+        if (e) cudaEventDestroy(std::exchange(e, nullptr));
     if (comm) cudaStreamDestroy(std::exchange(comm, nullptr));
   }
   std::array<cudaEvent_t*, 10> events() {

@@ -29,6 +29,23 @@ void copy_own_block_host(thd_view<const T> k, thd_view<const T> v, const Block& 
     }
 }
 
+//! A rank's fp32 gradient sums (dense `[tokens, heads, head_dim]`) into its dq, dk and dv.
+template <element T>
+void write_host_gradients(const float* dq_acc, const float* dk_acc, const float* dv_acc,
+                          thd_view<T> dq, thd_view<T> dk, thd_view<T> dv) {
+  const int qh = dq.heads, kvh = dk.heads, d = dq.head_dim;
+  for (std::int64_t t = 0; t < dq.tokens; ++t) {
+    for (int h = 0; h < qh; ++h)
+      for (int e = 0; e < d; ++e)
+        dq(t, h, e) = from_float<T>(dq_acc[(t * qh + h) * d + e]);
+    for (int h = 0; h < kvh; ++h)
+      for (int e = 0; e < d; ++e) {
+        dk(t, h, e) = from_float<T>(dk_acc[(t * kvh + h) * d + e]);
+        dv(t, h, e) = from_float<T>(dv_acc[(t * kvh + h) * d + e]);
+      }
+  }
+}
+
 template <class BlockKernel, class Communicator, element T>
 void host_ring_forward(Communicator& comm, const ring_schedule& s, const attention_arguments& args,
                        thd_view<const T> q, thd_view<const T> k, thd_view<const T> v,
@@ -104,17 +121,7 @@ void host_ring_backward(Communicator& comm, const ring_schedule& s, const attent
                   s.receive_from(), p);
     own_dk = home;
   }
-  const float* own_dv = own_dk + n * kvh * d;
-  for (std::int64_t t = 0; t < n; ++t) {
-    for (int h = 0; h < qh; ++h)
-      for (int e = 0; e < d; ++e)
-        dq(t, h, e) = from_float<T>(dq_acc[(t * qh + h) * d + e]);
-    for (int h = 0; h < kvh; ++h)
-      for (int e = 0; e < d; ++e) {
-        dk(t, h, e) = from_float<T>(own_dk[(t * kvh + h) * d + e]);
-        dv(t, h, e) = from_float<T>(own_dv[(t * kvh + h) * d + e]);
-      }
-  }
+  write_host_gradients(dq_acc, own_dk, own_dk + n * kvh * d, dq, dk, dv);
 }
 
 } // namespace ringattn::detail

@@ -2,13 +2,16 @@
 //! \file
 //! The layout of a ring's workspace, one formula for every path and every `*_bytes()` query.
 //!
-//! Forward (host and device):   [ K/V slot 0 | K/V slot 1 | state o | state sum ]
-//! Backward (host):             [ grad slot 0 | grad slot 1 | dQ (fp32) | D ]
-//! Backward (device):           the host layout, then one fp32 dK/dV share of the largest block
+//! Forward (host and device):   [ K/V slot 0 | ... | K/V slot S-1 | state o | state sum ]
+//! Backward (host):             [ grad slot 0 | ... | grad slot S-1 | dQ (fp32) | D ]
+//! Backward (device):           the host layout, then `shares` fp32 dK/dV of the largest block
 //!
 //! A K/V slot holds a block's k then v (`[tokens, kv_heads, head_dim]` in T, dense: what
-//! travels); a grad slot the same followed by the block's fp32 dk, dv. Slots are sized for the
-//! largest block; every region starts 256-byte aligned. The state's lse is the caller's lse.
+//! travels); a grad slot the same followed by the block's fp32 dk, dv. The schedule decides the
+//! counts: the ring keeps two slots (the block in use and the one arriving) and one share, the
+//! all-gather a slot for every rank's block and a share for every block it receives dK/dV of.
+//! Slots are sized for the largest block; every region starts 256-byte aligned. The state's lse
+//! is the caller's lse.
 
 #include <ringattn/arguments.cuh>
 #include <ringattn/core/state.cuh>
@@ -34,9 +37,9 @@ struct grad_block_views {
 class ring_workspace {
 public:
   ring_workspace(std::int64_t q_tokens, std::int64_t max_kv_tokens, const attention_arguments& args,
-                 std::size_t element_bytes)
+                 std::size_t element_bytes, int slots = 2, int shares = 1)
       : n_(q_tokens), max_kv_(max_kv_tokens), qh_(args.q_heads), kvh_(args.kv_heads),
-        d_(args.head_dim), elem_(element_bytes) {}
+        d_(args.head_dim), slots_(slots), shares_(shares), elem_(element_bytes) {}
 
   static constexpr std::size_t align(std::size_t n) { return (n + 255) / 256 * 256; }
 
@@ -61,7 +64,8 @@ public:
     return align(static_cast<std::size_t>(n_) * qh_ * d_ * sizeof(float));
   }
   std::size_t forward_bytes() const {
-    return 2 * kv_slot() + state_o_bytes() + static_cast<std::size_t>(n_) * qh_ * sizeof(float);
+    return slots() * kv_slot() + state_o_bytes() +
+           static_cast<std::size_t>(n_) * qh_ * sizeof(float);
   }
   template <class T>
   kv_block_views<T> kv_slot_views(std::byte* base, int slot, std::int64_t tokens) const {
@@ -71,7 +75,7 @@ public:
   }
   //! The fp32 state in the workspace (o, then the weight sums) with the caller's lse.
   attention_state state(std::byte* base, float* lse) const {
-    std::byte* o = base + 2 * kv_slot();
+    std::byte* o = base + slots() * kv_slot();
     return {reinterpret_cast<float*>(o),
             lse,
             reinterpret_cast<float*>(o + state_o_bytes()),
@@ -86,10 +90,10 @@ public:
     return align(static_cast<std::size_t>(n_) * qh_ * d_ * sizeof(float));
   }
   std::size_t host_backward_bytes() const {
-    return 2 * grad_slot() + dq_bytes() + static_cast<std::size_t>(n_) * qh_ * sizeof(float);
+    return slots() * grad_slot() + dq_bytes() + static_cast<std::size_t>(n_) * qh_ * sizeof(float);
   }
   std::size_t device_backward_bytes() const {
-    return align(host_backward_bytes()) + align(grad_bytes(max_kv_));
+    return align(host_backward_bytes()) + shares() * align(grad_bytes(max_kv_));
   }
   template <class T>
   grad_block_views<T> grad_slot_views(std::byte* base, int slot, std::int64_t tokens) const {
@@ -99,18 +103,24 @@ public:
     const auto e = static_cast<std::int64_t>(kv_elements(tokens));
     return {thd_view<T>(kv, tokens, kvh_, d_), thd_view<T>(kv + e, tokens, kvh_, d_), g, g + e};
   }
-  float* dq(std::byte* base) const { return reinterpret_cast<float*>(base + 2 * grad_slot()); }
-  float* delta(std::byte* base) const {
-    return reinterpret_cast<float*>(base + 2 * grad_slot() + dq_bytes());
+  float* dq(std::byte* base) const {
+    return reinterpret_cast<float*>(base + slots() * grad_slot());
   }
-  //! Device backward: a step's fp32 dK/dV share before it joins the arriving accumulators.
-  float* share(std::byte* base) const {
-    return reinterpret_cast<float*>(base + align(host_backward_bytes()));
+  float* delta(std::byte* base) const {
+    return reinterpret_cast<float*>(base + slots() * grad_slot() + dq_bytes());
+  }
+  //! Share i of `shares` fp32 dK/dV regions after the host layout (the device ring: a step's
+  //! share before it joins the arriving accumulators; the all-gather: a block's dK/dV received).
+  float* share(std::byte* base, int i = 0) const {
+    return reinterpret_cast<float*>(base + align(host_backward_bytes()) +
+                                    static_cast<std::size_t>(i) * align(grad_bytes(max_kv_)));
   }
 
 private:
+  std::size_t slots() const { return static_cast<std::size_t>(slots_); }
+  std::size_t shares() const { return static_cast<std::size_t>(shares_); }
   std::int64_t n_, max_kv_;
-  int qh_, kvh_, d_;
+  int qh_, kvh_, d_, slots_, shares_;
   std::size_t elem_;
 };
 
