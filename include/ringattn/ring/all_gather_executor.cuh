@@ -117,8 +117,9 @@ void host_all_gather_backward(Communicator& comm, const ring_schedule& s,
 }
 
 #if defined(__CUDACC__)
-// Forward: the own block into slot 0, then the P - 1 exchanges on the communication stream, each
-// recording `arrived[t]`; block t's compute waits for its own arrival only. The epilogues are the
+// Forward: the own block into slot 0 and its compute, then the P - 1 exchanges on the
+// communication stream, each recording `arrived[t]`; block t's compute waits for its own arrival
+// only. The epilogues are the
 // ring's (ring_schedule::forward_epilogue): the same state, merged in the same block order.
 template <class BlockKernel, class Communicator, class T>
 void device_all_gather_forward(Communicator& comm, const ring_schedule& s,
@@ -139,14 +140,7 @@ void device_all_gather_forward(Communicator& comm, const ring_schedule& s,
   copy_own_block_device(k, v, own, stream);
   RINGATTN_CUDA_CHECK(cudaEventRecord(d.own_ready, stream));
   RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(d.comm, d.own_ready, 0));
-  for (int t = 1; t < s.ranks(); ++t) {
-    const ring_step& step = s.step(t);
-    comm.exchange_async(own.k.data, ws.block_bytes(s.q_tokens()), gather_to(s, t),
-                        ws.kv_slot_views<T>(workspace, t, step.kv_tokens).k.data,
-                        ws.block_bytes(step.kv_tokens), step.source, t, d.comm);
-    RINGATTN_CUDA_CHECK(cudaEventRecord(d.arrived[static_cast<std::size_t>(t)], d.comm));
-  }
-  for (const ring_step& step : s.steps()) {
+  auto compute = [&](const ring_step& step) {
     const int t = step.index;
     nvtx_range range("block", t, s.rank());
     if (t > 0)
@@ -157,7 +151,17 @@ void device_all_gather_forward(Communicator& comm, const ring_schedule& s,
       BlockKernel::device_forward(
           e, {q, thd_view<const T>(b.k), thd_view<const T>(b.v), args, state, scratch},
           d.forward[static_cast<std::size_t>(t)], out, nullptr, stream);
+  };
+  compute(s.step(0)); // the own block runs while the ranks meet for the exchanges
+  for (int t = 1; t < s.ranks(); ++t) {
+    const ring_step& step = s.step(t);
+    comm.exchange_async(own.k.data, ws.block_bytes(s.q_tokens()), gather_to(s, t),
+                        ws.kv_slot_views<T>(workspace, t, step.kv_tokens).k.data,
+                        ws.block_bytes(step.kv_tokens), step.source, t, d.comm);
+    RINGATTN_CUDA_CHECK(cudaEventRecord(d.arrived[static_cast<std::size_t>(t)], d.comm));
   }
+  for (int t = 1; t < s.ranks(); ++t)
+    compute(s.step(t));
   if (s.needs_finalize(dense)) finalize(state, out, stream);
   RINGATTN_CUDA_CHECK(cudaEventRecord(d.comm_end, d.comm));
   RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream, d.comm_end, 0));
@@ -196,14 +200,7 @@ void device_all_gather_backward(Communicator& comm, const ring_schedule& s,
   }
   RINGATTN_CUDA_CHECK(cudaEventRecord(d.own_ready, stream));
   RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(d.comm, d.own_ready, 0));
-  for (int t = 1; t < p; ++t) {
-    const ring_step& step = s.step(t);
-    comm.exchange_async(own.k.data, ws.block_bytes(n), gather_to(s, t),
-                        ws.grad_slot_views<T>(workspace, t, step.kv_tokens).k.data,
-                        ws.block_bytes(step.kv_tokens), step.source, t, d.comm);
-    RINGATTN_CUDA_CHECK(cudaEventRecord(d.arrived[static_cast<std::size_t>(t)], d.comm));
-  }
-  for (const ring_step& step : s.steps()) {
+  auto compute = [&](const ring_step& step) {
     const int t = step.index;
     nvtx_range range("backward block", t, s.rank());
     const std::int64_t nk = step.kv_tokens;
@@ -223,13 +220,25 @@ void device_all_gather_backward(Communicator& comm, const ring_schedule& s,
                                                           out,
                                                           scratch},
                                    d.backward[static_cast<std::size_t>(t)], stream);
-    if (t == 0) continue;
+    if (t == 0) return;
     cudaEvent_t done = d.computed[static_cast<std::size_t>(t)];
     RINGATTN_CUDA_CHECK(cudaEventRecord(done, stream));
     RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(d.comm, done, 0));
     comm.exchange_async(b.dk, ws.grad_bytes(nk), step.source, ws.share(workspace, t - 1),
                         ws.grad_bytes(n), gather_to(s, t), p + t, d.comm);
+  };
+  compute(s.step(0)); // the own block runs while the ranks meet for the gather
+  // Every gather before any share goes home: a share waits for its block's compute, and the
+  // gather queued behind it on the communication stream would wait too.
+  for (int t = 1; t < p; ++t) {
+    const ring_step& step = s.step(t);
+    comm.exchange_async(own.k.data, ws.block_bytes(n), gather_to(s, t),
+                        ws.grad_slot_views<T>(workspace, t, step.kv_tokens).k.data,
+                        ws.block_bytes(step.kv_tokens), step.source, t, d.comm);
+    RINGATTN_CUDA_CHECK(cudaEventRecord(d.arrived[static_cast<std::size_t>(t)], d.comm));
   }
+  for (int t = 1; t < p; ++t)
+    compute(s.step(t));
   RINGATTN_CUDA_CHECK(cudaEventRecord(d.comm_end, d.comm));
   RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream, d.comm_end, 0));
   for (int t = 1; t < p; ++t)
