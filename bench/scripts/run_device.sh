@@ -85,6 +85,10 @@ if [ -x $BUILD/bench/bench_block_backward ]; then
 fi
 python3 bench/baselines/sdpa_baseline.py "$OUT/sdpa.json" 2>&1 | tail -50
 python3 bench/baselines/sdpa_baseline.py "$OUT/sdpa_backward.json" --backward 2>&1 | tail -20
+if grep -q '"schedules/' "$OUT/ring_forward.json" 2>/dev/null; then
+  # The ring against the all-gather schedule (its rows of the same run).
+  python3 bench/scripts/report_schedules.py "$OUT/ring_forward.json"
+fi
 if grep -q '"cudnn_block' "$OUT/ring_forward.json" 2>/dev/null; then
   # The cuDNN block kernel's rows (a build with ringattn::cudnn) against one PyTorch call.
   python3 bench/baselines/sdpa_baseline.py "$OUT/sdpa_ring.json" --ring 2>&1 | tail -4
