@@ -241,8 +241,8 @@ public:
   //! The ring backward on device memory, asynchronous on `stream`: the arguments of
   //! `backward_host` as device pointers, `workspace` device memory of
   //! `device_backward_workspace_bytes<T>()`. Collective; deterministic (two calls give the same
-  //! bits). Validation throws `invalid_argument` before anything is enqueued (and aborts the
-  //! group).
+  //! bits) with every BlockKernel but the cuDNN model's `cudnn_atomic` backward. Validation
+  //! throws `invalid_argument` before anything is enqueued (and aborts the group).
   template <class T>
   requires(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) void backward(
       std::type_identity_t<thd_view<const T>> q, std::type_identity_t<thd_view<const T>> k,
