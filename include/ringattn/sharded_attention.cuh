@@ -51,6 +51,25 @@ constexpr int owner_of(std::int64_t position, int ranks) {
   return static_cast<int>(position % ranks);
 }
 
+//! The rows of the new tokens (`cu_new`, batch + 1 offsets) that rank `rank` of `ranks` keeps:
+//! row `cu_new[b] + i` of sequence b sits at position `lengths[b] + i` (its sequence's length
+//! before this step, over all ranks), kept by `owner_of` that position. In row order; a caller
+//! appends these rows' K/V to its cache shard after the step.
+inline std::vector<std::int64_t> owned_new_rows(int rank, int ranks,
+                                                std::span<const std::int32_t> cu_new,
+                                                std::span<const std::int64_t> lengths) {
+  validation v = validation::ok();
+  v.require(ranks > 0 && rank >= 0 && rank < ranks, "rank ", rank, " is not one of ", ranks);
+  v.require(cu_new.size() >= 1 && lengths.size() + 1 == cu_new.size(),
+            "lengths must hold one entry per sequence of cu_new (", cu_new.size() - 1, ")");
+  v.throw_if_invalid();
+  std::vector<std::int64_t> rows;
+  for (std::size_t b = 0; b < lengths.size(); ++b)
+    for (std::int64_t t = cu_new[b]; t < cu_new[b + 1]; ++t)
+      if (owner_of(lengths[b] + (t - cu_new[b]), ranks) == rank) rows.push_back(t);
+  return rows;
+}
+
 template <class Communicator, class BlockKernel>
 class sharded_attention {
   static_assert(host_communicator<Communicator>,

@@ -14,6 +14,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstring>
 
 using namespace ringattn;
@@ -156,15 +157,25 @@ void check_decode() {
         for (int r = 0; r < ranks; ++r)
           CHECK(sent[r] == want[r]);
         CHECK(want[0] == static_cast<std::uint64_t>(ranks - 1) * n * qh * (d + 1) * sizeof(float));
-        // Append: each new token's K/V to its owner (position mod P), the whole sequences too.
-        for (int b = 0; b < batch; ++b) {
-          const std::int64_t cached = static_cast<std::int64_t>(whole_k[b].size() / kv_row);
-          for (std::int64_t i = 0; i < cu_new[b + 1] - cu_new[b]; ++i) {
-            const std::int64_t t = cu_new[b] + i;
-            auto& s = cache[owner_of(cached + i, ranks)][b];
+        // Append: each new token's K/V to its owner (owned_new_rows: position mod P), and to
+        // the whole sequences of the oracle.
+        std::vector<std::int64_t> lengths;
+        for (int b = 0; b < batch; ++b)
+          lengths.push_back(static_cast<std::int64_t>(whole_k[b].size() / kv_row));
+        std::int64_t kept = 0;
+        for (int r = 0; r < ranks; ++r)
+          for (const std::int64_t t : owned_new_rows(r, ranks, cu_new, lengths)) {
+            const auto b = static_cast<int>(
+                std::upper_bound(cu_new.begin(), cu_new.end(), static_cast<std::int32_t>(t)) -
+                cu_new.begin() - 1);
+            CHECK(owner_of(lengths[b] + t - cu_new[b], ranks) == r);
+            auto& s = cache[r][b];
             s.k.insert(s.k.end(), k_new.begin() + t * kv_row, k_new.begin() + (t + 1) * kv_row);
             s.v.insert(s.v.end(), v_new.begin() + t * kv_row, v_new.begin() + (t + 1) * kv_row);
+            ++kept;
           }
+        CHECK(kept == n); // every new token kept by exactly one rank
+        for (int b = 0; b < batch; ++b) {
           whole_k[b].insert(whole_k[b].end(), k_new.begin() + cu_new[b] * kv_row,
                             k_new.begin() + cu_new[b + 1] * kv_row);
           whole_v[b].insert(whole_v[b].end(), v_new.begin() + cu_new[b] * kv_row,

@@ -12,7 +12,7 @@
 #   6 partition/, reference/, comm/
 #   7 block_kernel.cuh
 #   8 ring/, cudnn/ (the cuDNN block kernel)
-#   9 ring_attention.cuh
+#   9 ring_attention.cuh, sharded_attention.cuh
 #  10 ringattn.cuh, cudnn.cuh
 cmake_minimum_required(VERSION 3.25)
 if(NOT ROOT)
@@ -47,9 +47,9 @@ function(layer_of path out_rank out_group)
   elseif(path MATCHES "^(ring|cudnn)/")
     string(REGEX REPLACE "/.*" "" g "${path}")
     set(r 8)
-  elseif(path STREQUAL "ring_attention.cuh")
+  elseif(path STREQUAL "ring_attention.cuh" OR path STREQUAL "sharded_attention.cuh")
     set(r 9)
-    set(g ring_attention)
+    string(REGEX REPLACE "\\.cuh$" "" g "${path}")
   elseif(path STREQUAL "ringattn.cuh" OR path STREQUAL "cudnn.cuh")
     set(r 10)
     string(REGEX REPLACE "\\.cuh$" "" g "${path}")
