@@ -29,6 +29,7 @@
 #include <ringattn/core/mask.cuh>
 #include <ringattn/kernel/backward.cuh>
 #include <ringattn/kernel/block.cuh>
+#include <ringattn/kernel/decode.cuh>
 #include <ringattn/kernel/forward.cuh>
 #include <ringattn/kernel/host_backward.cuh>
 #include <ringattn/kernel/host_forward.cuh>
@@ -114,6 +115,27 @@ struct native_kernel : host_reference<Mask> {
     (void)e, (void)a, (void)s, (void)out, (void)lse, (void)stream;
 #endif
   }
+  //! The split-K/V forward (kernel/decode.cuh): full blocks of few query rows per group.
+  using split_schedule = device_decode_schedule;
+  static bool takes_split(std::span<const block_group> groups, const attention_arguments& args) {
+    return split_schedule::takes(groups, args);
+  }
+  static split_schedule make_split_schedule(std::span<const block_group> groups,
+                                            std::int64_t q_tokens, std::int64_t kv_tokens,
+                                            const attention_arguments& args) {
+    return split_schedule(groups, q_tokens, kv_tokens, args);
+  }
+  template <class T>
+  static void device_split_forward(const block_forward_args<T>& a, const split_schedule& s,
+                                   bool fresh, cudaStream_t stream) {
+#if defined(__CUDACC__)
+    s.forward(a, fresh, stream);
+#else
+    static_assert(detail::dependent_false<T>,
+                  "ringattn: the native kernels' device path compiles only as CUDA (a .cu file)");
+    (void)a, (void)s, (void)fresh, (void)stream;
+#endif
+  }
   template <class T>
   static void device_backward(const block_backward_args<T>& a, const backward_schedule& s,
                               cudaStream_t stream) {
@@ -134,6 +156,7 @@ using causal = native_kernel<causal_mask>;
 
 static_assert(device_block_kernel_for<full, cudaStream_t> &&
               device_block_kernel_for<causal, cudaStream_t>);
+static_assert(split_kv_block_kernel_for<causal, cudaStream_t>);
 static_assert(block_kernel<host_reference<causal_mask>> &&
               !device_block_kernel_for<host_reference<causal_mask>, cudaStream_t>);
 

@@ -111,6 +111,23 @@ concept whole_block_backward_for = device_block_kernel_for<K, Stream> &&
   { K::device_backward_whole(b, bs, g, g, g, stream) } -> std::same_as<bool>;
 };
 
+//! A device BlockKernel with a split-K/V forward for blocks of few query rows (decoding):
+//! `takes_split(groups, args)` says at plan time whether it applies, `make_split_schedule` plans
+//! it, and `device_split_forward(args, schedule, fresh, stream)` merges the block into the state
+//! (`fresh`: writes it) with the schedule's `scratch_bytes()` of scratch.
+template <class K, class Stream>
+concept split_kv_block_kernel_for = device_block_kernel_for<K, Stream> &&
+    requires(std::span<const block_group> groups, std::int64_t tokens,
+             const attention_arguments& args, const typename K::split_schedule& ss,
+             const block_forward_args<__nv_bfloat16>& f, Stream stream) {
+  { K::takes_split(groups, args) } -> std::same_as<bool>;
+  {
+    K::make_split_schedule(groups, tokens, tokens, args)
+    } -> std::same_as<typename K::split_schedule>;
+  { ss.scratch_bytes() } -> std::convertible_to<std::size_t>;
+  K::device_split_forward(f, ss, true, stream);
+};
+
 //! A Schedule decides how the K/V blocks reach the ranks that need them (the ring passes them on
 //! step by step; the all-gather gathers them once): it names itself and lays out the workspace
 //! its executors use for a rank's plan (`Plan`: the rank's per-step groups, the ring_schedule;

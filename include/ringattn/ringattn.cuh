@@ -39,5 +39,6 @@
 #include <ringattn/ring/schedule.cuh>
 #include <ringattn/ring/workspace.cuh>
 #include <ringattn/ring_attention.cuh>
+#include <ringattn/sharded_attention.cuh>
 #include <ringattn/tensor.cuh>
 #include <ringattn/version.cuh>

@@ -10,38 +10,58 @@
 //! the positions before it) and the new tokens up to its own (causal).
 //!
 //! A step: each rank attends with all new queries to its cache shard (a full block per sequence;
-//! rank 0 also to the new tokens themselves, causally), giving a partial output and LSE per row
-//! (fp32); the ranks exchange their partials (P - 1 pairwise exchanges of
-//! `new tokens x q_heads x (head_dim + 1)` floats each) and every rank merges all P in rank
-//! order with the library's LSE merge (core/state.cuh). Every rank thus ends with the same
-//! result, bit for bit, equal to attention over the whole cache.
+//! rank 0 also to the new tokens themselves, causally) into a partial fp32 state (o, reference
+//! lse and weight sum per row, core/state.cuh); the ranks exchange their partial states (P - 1
+//! pairwise exchanges of `new tokens x q_heads x (head_dim + 2)` floats each: in exchange k rank
+//! r sends to r + k and receives from r - k) and every rank merges all P in rank order
+//! (`merge_partials`). Every rank thus ends with the same result, bit for bit, equal to attention
+//! over the whole cache.
 //!
 //! \code
-//! ringattn::sharded_attention<ringattn::in_process_communicator, ringattn::causal> dec(comm,
-//! args); dec.plan(cu_new, cu_cache);            // this step's new tokens; this rank's cached
-//! tokens std::vector<std::byte> ws(dec.host_workspace_bytes<T>()); dec.forward_host(q_new, k_new,
-//! v_new, k_cache, v_cache, out, lse, ws); \endcode
+//! ringattn::sharded_attention<ringattn::in_process_communicator, ringattn::causal> step(comm,
+//! args); step.plan(cu_new, cu_cache);   // collective: this step's new tokens, this rank's cached
+//! ones std::vector<std::byte> ws(step.host_workspace_bytes<__nv_bfloat16>());
+//! step.forward_host(q_new, k_new, v_new, k_cache, v_cache, out, lse, ws);
+//! // then each rank appends the K/V of owned_new_rows(rank, ranks, cu_new, lengths) to its cache
+//! \endcode
 //!
 //! The cache shard is `[cached tokens, kv_heads, head_dim]`, its sequences packed in order
-//! (`cu_cache`, this rank's own offsets); a sequence may have no cached token on a rank.
+//! (`cu_cache`, this rank's own offsets); a sequence may have no cached token on a rank. The
+//! device path (`prepare_device` once, `plan` per step, `forward` on a stream) computes on the
+//! caller's stream and exchanges on a communication stream; a call allocates nothing and never
+//! waits on the host. `plan` makes the BlockKernel's schedules of the step (one small device
+//! allocation and copy) and is collective: it is where the ranks agree on the step.
 
 #include <ringattn/arguments.cuh>
 #include <ringattn/block_kernel.cuh>
 #include <ringattn/concepts.cuh>
 #include <ringattn/core/state.cuh>
+#include <ringattn/cuda_check.cuh>
 #include <ringattn/error.cuh>
 #include <ringattn/kernel/block.cuh>
+#include <ringattn/kernel/forward.cuh>
 #include <ringattn/kernel/host_forward.cuh>
 #include <ringattn/ring/agreement.cuh>
+#include <ringattn/ring/call.cuh>
+#include <ringattn/ring/device_executor.cuh>
+#include <ringattn/ring/validation.cuh>
+#include <ringattn/ring/workspace.cuh>
 #include <ringattn/tensor.cuh>
 
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
 #include <bit>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
-#include <limits>
+#include <initializer_list>
+#include <memory>
+#include <optional>
 #include <span>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace ringattn {
@@ -70,6 +90,95 @@ inline std::vector<std::int64_t> owned_new_rows(int rank, int ranks,
   return rows;
 }
 
+namespace detail {
+
+//! The device side of a `sharded_attention`: the communication stream, two events, and the
+//! BlockKernel's schedules of the planned step (the cache block, the new tokens' own block).
+//! The split-K/V schedule of a BlockKernel that has one (else an empty type).
+template <class BlockKernel>
+struct split_schedule_of {
+  struct none {};
+  using type = none;
+};
+template <class BlockKernel>
+requires split_kv_block_kernel_for<BlockKernel, cudaStream_t>
+struct split_schedule_of<BlockKernel> {
+  using type = typename BlockKernel::split_schedule;
+};
+
+template <class BlockKernel>
+class decode_device_resources {
+  static constexpr bool has_split = split_kv_block_kernel_for<BlockKernel, cudaStream_t>;
+
+public:
+  decode_device_resources() {
+    try {
+      RINGATTN_CUDA_CHECK(cudaGetDevice(&device));
+      int least = 0, greatest = 0;
+      RINGATTN_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+      RINGATTN_CUDA_CHECK(cudaStreamCreateWithPriority(&comm, cudaStreamNonBlocking, greatest));
+      RINGATTN_CUDA_CHECK(cudaEventCreateWithFlags(&computed, cudaEventDisableTiming));
+      RINGATTN_CUDA_CHECK(cudaEventCreateWithFlags(&arrived, cudaEventDisableTiming));
+    } catch (...) {
+      release();
+      throw;
+    }
+  }
+  ~decode_device_resources() { release(); }
+  decode_device_resources(const decode_device_resources&) = delete;
+  decode_device_resources& operator=(const decode_device_resources&) = delete;
+
+  //! The step's schedules, on the device the resources live on: the cache block on the
+  //! BlockKernel's split-K/V forward where it has one and takes the block (few query rows per
+  //! sequence: decoding), else on its block forward.
+  void schedule(std::span<const block_group> cache_groups, std::span<const block_group> new_groups,
+                std::int64_t new_tokens, std::int64_t cache_tokens,
+                const attention_arguments& args) {
+    cache.reset();
+    own.reset();
+    split.reset();
+    if (!cache_groups.empty()) {
+      if constexpr (has_split)
+        if (BlockKernel::takes_split(cache_groups, args))
+          split.emplace(
+              BlockKernel::make_split_schedule(cache_groups, new_tokens, cache_tokens, args));
+      if (!split)
+        cache.emplace(
+            BlockKernel::make_forward_schedule(cache_groups, new_tokens, cache_tokens, args));
+    }
+    if (!new_groups.empty())
+      own.emplace(BlockKernel::make_forward_schedule(new_groups, new_tokens, new_tokens, args));
+  }
+  //! Device scratch the schedules ask for (0 for a model that asks for none).
+  std::size_t scratch_bytes() const {
+    std::size_t most = 0;
+    if constexpr (requires(const typename BlockKernel::forward_schedule& f) {
+                    { f.scratch_bytes() } -> std::convertible_to<std::size_t>;
+                  }) {
+      for (const auto* f : {&cache, &own})
+        if (*f) most = std::max<std::size_t>(most, (*f)->scratch_bytes());
+    }
+    if constexpr (has_split)
+      if (split) most = std::max<std::size_t>(most, split->scratch_bytes());
+    return most;
+  }
+
+  int device = -1;
+  cudaStream_t comm = nullptr;
+  cudaEvent_t computed = nullptr, arrived = nullptr;
+  std::optional<typename BlockKernel::forward_schedule> cache, own;
+  std::optional<typename split_schedule_of<BlockKernel>::type> split; // the cache block, split
+
+private:
+  void release() noexcept {
+    for (cudaEvent_t* e : {&computed, &arrived})
+      if (*e) cudaEventDestroy(std::exchange(*e, nullptr));
+    if (comm) cudaStreamDestroy(std::exchange(comm, nullptr));
+  }
+};
+
+} // namespace detail
+
 template <class Communicator, class BlockKernel>
 class sharded_attention {
   static_assert(host_communicator<Communicator>,
@@ -78,7 +187,8 @@ class sharded_attention {
                 "ringattn::nccl_communicator)");
   static_assert(block_kernel<BlockKernel>,
                 "ringattn::sharded_attention: the second template argument must be a BlockKernel "
-                "(ringattn::full, ringattn::causal or ringattn::host_reference<Mask>)");
+                "(ringattn::causal, ringattn::cudnn_kernel<ringattn::causal_mask, T> or "
+                "ringattn::host_reference<ringattn::causal_mask>)");
   static_assert(BlockKernel::mask == mask_kind::causal,
                 "ringattn::sharded_attention: new tokens attend to the cache and causally to "
                 "each other; take a causal BlockKernel");
@@ -87,18 +197,176 @@ public:
   //! Collective: every rank of `comm` constructs one with the same arguments (else every rank
   //! throws `invalid_argument`, naming the difference).
   sharded_attention(Communicator& comm, const attention_arguments& args)
-      : comm_(comm), args_(args) {
+      : comm_(comm), args_(args), fingerprint_(agree(comm, args)), gate_(comm, fingerprint_, 0) {}
+
+  //! Plans a step: `cu_new` (batch + 1 offsets, the same on every rank) packs the new tokens,
+  //! `cu_cache` (batch + 1 offsets) this rank's cached tokens of the same sequences, packed.
+  //! Collective: every rank plans every step (one small all-gather); a rank whose offsets are
+  //! invalid, or whose `cu_new` differs from rank 0's, makes every rank throw `invalid_argument`.
+  //! After `prepare_device()` it also makes the step's device schedules.
+  void plan(std::span<const std::int32_t> cu_new, std::span<const std::int32_t> cu_cache) {
+    validation v = validation::ok();
+    v.require(cu_cache.size() >= 1, "cu_cache must hold batch + 1 offsets");
+    std::vector<std::int32_t> begin, length;
+    for (std::size_t b = 0; v && b + 1 < cu_cache.size(); ++b) {
+      begin.push_back(cu_cache[b]);
+      length.push_back(cu_cache[b + 1] - cu_cache[b]);
+    }
+    v.require(cu_cache.empty() || cu_cache.front() == 0, "cu_cache must start at 0");
+    plan_checked(v, cu_new, begin, length, cu_cache.empty() ? 0 : cu_cache.back());
+  }
+  //! Plans a step over a cache of `cache_tokens` rows in which sequence b holds its
+  //! `cache_length[b]` cached tokens from row `cache_begin[b]` on (rows beyond them, a
+  //! sequence's room to grow, are not read): a cache that appends in place. Otherwise as above.
+  void plan(std::span<const std::int32_t> cu_new, std::span<const std::int32_t> cache_begin,
+            std::span<const std::int32_t> cache_length, std::int64_t cache_tokens) {
+    plan_checked(validation::ok(), cu_new, cache_begin, cache_length, cache_tokens);
+  }
+
+  const attention_arguments& arguments() const noexcept { return args_; }
+  int rank() const noexcept { return comm_.rank(); }
+  int size() const noexcept { return comm_.size(); }
+  std::int64_t new_tokens() const noexcept { return new_tokens_; }
+  std::int64_t cache_tokens() const noexcept { return cache_tokens_; }
+  //! Bytes this rank sends in one step: its partial state to each other rank.
+  std::size_t step_bytes() const {
+    return static_cast<std::size_t>(comm_.size() - 1) * partial_bytes();
+  }
+  //! Workspace of `forward_host`: every rank's partial state.
+  template <element T>
+  std::size_t host_workspace_bytes() const {
+    return static_cast<std::size_t>(comm_.size()) * partial_bytes();
+  }
+  //! Workspace of `forward`: the partial states and the BlockKernel's scratch of this step.
+  template <element T>
+  std::size_t device_workspace_bytes() const {
+    const std::size_t partials = host_workspace_bytes<T>();
+    std::size_t scratch = 0;
+    if constexpr (has_device_path)
+      if (device_) scratch = device_->scratch_bytes();
+    return scratch ? ring_workspace::align(partials) + scratch : partials;
+  }
+
+  //! Why `forward_host(...)` cannot run, or ok.
+  template <element T>
+  validation validate_forward(std::type_identity_t<thd_view<const T>> q_new,
+                              std::type_identity_t<thd_view<const T>> k_new,
+                              std::type_identity_t<thd_view<const T>> v_new,
+                              std::type_identity_t<thd_view<const T>> k_cache,
+                              std::type_identity_t<thd_view<const T>> v_cache, thd_view<T> out,
+                              const float* lse, std::span<const std::byte> workspace) const {
+    return check<T>(q_new, k_new, v_new, k_cache, v_cache, out, lse, workspace,
+                    host_workspace_bytes<T>(), detail::no_device_checks);
+  }
+
+  //! One step on host memory. `q_new`, `k_new`, `v_new`: the new tokens (the same on every rank);
+  //! `k_cache`, `v_cache`: this rank's cache shard; `out` like `q_new` and `lse`
+  //! `[q_heads, new tokens]` (natural log) receive the same result on every rank. Collective:
+  //! bad arguments on any rank make every rank throw `invalid_argument` before anything is sent.
+  template <element T>
+  void forward_host(std::type_identity_t<thd_view<const T>> q_new,
+                    std::type_identity_t<thd_view<const T>> k_new,
+                    std::type_identity_t<thd_view<const T>> v_new,
+                    std::type_identity_t<thd_view<const T>> k_cache,
+                    std::type_identity_t<thd_view<const T>> v_cache, thd_view<T> out, float* lse,
+                    std::span<std::byte> workspace) {
+    const validation ok =
+        validate_forward<T>(q_new, k_new, v_new, k_cache, v_cache, out, lse, workspace);
+    gate_.run(ok, detail::call_kind::forward_host, dtype_of_v<T>, partial_bytes(), [&] {
+      const int p = comm_.size(), me = comm_.rank();
+      float* base = reinterpret_cast<float*>(workspace.data());
+      const attention_state state = partial_state(base, me);
+      reset(state);
+      if (!new_groups_.empty())
+        BlockKernel::host_forward(block_forward_args<T>{q_new, k_new, v_new, args_, state},
+                                  new_groups_);
+      if (!cache_groups_.empty())
+        BlockKernel::host_forward(block_forward_args<T>{q_new, k_cache, v_cache, args_, state},
+                                  cache_groups_);
+      for (int k = 1; k < p; ++k)
+        comm_.exchange(base + me * slot_floats(), partial_bytes(), (me + k) % p,
+                       base + ((me - k + p) % p) * slot_floats(), partial_bytes(), (me - k + p) % p,
+                       k);
+      merge_partial_states(base, slot_floats(), p, out, lse);
+    });
+  }
+
+  //! Device path, plan time: the communication stream and events on the current device (and the
+  //! planned step's schedules, if any). Once per rank, before `forward`.
+  void prepare_device() requires device_communicator_for<Communicator, cudaStream_t> {
+    static_assert(has_device_path,
+                  "ringattn::sharded_attention::prepare_device: this BlockKernel has no device "
+                  "path (ringattn::host_reference runs on the host only; use ringattn::causal)");
+    if constexpr (has_device_path) {
+      if (device_) return;
+      comm_.prepare_device();
+      auto d = std::make_unique<device_resources>();
+      if (planned_) d->schedule(cache_groups_, new_groups_, new_tokens_, cache_tokens_, args_);
+      device_ = std::move(d);
+    }
+  }
+
+#if defined(__CUDACC__)
+  //! One step on device memory, asynchronous on `stream`: the arguments of `forward_host` as
+  //! device pointers, `workspace` device memory of `device_workspace_bytes<T>()`. Collective;
+  //! every rank's `out` and `lse` receive the same bits. Validation as in `forward_host`, before
+  //! anything is enqueued.
+  template <class T>
+  requires(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) void forward(
+      std::type_identity_t<thd_view<const T>> q_new, std::type_identity_t<thd_view<const T>> k_new,
+      std::type_identity_t<thd_view<const T>> v_new,
+      std::type_identity_t<thd_view<const T>> k_cache,
+      std::type_identity_t<thd_view<const T>> v_cache, thd_view<T> out, float* lse, void* workspace,
+      std::size_t workspace_bytes, cudaStream_t stream) {
+    const std::span<std::byte> ws(static_cast<std::byte*>(workspace), workspace_bytes);
+    using checks = detail::ring_checks;
+    const checks::named_buffer buffers[] = {{q_new.data, "q_new"},
+                                            {k_new.data, "k_new"},
+                                            {v_new.data, "v_new"},
+                                            {k_cache.data, "k_cache"},
+                                            {v_cache.data, "v_cache"},
+                                            {out.data, "out"},
+                                            {lse, "lse"},
+                                            {workspace, "the workspace"}};
+    auto device = [&](validation& ok) {
+      ok.require(device_ != nullptr, "prepare_device() must run before the device forward");
+      if (ok) ok.require(checks::placement(device_->device, stream, buffers, "forward"));
+      ok.require(rows_aligned_to(q_new, 16),
+                 "q_new must be 16-byte aligned with token and head strides that are multiples "
+                 "of 8 elements (the kernels load 16-byte vectors)");
+      ok.require(rows_aligned_to(k_new, 16) && rows_aligned_to(v_new, 16) &&
+                     rows_aligned_to(k_cache, 16) && rows_aligned_to(v_cache, 16),
+                 "k_new, v_new, k_cache and v_cache must be 16-byte aligned with token and head "
+                 "strides that are multiples of 8 elements (the kernels read them in place)");
+      ok.require(rows_aligned_to(out, 4), "out must be 4-byte aligned with even strides");
+    };
+    const validation ok = check<T>(q_new, k_new, v_new, k_cache, v_cache, out, lse, ws,
+                                   device_ ? device_workspace_bytes<T>() : 0, device);
+    gate_.run(ok, detail::call_kind::forward, dtype_of_v<T>, partial_bytes(), [&] {
+      if constexpr (has_device_path)
+        device_forward<T>(q_new, k_new, v_new, k_cache, v_cache, out, lse, ws.data(), stream);
+    });
+  }
+#endif
+
+private:
+  static constexpr bool has_device_path = device_block_kernel_for<BlockKernel, cudaStream_t>;
+  using device_resources =
+      std::conditional_t<has_device_path, detail::decode_device_resources<BlockKernel>,
+                         detail::no_device_resources>;
+
+  static std::uint64_t agree(Communicator& comm, const attention_arguments& args) {
     const validation own = args.validate();
     struct fingerprint {
       std::int32_t valid, q_heads, kv_heads, head_dim;
-      std::uint32_t scale_bits, padding;
+      std::uint32_t scale_bits, ranks;
       std::uint64_t kernel;
     } mine{own ? 1 : 0,
            args.q_heads,
            args.kv_heads,
            args.head_dim,
            std::bit_cast<std::uint32_t>(static_cast<float>(args.scale())),
-           0,
+           static_cast<std::uint32_t>(comm.size()),
            detail::fnv1a(BlockKernel::name)};
     std::vector<fingerprint> all(static_cast<std::size_t>(comm.size()));
     comm.all_gather(&mine, sizeof mine, all.data());
@@ -116,144 +384,119 @@ public:
                 " on the block kernel");
     }
     v.throw_if_invalid();
+    return detail::fnv1a(&mine, sizeof mine);
   }
 
-  //! Plans a step: `cu_new` (batch + 1 offsets, the same on every rank) packs the new tokens,
-  //! `cu_cache` (batch + 1 offsets) this rank's cached tokens of the same sequences. Host work
-  //! only; a step with other lengths plans again.
-  void plan(std::span<const std::int32_t> cu_new, std::span<const std::int32_t> cu_cache) {
+  // The common plan: this rank's own validation `own` so far, then the agreement, then the
+  // groups: per sequence with new tokens, a full block against its cached tokens here and (rank
+  // 0) the causal block of the new tokens against themselves.
+  void plan_checked(validation own, std::span<const std::int32_t> cu_new,
+                    std::span<const std::int32_t> cache_begin,
+                    std::span<const std::int32_t> cache_length, std::int64_t cache_tokens) {
+    own.require(validate_step(cu_new, cache_begin, cache_length, cache_tokens));
+    struct step_fingerprint {
+      std::int32_t valid, batch;
+      std::int64_t new_tokens;
+      std::uint64_t cu_new_hash;
+    } mine{own ? 1 : 0, static_cast<std::int32_t>(cu_new.size()) - 1, own ? cu_new.back() : 0,
+           detail::fnv1a(cu_new.data(), cu_new.size_bytes())};
+    std::vector<step_fingerprint> all(static_cast<std::size_t>(comm_.size()));
+    planned_ = false;
+    comm_.all_gather(&mine, sizeof mine, all.data());
+    own.throw_if_invalid();
     validation v = validation::ok();
-    v.require(cu_new.size() >= 2 && cu_new.size() == cu_cache.size(),
-              "cu_new and cu_cache must both hold batch + 1 offsets (got ", cu_new.size(), " and ",
-              cu_cache.size(), ")");
-    for (std::size_t b = 0; v && b < cu_new.size(); ++b) {
-      v.require(cu_new[b] >= 0 && cu_cache[b] >= 0, "offsets must not be negative");
-      if (b > 0)
-        v.require(cu_new[b] >= cu_new[b - 1] && cu_cache[b] >= cu_cache[b - 1],
-                  "offsets must not decrease (sequence ", b - 1, ")");
-    }
-    v.require(!cu_new.empty() && cu_new.front() == 0 && cu_cache.front() == 0,
-              "offsets must start at 0");
+    for (std::size_t r = 0; r < all.size() && v; ++r)
+      v.require(all[r].valid == 1, "rank ", r, " rejected its step (its own error says why)");
+    for (std::size_t r = 1; r < all.size() && v; ++r)
+      v.require(all[r].batch == all[0].batch && all[r].new_tokens == all[0].new_tokens &&
+                    all[r].cu_new_hash == all[0].cu_new_hash,
+                "rank ", r,
+                " plans other new tokens than rank 0 (cu_new must be the same on "
+                "every rank: ",
+                all[r].batch, " sequences, ", all[r].new_tokens, " tokens vs ", all[0].batch, ", ",
+                all[0].new_tokens, ")");
     v.throw_if_invalid();
     new_tokens_ = cu_new.back();
-    cache_tokens_ = cu_cache.back();
+    cache_tokens_ = cache_tokens;
     cache_groups_.clear();
     new_groups_.clear();
     for (std::size_t b = 0; b + 1 < cu_new.size(); ++b) {
-      const std::int64_t n = cu_new[b + 1] - cu_new[b], m = cu_cache[b + 1] - cu_cache[b];
+      const std::int64_t n = cu_new[b + 1] - cu_new[b], m = cache_length[b];
       if (n == 0) continue;
       if (m > 0) {
         block_group g{cu_new[b], n, 1, {}};
-        g.kv[0] = {cu_cache[b], m, band{-unbounded, unbounded}};
+        g.kv[0] = {cache_begin[b], m, band{-unbounded, unbounded}};
         cache_groups_.push_back(g);
       }
-      block_group g{cu_new[b], n, 1, {}};
-      g.kv[0] = {cu_new[b], n, band{-unbounded, 0}};
-      new_groups_.push_back(g);
+      if (comm_.rank() == 0) { // the new tokens' own block: one rank computes it
+        block_group g{cu_new[b], n, 1, {}};
+        g.kv[0] = {cu_new[b], n, band{-unbounded, 0}};
+        new_groups_.push_back(g);
+      }
     }
     validate_groups(cache_groups_, new_tokens_, cache_tokens_).throw_if_invalid();
     validate_groups(new_groups_, new_tokens_, new_tokens_).throw_if_invalid();
+    cache_covers_ = rows_of(cache_groups_) == new_tokens_;
+    if constexpr (has_device_path)
+      if (device_) device_->schedule(cache_groups_, new_groups_, new_tokens_, cache_tokens_, args_);
+    gate_.replan(detail::fnv1a(&mine, sizeof mine, fingerprint_ + ++plans_));
     planned_ = true;
   }
 
-  std::int64_t new_tokens() const noexcept { return new_tokens_; }
-  std::int64_t cache_tokens() const noexcept { return cache_tokens_; }
-  //! Bytes this rank sends in one step: its partial (fp32 output and LSE) to each other rank.
-  std::size_t step_bytes() const {
-    return static_cast<std::size_t>(comm_.size() - 1) * partial_bytes();
-  }
-  //! Workspace of `forward_host`: the fp32 state and every rank's partial.
-  template <element T>
-  std::size_t host_workspace_bytes() const {
-    return state_bytes() + static_cast<std::size_t>(comm_.size()) * partial_bytes();
+  static validation validate_step(std::span<const std::int32_t> cu_new,
+                                  std::span<const std::int32_t> begin,
+                                  std::span<const std::int32_t> length, std::int64_t cache_tokens) {
+    validation v = validation::ok();
+    v.require(cu_new.size() >= 2, "cu_new must hold batch + 1 offsets (got ", cu_new.size(), ")");
+    if (!v) return v;
+    const std::size_t batch = cu_new.size() - 1;
+    v.require(begin.size() == batch && length.size() == batch, "the cache must describe the ",
+              batch, " sequences of cu_new (got ", begin.size(), " and ", length.size(), ")");
+    v.require(cu_new.front() == 0, "cu_new must start at 0");
+    v.require(cache_tokens >= 0, "the cache holds a negative number of tokens");
+    for (std::size_t b = 0; v && b < batch; ++b) {
+      v.require(cu_new[b + 1] >= cu_new[b], "cu_new must not decrease (sequence ", b, ")");
+      v.require(begin[b] >= 0 && length[b] >= 0 &&
+                    static_cast<std::int64_t>(begin[b]) + length[b] <= cache_tokens,
+                "sequence ", b, "'s cached tokens [", begin[b], ", ",
+                static_cast<std::int64_t>(begin[b]) + length[b], ") are not inside the cache of ",
+                cache_tokens, " tokens");
+    }
+    return v;
   }
 
-  //! One step on host memory. `q_new`, `k_new`, `v_new`: the new tokens (the same on every rank);
-  //! `k_cache`, `v_cache`: this rank's cache shard; `out` like `q_new` and `lse`
-  //! `[q_heads, new tokens]` (natural log) receive the same result on every rank. Collective.
-  template <element T>
-  void forward_host(std::type_identity_t<thd_view<const T>> q_new,
-                    std::type_identity_t<thd_view<const T>> k_new,
-                    std::type_identity_t<thd_view<const T>> v_new,
-                    std::type_identity_t<thd_view<const T>> k_cache,
-                    std::type_identity_t<thd_view<const T>> v_cache, thd_view<T> out, float* lse,
-                    std::span<std::byte> workspace) {
-    validation v = check<T>(q_new, k_new, v_new, k_cache, v_cache, out, lse, workspace);
-    if (!v) comm_.abort(v.reason());
-    v.throw_if_invalid();
-    const std::int64_t n = new_tokens_;
-    const int qh = args_.q_heads, d = args_.head_dim, p = comm_.size(), me = comm_.rank();
-    std::byte* base = workspace.data();
-    float* o = reinterpret_cast<float*>(base);
-    float* sum = o + n * qh * d;
-    float* ref = sum + n * qh;
-    const attention_state state{o, ref, sum, n, qh, d};
-    // This rank's partial: its cache shard, and (rank 0) the new tokens themselves.
-    reset(state);
-    if (!cache_groups_.empty())
-      BlockKernel::host_forward(block_forward_args<T>{q_new, k_cache, v_cache, args_, state},
-                                cache_groups_);
-    if (me == 0 && !new_groups_.empty())
-      BlockKernel::host_forward(block_forward_args<T>{q_new, k_new, v_new, args_, state},
-                                new_groups_);
-    float* mine = partial(base, me);
-    finalize(state, thd_view<float>(mine, n, qh, d));
-    std::memcpy(mine + n * qh * d, ref, sizeof(float) * static_cast<std::size_t>(n * qh));
-    try {
-      for (int k = 1; k < p; ++k)
-        comm_.exchange(mine, partial_bytes(), (me + k) % p, partial(base, (me - k + p) % p),
-                       partial_bytes(), (me - k + p) % p, k);
-    } catch (...) {
-      comm_.abort("a rank's partial did not arrive");
-      throw;
-    }
-    // Every rank merges the P partials in rank order: the same bits everywhere.
-    reset(state);
-    for (int r = 0; r < p; ++r) {
-      const float* part = partial(base, r);
-      const float* part_lse = part + n * qh * d;
-      for (std::int64_t t = 0; t < n; ++t)
-        for (int h = 0; h < qh; ++h) {
-          const float lse_b = part_lse[h * n + t];
-          const row_merge m = merge_into(state.lse_at(t, h), lse_b);
-          float* row = state.o_row(t, h);
-          const float* block = part + (t * qh + h) * d; // finalize wrote [n, q_heads, d]
-          for (int e = 0; e < d; ++e)
-            row[e] = row[e] * m.old + block[e] * m.block;
-          state.sum_at(t, h) = state.sum_at(t, h) * m.old + m.block;
-          state.lse_at(t, h) = m.new_ref;
-        }
-    }
-    finalize(state, out);
-    std::memcpy(lse, ref, sizeof(float) * static_cast<std::size_t>(n * qh));
-  }
-
-private:
-  std::size_t state_bytes() const {
-    const auto rows = static_cast<std::size_t>(new_tokens_) * args_.q_heads;
-    return rows * (static_cast<std::size_t>(args_.head_dim) + 2) * sizeof(float);
-  }
+  std::int64_t rows() const { return new_tokens_ * args_.q_heads; }
+  // A partial state: o [q_heads, new tokens, head_dim], reference lse, weight sum.
+  std::int64_t slot_floats() const { return rows() * (args_.head_dim + 2); }
   std::size_t partial_bytes() const {
-    const auto rows = static_cast<std::size_t>(new_tokens_) * args_.q_heads;
-    return rows * (static_cast<std::size_t>(args_.head_dim) + 1) * sizeof(float);
+    return static_cast<std::size_t>(slot_floats()) * sizeof(float);
   }
-  float* partial(std::byte* base, int r) const {
-    return reinterpret_cast<float*>(base + state_bytes() +
-                                    static_cast<std::size_t>(r) * partial_bytes());
+  attention_state partial_state(float* base, int r) const {
+    float* o = base + r * slot_floats();
+    return {o,
+            o + rows() * args_.head_dim,
+            o + rows() * (args_.head_dim + 1),
+            new_tokens_,
+            args_.q_heads,
+            args_.head_dim};
   }
-  template <element T>
+
+  template <element T, class Device>
   validation check(thd_view<const T> q, thd_view<const T> k, thd_view<const T> v,
                    thd_view<const T> kc, thd_view<const T> vc, thd_view<T> out, const float* lse,
-                   std::span<std::byte> workspace) const {
+                   std::span<const std::byte> workspace, std::size_t need,
+                   const Device& device) const {
+    using checks = detail::ring_checks;
     validation r = validation::ok();
-    r.require(planned_, "call plan(cu_new, cu_cache) before forward_host");
+    r.require(planned_, "call plan(cu_new, cu_cache) before the forward");
     if (!r) return r;
     const int qh = args_.q_heads, kvh = args_.kv_heads, d = args_.head_dim;
     auto shape = [&](const auto& x, const char* name, std::int64_t tokens, int heads) {
       r.require(validate_view(x, name));
-      r.require(x.tokens == tokens && x.heads == heads && x.head_dim == d, name, " is [", x.tokens,
-                ", ", x.heads, ", ", x.head_dim, "] but the plan wants [", tokens, ", ", heads,
-                ", ", d, "]");
+      if (r)
+        r.require(x.tokens == tokens && x.heads == heads && x.head_dim == d, name, " is [",
+                  x.tokens, ", ", x.heads, ", ", x.head_dim, "] but the plan wants [", tokens, ", ",
+                  heads, ", ", d, "]");
     };
     shape(q, "q_new", new_tokens_, qh);
     shape(k, "k_new", new_tokens_, kvh);
@@ -261,19 +504,81 @@ private:
     shape(kc, "k_cache", cache_tokens_, kvh);
     shape(vc, "v_cache", cache_tokens_, kvh);
     shape(out, "out", new_tokens_, qh);
-    r.require(lse != nullptr || new_tokens_ == 0, "lse is null");
-    r.require(workspace.size() >= host_workspace_bytes<T>(), "the workspace holds ",
-              workspace.size(), " bytes; this step needs ", host_workspace_bytes<T>());
-    r.require(reinterpret_cast<std::uintptr_t>(workspace.data()) % alignof(float) == 0,
-              "the workspace must be aligned to ", alignof(float), " bytes");
+    r.require(lse != nullptr || new_tokens_ == 0, "lse is a null pointer");
+    r.require(workspace.size() >= need, "the workspace holds ", workspace.size(),
+              " bytes; this step needs ", need);
+    r.require(workspace.data() != nullptr || need == 0, "the workspace is a null pointer");
+    r.require(aligned_to(workspace.data(), 16), "the workspace must be 16-byte aligned");
+    if (r) device(r);
+    if (!r) return r;
+    const auto lse_bytes = static_cast<std::size_t>(rows()) * sizeof(float);
+    const checks::region outputs[] = {checks::region_of(out, "out"),
+                                      checks::region_of(lse, lse_bytes, "lse"),
+                                      checks::region_of(workspace.data(), need, "the workspace")};
+    const checks::region inputs[] = {
+        checks::region_of(q, "q_new"), checks::region_of(k, "k_new"), checks::region_of(v, "v_new"),
+        checks::region_of(kc, "k_cache"), checks::region_of(vc, "v_cache")};
+    checks::require_disjoint(r, outputs, inputs);
     return r;
   }
 
+#if defined(__CUDACC__)
+  // This rank's partial state (the own block first on rank 0, covering every row; else the cache
+  // block, which covers every row unless a sequence has no cached token here), its exchange on
+  // the communication stream, and the merge once every partial has arrived.
+  template <class T>
+  void device_forward(thd_view<const T> q_new, thd_view<const T> k_new, thd_view<const T> v_new,
+                      thd_view<const T> k_cache, thd_view<const T> v_cache, thd_view<T> out,
+                      float* lse, std::byte* workspace, cudaStream_t stream) {
+    device_resources& d = *device_;
+    const int p = comm_.size(), me = comm_.rank();
+    float* base = reinterpret_cast<float*>(workspace);
+    const attention_state state = partial_state(base, me);
+    std::byte* scratch =
+        workspace + ring_workspace::align(static_cast<std::size_t>(p) * partial_bytes());
+    bool written = false;
+    if (d.own) {
+      BlockKernel::device_forward(step_epilogue::fresh,
+                                  block_forward_args<T>{q_new, k_new, v_new, args_, state, scratch},
+                                  *d.own, out, nullptr, stream);
+      written = true;
+    }
+    if (d.cache || d.split) {
+      const bool fresh = !written && cache_covers_;
+      if (!written && !fresh) reset(state, stream);
+      const block_forward_args<T> cache{q_new, k_cache, v_cache, args_, state, scratch};
+      if constexpr (requires { BlockKernel::device_split_forward(cache, *d.split, fresh, stream); })
+        if (d.split) BlockKernel::device_split_forward(cache, *d.split, fresh, stream);
+      if (d.cache)
+        BlockKernel::device_forward(fresh ? step_epilogue::fresh : step_epilogue::merge, cache,
+                                    *d.cache, out, nullptr, stream);
+      written = true;
+    }
+    if (!written) reset(state, stream);
+    if (p > 1) {
+      RINGATTN_CUDA_CHECK(cudaEventRecord(d.computed, stream));
+      RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(d.comm, d.computed, 0));
+      for (int k = 1; k < p; ++k)
+        comm_.exchange_async(base + me * slot_floats(), partial_bytes(), (me + k) % p,
+                             base + ((me - k + p) % p) * slot_floats(), partial_bytes(),
+                             (me - k + p) % p, k, d.comm);
+      RINGATTN_CUDA_CHECK(cudaEventRecord(d.arrived, d.comm));
+      RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream, d.arrived, 0));
+    }
+    merge_partial_states<T>(base, slot_floats(), p, out, lse, stream);
+  }
+#endif
+
   Communicator& comm_;
   attention_arguments args_;
+  std::uint64_t fingerprint_;
+  detail::call_gate<Communicator> gate_;
+  std::uint64_t plans_ = 0;
   std::int64_t new_tokens_ = 0, cache_tokens_ = 0;
   std::vector<block_group> cache_groups_, new_groups_;
+  bool cache_covers_ = false;
   bool planned_ = false;
+  std::unique_ptr<device_resources> device_;
 };
 
 } // namespace ringattn

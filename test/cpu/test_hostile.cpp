@@ -84,8 +84,8 @@ TEST_CASE("a second call on one object while the first runs is refused; the firs
     }
     other.join();
   });
-  CHECK(second == "ringattn: another call on this ring_attention object is running (one call "
-                  "at a time per object; one object per rank's thread)");
+  CHECK(second == "ringattn: another call on this object is running (one call at a time per "
+                  "object; one object per rank's thread)");
   // The first call ran on until its own timeout: the refused one did not abort the group.
   CHECK(first.find("timed out after 600 ms waiting for rank 1") != std::string::npos);
   for (const auto& e : errors)

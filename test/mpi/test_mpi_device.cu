@@ -3,6 +3,7 @@
 // against the float64 oracle, bytes per step; two forwards bitwise equal. Runs where a GPU exists
 // (several ranks may share one).
 #include "../gpu/device_ring.cuh"
+#include "shared_seed.hpp"
 
 #include <ringattn/comm/mpi.cuh>
 #include <ringattn/partition/contiguous.cuh>
@@ -42,17 +43,12 @@ void check(mpi_communicator& comm, std::uint64_t seed) {
   CHECK(lse_err < 2e-3);
 }
 
-std::uint64_t shared_seed() {
-  std::uint64_t seed = test::fresh_seed();
-  MPI_Bcast(&seed, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
-  return seed;
-}
 } // namespace
 
 TEST_CASE_TEMPLATE("MPI device ring (staged through pinned memory) equals the oracle", P,
                    contiguous, round_robin, zigzag) {
   mpi_communicator comm(MPI_COMM_WORLD, std::chrono::seconds(60), cuda_awareness::no);
-  const auto seed = shared_seed();
+  const auto seed = test::shared_seed();
   CAPTURE(seed);
   check<P, causal>(comm, seed);
   check<P, full>(comm, seed + 1);
@@ -63,7 +59,7 @@ TEST_CASE_TEMPLATE("MPI device ring (staged through pinned memory) equals the or
 // is set): device pointers straight to MPI where it says CUDA-aware, staging otherwise.
 TEST_CASE("MPI device ring with detected CUDA-awareness equals the oracle") {
   mpi_communicator comm(MPI_COMM_WORLD);
-  const auto seed = shared_seed();
+  const auto seed = test::shared_seed();
   CAPTURE(seed);
   check<zigzag, causal>(comm, seed);
   int aware = comm.cuda_aware() ? 1 : 0, all = 0;

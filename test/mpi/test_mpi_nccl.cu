@@ -4,6 +4,7 @@
 // and the bitwise repeat of two calls. Skipped (77) with fewer GPUs than ranks: NCCL refuses two
 // ranks on one GPU.
 #include "../gpu/device_ring.cuh"
+#include "shared_seed.hpp"
 
 #include <ringattn/comm/nccl_mpi.cuh>
 #include <ringattn/partition/contiguous.cuh>
@@ -21,12 +22,6 @@ using namespace ringattn;
 
 namespace {
 using T = __nv_bfloat16;
-
-std::uint64_t shared_seed() {
-  std::uint64_t seed = test::fresh_seed();
-  MPI_Bcast(&seed, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
-  return seed;
-}
 
 double sum_over_ranks(double x) {
   double total = 0.0;
@@ -77,7 +72,7 @@ void check_backward(nccl_communicator& comm, std::uint64_t seed) {
 TEST_CASE_TEMPLATE("NCCL ring, one process per GPU: forward equals the oracle", P, contiguous,
                    round_robin, zigzag) {
   auto comm = make_nccl_communicator(MPI_COMM_WORLD);
-  const auto seed = shared_seed();
+  const auto seed = test::shared_seed();
   CAPTURE(seed);
   check_forward<P, causal>(comm, seed);
   check_forward<P, full>(comm, seed + 1);
@@ -86,7 +81,7 @@ TEST_CASE_TEMPLATE("NCCL ring, one process per GPU: forward equals the oracle", 
 TEST_CASE_TEMPLATE("NCCL ring, one process per GPU: backward equals the oracle", P, contiguous,
                    round_robin, zigzag) {
   auto comm = make_nccl_communicator(MPI_COMM_WORLD);
-  const auto seed = shared_seed();
+  const auto seed = test::shared_seed();
   CAPTURE(seed);
   check_backward<P, causal>(comm, seed);
   check_backward<P, full>(comm, seed + 1);

@@ -3,6 +3,7 @@
 // checks its own shard), on both schedules (the ring and the all-gather); bytes per rank;
 // plan-time disagreement.
 #include "../sharded_backward_case.hpp"
+#include "shared_seed.hpp"
 
 #include <ringattn/comm/mpi.cuh>
 #include <ringattn/partition/contiguous.cuh>
@@ -81,17 +82,12 @@ void check_ring(mpi_communicator& comm, std::uint64_t seed) {
   }
 }
 
-std::uint64_t shared_seed() {
-  std::uint64_t seed = test::fresh_seed();
-  MPI_Bcast(&seed, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
-  return seed;
-}
 } // namespace
 
 TEST_CASE_TEMPLATE("MPI ring equals the oracle on every rank: full and causal", P, contiguous,
                    round_robin, zigzag) {
   mpi_communicator comm(MPI_COMM_WORLD);
-  const auto seed = shared_seed();
+  const auto seed = test::shared_seed();
   CAPTURE(seed);
   check_ring<P, full>(comm, seed);
   check_ring<P, causal>(comm, seed);
@@ -100,7 +96,7 @@ TEST_CASE_TEMPLATE("MPI ring equals the oracle on every rank: full and causal", 
 TEST_CASE_TEMPLATE("MPI all-gather equals the oracle on every rank: full and causal", P, contiguous,
                    round_robin, zigzag) {
   mpi_communicator comm(MPI_COMM_WORLD);
-  const auto seed = shared_seed();
+  const auto seed = test::shared_seed();
   CAPTURE(seed);
   check_ring<P, full, all_gather_kv>(comm, seed);
   check_ring<P, causal, all_gather_kv>(comm, seed);

@@ -99,4 +99,25 @@ RINGATTN_HOST_DEVICE inline float final_lse(float ref, float sum) {
   return sum > 0.0f ? ref + logf(sum) : -__builtin_huge_valf();
 }
 
+//! One element of one (row, head) merged from `parts` partial states, in the order r = 0, 1, ...:
+//! partial r's reference, weight sum and o element are `ref[r * stride]`, `sum[r * stride]` and
+//! `o[r * stride]` (states of one shape, `stride` floats apart). Writes the row's lse to `lse` and
+//! returns the output element (0 for a row that saw no key). Each partial merges as a block with
+//! lse `final_lse(ref, sum)` and normalised output `o / sum`, by `merge_into`: host and device
+//! compute the same steps.
+RINGATTN_HOST_DEVICE inline float merge_partials(int parts, const float* ref, const float* sum,
+                                                 const float* o, std::int64_t stride, float& lse) {
+  float r = -__builtin_huge_valf(), s = 0.0f, acc = 0.0f;
+  for (int p = 0; p < parts; ++p) {
+    const float ws = sum[p * stride];
+    if (!(ws > 0.0f)) continue; // this partial saw no key of the row
+    const row_merge m = merge_into(r, final_lse(ref[p * stride], ws));
+    acc = acc * m.old + o[p * stride] * (1.0f / ws) * m.block;
+    s = s * m.old + m.block;
+    r = m.new_ref;
+  }
+  lse = final_lse(r, s);
+  return s > 0.0f ? acc * (1.0f / s) : 0.0f;
+}
+
 } // namespace ringattn

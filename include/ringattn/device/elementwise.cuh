@@ -41,6 +41,31 @@ __global__ void finalize_kernel(const float* o, float* lse, const float* sum, T*
   }
 }
 
+//! `parts` partial states, slot r at `partials + r * slot_floats` (o `[rows, head_dim]`, then the
+//! references `[rows]`, then the sums `[rows]`; row = head * tokens + token), merged in slot
+//! order (`merge_partials`) into `out` and the rows' `lse`; two elements a thread at a time.
+template <class T>
+__global__ void merge_partials_kernel(const float* partials, std::int64_t slot_floats, int parts,
+                                      std::int64_t rows, std::int64_t tokens, int head_dim, T* out,
+                                      std::int64_t token_stride, std::int64_t head_stride,
+                                      float* lse) {
+  const std::int64_t pairs = rows * (head_dim / 2);
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < pairs;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t row = i / (head_dim / 2);
+    const int e = static_cast<int>(i % (head_dim / 2)) * 2;
+    const float* ref = partials + rows * head_dim + row;
+    const float* sum = partials + rows * (head_dim + 1) + row;
+    const float* o = partials + row * head_dim + e;
+    float l = 0.0f;
+    const float x = merge_partials(parts, ref, sum, o, slot_floats, l);
+    const float y = merge_partials(parts, ref, sum, o + 1, slot_floats, l);
+    T* dst = out + (row % tokens) * token_stride + (row / tokens) * head_stride + e;
+    *reinterpret_cast<std::uint32_t*>(dst) = pack2<T>(x, y);
+    if (e == 0) lse[row] = l;
+  }
+}
+
 } // namespace kernels
 RINGATTN_ABI_END
 

@@ -447,6 +447,28 @@ requires(std::is_same_v<T, __half> ||
                                    s.head_dim, out.token_stride, out.head_stride);
   RINGATTN_CUDA_CHECK_LAUNCH();
 }
+
+//! Merges `parts` partial states into `out` (fp16/bf16, `[tokens, q_heads, head_dim]`) and `lse`
+//! (`[q_heads, tokens]`), asynchronously on `stream`. Partial r sits at
+//! `partials + r * slot_floats`: the o, lse (the reference) and sum of a state of `out`'s shape,
+//! one after another (`attention_state` over that memory). The order of the slots is the order
+//! of the merges: the same slots give the same bits on any device.
+template <class T>
+requires(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) void merge_partial_states(
+    const float* partials, std::int64_t slot_floats, int parts, thd_view<T> out, float* lse,
+    cudaStream_t stream) {
+  validation r = validate_view(out, "out");
+  r.require(rows_aligned_to(out, 4), "out must be 4-byte aligned with even strides");
+  r.require(parts >= 1, "no partial state to merge");
+  r.throw_if_invalid();
+  const std::int64_t rows = out.tokens * out.heads, pairs = rows * (out.head_dim / 2);
+  if (pairs == 0) return;
+  const unsigned blocks = static_cast<unsigned>(std::min<std::int64_t>((pairs + 255) / 256, 4096));
+  kernels::merge_partials_kernel<T>
+      <<<blocks, 256, 0, stream>>>(partials, slot_floats, parts, rows, out.tokens, out.head_dim,
+                                   out.data, out.token_stride, out.head_stride, lse);
+  RINGATTN_CUDA_CHECK_LAUNCH();
+}
 #endif // __CUDACC__
 
 } // namespace ringattn

@@ -111,4 +111,25 @@ void finalize(const attention_state& s, thd_view<T> out) {
     }
 }
 
+//! The host twin of the device `merge_partial_states` (kernel/forward.cuh): `parts` partial
+//! states `slot_floats` apart, merged in slot order into `out` and `lse`.
+template <element T>
+void merge_partial_states(const float* partials, std::int64_t slot_floats, int parts,
+                          thd_view<T> out, float* lse) {
+  validation r = validate_view(out, "out");
+  r.require(parts >= 1, "no partial state to merge");
+  r.throw_if_invalid();
+  const std::int64_t tokens = out.tokens, rows = tokens * out.heads;
+  const int d = out.head_dim;
+  for (std::int64_t row = 0; row < rows; ++row) {
+    const float* ref = partials + rows * d + row;
+    const float* sum = partials + rows * (d + 1) + row;
+    float l = 0.0f;
+    for (int e = 0; e < d; ++e)
+      out(row % tokens, static_cast<int>(row / tokens), e) =
+          from_float<T>(merge_partials(parts, ref, sum, partials + row * d + e, slot_floats, l));
+    lse[row] = l;
+  }
+}
+
 } // namespace ringattn

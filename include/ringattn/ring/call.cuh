@@ -86,13 +86,19 @@ public:
   template <class Body>
   void run(const validation& own, call_kind kind, dtype type, const ring_workspace& layout,
            Body&& body) {
-    validation ok = own;
     const bool backward = kind == call_kind::backward || kind == call_kind::backward_host;
-    require_message_size(ok, comm_, layout.largest_message(backward), to_string(kind));
+    run(own, kind, type, layout.largest_message(backward), std::forward<Body>(body));
+  }
+  //! The same for a call whose largest message is `largest_message` bytes.
+  template <class Body>
+  void run(const validation& own, call_kind kind, dtype type, std::size_t largest_message,
+           Body&& body) {
+    validation ok = own;
+    require_message_size(ok, comm_, largest_message, to_string(kind));
     error_rank_scope scope(comm_.rank());
     if (busy_.exchange(true))
-      throw invalid_argument("ringattn: another call on this ring_attention object is running "
-                             "(one call at a time per object; one object per rank's thread)");
+      throw invalid_argument("ringattn: another call on this object is running (one call at a "
+                             "time per object; one object per rank's thread)");
     struct release {
       std::atomic<bool>& flag;
       ~release() { flag.store(false); }
@@ -113,6 +119,9 @@ public:
       throw;
     }
   }
+
+  //! Names what later calls run (a new plan of the same ranks, agreed by them all).
+  void replan(std::uint64_t plan) noexcept { plan_ = plan; }
 
 private:
   // One all-gather of every rank's header (into storage made at plan time: a call allocates

@@ -1,0 +1,181 @@
+#pragma once
+// A KV cache sharded across ranks, and decode steps over it: the cache starts as each rank's
+// shard of a packed prefill (a partitioner's layout), every step draws new tokens (the same on
+// every rank), the float64 oracle attends each new token to its whole sequence (the prefill, the
+// earlier steps' tokens, the new tokens up to its own), and after the step each new token's K/V
+// goes to its owner (owned_new_rows). Shared by the host and the device decode tests.
+#include "common.hpp"
+
+#include <ringattn/partition/plan.cuh>
+#include <ringattn/reference/attention.cuh>
+#include <ringattn/sharded_attention.cuh>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace ringattn::test {
+
+//! Whether two ranks' step results (output and lse) are the same bits.
+template <class T>
+bool same_bits(const std::vector<T>& out_a, const std::vector<float>& lse_a,
+               const std::vector<T>& out_b, const std::vector<float>& lse_b) {
+  return out_a.size() == out_b.size() && lse_a.size() == lse_b.size() &&
+         (out_a.empty() ||
+          std::memcmp(out_a.data(), out_b.data(), out_a.size() * sizeof(T)) == 0) &&
+         (lse_a.empty() ||
+          std::memcmp(lse_a.data(), lse_b.data(), lse_a.size() * sizeof(float)) == 0);
+}
+
+template <class P, class T>
+struct decode_case {
+  // One step's new tokens and the oracle's answer for them.
+  struct step {
+    std::vector<std::int32_t> cu_new{0};
+    std::vector<T> q, k, v;
+    std::int64_t tokens = 0;
+    reference::forward_result oracle;
+  };
+  // A rank's cache shard, its sequences packed in order.
+  struct shard {
+    std::vector<std::int32_t> cu{0};
+    std::vector<T> k, v;
+    std::int64_t tokens() const { return cu.back(); }
+  };
+
+  attention_arguments args;
+  int ranks;
+  int batch;
+  std::vector<std::vector<T>> whole_q, whole_k, whole_v;     // per sequence, every position so far
+  std::vector<std::vector<std::vector<T>>> cache_k, cache_v; // [rank][sequence]
+
+  decode_case(const std::vector<std::int32_t>& prefill, int ranks_, attention_arguments a,
+              std::mt19937_64& rng)
+      : args(a), ranks(ranks_), batch(static_cast<int>(prefill.size()) - 1) {
+    const partition_plan<P> plan(prefill, ranks);
+    const std::size_t row = kv_row();
+    const auto k = random_buffer<T>(plan.tokens() * row, rng);
+    const auto v = random_buffer<T>(plan.tokens() * row, rng);
+    whole_q.resize(batch), whole_k.resize(batch), whole_v.resize(batch);
+    for (int b = 0; b < batch; ++b) {
+      whole_k[b].assign(k.begin() + prefill[b] * row, k.begin() + prefill[b + 1] * row);
+      whole_v[b].assign(v.begin() + prefill[b] * row, v.begin() + prefill[b + 1] * row);
+      whole_q[b].resize(whole_k[b].size() / a.kv_heads * a.q_heads); // prefill queries: unused
+    }
+    cache_k.assign(ranks, std::vector<std::vector<T>>(batch));
+    cache_v = cache_k;
+    for (int r = 0; r < ranks; ++r) {
+      const auto local = plan.local_cu_seqlens(r);
+      for (int b = 0; b < batch; ++b)
+        for (std::int64_t l = local[b]; l < local[b + 1]; ++l) {
+          const std::int64_t g = plan.global_token(r, l);
+          cache_k[r][b].insert(cache_k[r][b].end(), k.begin() + g * row, k.begin() + (g + 1) * row);
+          cache_v[r][b].insert(cache_v[r][b].end(), v.begin() + g * row, v.begin() + (g + 1) * row);
+        }
+    }
+  }
+
+  std::size_t kv_row() const { return static_cast<std::size_t>(args.kv_heads) * args.head_dim; }
+  std::size_t q_row() const { return static_cast<std::size_t>(args.q_heads) * args.head_dim; }
+  std::int64_t length(int b) const {
+    return static_cast<std::int64_t>(whole_k[b].size() / kv_row());
+  }
+
+  shard rank_shard(int r) const {
+    shard s;
+    for (int b = 0; b < batch; ++b) {
+      s.k.insert(s.k.end(), cache_k[r][b].begin(), cache_k[r][b].end());
+      s.v.insert(s.v.end(), cache_v[r][b].begin(), cache_v[r][b].end());
+      s.cu.push_back(static_cast<std::int32_t>(s.k.size() / kv_row()));
+    }
+    return s;
+  }
+
+  // New tokens: `lo`..`hi` per sequence (0 allowed), and the oracle over the whole sequences.
+  step draw(std::mt19937_64& rng, int lo, int hi) const {
+    step s;
+    for (int b = 0; b < batch; ++b)
+      s.cu_new.push_back(s.cu_new.back() + lo + static_cast<std::int32_t>(rng() % (hi - lo + 1)));
+    s.tokens = s.cu_new.back();
+    s.q = random_buffer<T>(s.tokens * q_row(), rng);
+    s.k = random_buffer<T>(s.tokens * kv_row(), rng);
+    s.v = random_buffer<T>(s.tokens * kv_row(), rng);
+    std::vector<std::int32_t> cu_whole{0};
+    std::vector<T> q_all, k_all, v_all;
+    std::vector<std::int64_t> rows;
+    for (int b = 0; b < batch; ++b) {
+      const std::int64_t cached = length(b), nb = s.cu_new[b + 1] - s.cu_new[b];
+      auto append = [&](std::vector<T>& to, const std::vector<T>& old, const std::vector<T>& now,
+                        std::size_t row) {
+        to.insert(to.end(), old.begin(), old.end());
+        to.insert(to.end(), now.begin() + s.cu_new[b] * row, now.begin() + s.cu_new[b + 1] * row);
+      };
+      append(q_all, whole_q[b], s.q, q_row());
+      append(k_all, whole_k[b], s.k, kv_row());
+      append(v_all, whole_v[b], s.v, kv_row());
+      for (std::int64_t i = 0; i < nb; ++i)
+        rows.push_back(cu_whole.back() + cached + i);
+      cu_whole.push_back(cu_whole.back() + static_cast<std::int32_t>(cached + nb));
+    }
+    const std::int64_t total = cu_whole.back();
+    const int qh = args.q_heads, kvh = args.kv_heads, d = args.head_dim;
+    s.oracle = reference::attention_forward_rows(
+        reference::to_tensor(thd_view<const T>(q_all.data(), total, qh, d)),
+        reference::to_tensor(thd_view<const T>(k_all.data(), total, kvh, d)),
+        reference::to_tensor(thd_view<const T>(v_all.data(), total, kvh, d)), cu_whole, args,
+        position_window::of(mask_kind::causal), rows);
+    return s;
+  }
+
+  // Relative L2 error of `out` and the largest absolute error of `lse` against the oracle.
+  std::pair<double, double> error(const step& s, const std::vector<T>& out,
+                                  const std::vector<float>& lse) const {
+    const int qh = args.q_heads, d = args.head_dim;
+    const std::int64_t n = s.tokens;
+    double num = 0.0, den = 0.0, lse_err = 0.0;
+    for (std::int64_t i = 0; i < n; ++i)
+      for (int h = 0; h < qh; ++h) {
+        lse_err = std::max(lse_err, std::abs(double(lse[h * n + i]) - s.oracle.lse_at(h, i)));
+        for (int e = 0; e < d; ++e) {
+          const double got = to_float(out[(i * qh + h) * d + e]), want = s.oracle.out(i, h, e);
+          num += (got - want) * (got - want), den += want * want;
+        }
+      }
+    return {den > 0.0 ? std::sqrt(num / den) : std::sqrt(num), lse_err};
+  }
+
+  // After the step: every new token's K/V to its owner's shard and to the whole sequences.
+  // Returns how many tokens the ranks kept (every new token exactly once).
+  std::int64_t append(const step& s) {
+    std::vector<std::int64_t> lengths;
+    for (int b = 0; b < batch; ++b)
+      lengths.push_back(length(b));
+    std::int64_t kept = 0;
+    const std::size_t row = kv_row();
+    for (int r = 0; r < ranks; ++r)
+      for (const std::int64_t t : owned_new_rows(r, ranks, s.cu_new, lengths)) {
+        const auto b = static_cast<int>(
+            std::upper_bound(s.cu_new.begin(), s.cu_new.end(), static_cast<std::int32_t>(t)) -
+            s.cu_new.begin() - 1);
+        if (owner_of(lengths[b] + t - s.cu_new[b], ranks) != r) return -1;
+        cache_k[r][b].insert(cache_k[r][b].end(), s.k.begin() + t * row,
+                             s.k.begin() + (t + 1) * row);
+        cache_v[r][b].insert(cache_v[r][b].end(), s.v.begin() + t * row,
+                             s.v.begin() + (t + 1) * row);
+        ++kept;
+      }
+    for (int b = 0; b < batch; ++b) {
+      auto grow = [&](std::vector<T>& to, const std::vector<T>& now, std::size_t w) {
+        to.insert(to.end(), now.begin() + s.cu_new[b] * w, now.begin() + s.cu_new[b + 1] * w);
+      };
+      grow(whole_k[b], s.k, row);
+      grow(whole_v[b], s.v, row);
+      grow(whole_q[b], s.q, q_row());
+    }
+    return kept;
+  }
+};
+
+} // namespace ringattn::test

@@ -1,0 +1,196 @@
+// Attention over a sharded KV cache on the device: P virtual ranks on one GPU (threads of an
+// in-process group, each with its own stream), the cache of each partitioner's prefill (packed odd
+// lengths), three decode steps with appends (0-4 new tokens per sequence), P in {1, 2, 3, 4, 8} x
+// GQA 1, 4, 8, against the float64 oracle; every rank's result bitwise equal to rank 0's and from
+// call to call; bytes per rank; a warmed-up step allocates nothing; bad input on one rank fails
+// on every rank before anything is enqueued, and the next step runs.
+#include "../allocation_counter.hpp"
+#include "../decode_case.hpp"
+#include "../ranks.hpp"
+#include "device_buffer.cuh"
+
+#include <ringattn/comm/in_process.cuh>
+#include <ringattn/partition/contiguous.cuh>
+#include <ringattn/partition/round_robin.cuh>
+#include <ringattn/partition/zigzag.cuh>
+#include <ringattn/sharded_attention.cuh>
+
+#include <doctest/doctest.h>
+
+#include <barrier>
+#include <cstdlib>
+#include <cstring>
+
+using namespace ringattn;
+
+namespace {
+using T = __nv_bfloat16;
+using decoder = sharded_attention<in_process_communicator, causal>;
+
+struct rank_result {
+  std::vector<T> out;
+  std::vector<float> lse;
+  bool repeatable = true;
+  std::uint64_t sent = 0, expected = 0, allocations = 0, heap = 0;
+};
+
+// One step on every rank; `repeat`: the forward twice, the second counted (device allocations,
+// heap) and compared with the first.
+template <class P>
+std::vector<rank_result> device_step(const test::decode_case<P, T>& c,
+                                     const typename test::decode_case<P, T>::step& s, bool repeat) {
+  const attention_arguments a = c.args;
+  const int qh = a.q_heads, kvh = a.kv_heads, d = a.head_dim;
+  const std::int64_t n = s.tokens;
+  std::vector<rank_result> res(c.ranks);
+  std::barrier sync(c.ranks);
+  in_process_group group(c.ranks, std::chrono::seconds(60));
+  const auto errors = test::on_ranks(group, [&](int r, in_process_communicator& comm) {
+    RINGATTN_CUDA_CHECK(cudaSetDevice(0));
+    decoder dec(comm, a);
+    dec.prepare_device();
+    const auto sh = c.rank_shard(r);
+    dec.plan(s.cu_new, sh.cu);
+    const std::int64_t m = sh.tokens();
+    test::device_buffer<T> q(s.q), k(s.k), v(s.v), kc(sh.k), vc(sh.v);
+    test::device_buffer<T> out(std::vector<T>(n * qh * d, test::poison<T>()));
+    test::device_buffer<float> lse(std::vector<float>(n * qh, -7.0f));
+    const std::size_t bytes = dec.device_workspace_bytes<T>();
+    test::device_buffer<std::byte> ws(bytes);
+    cudaStream_t stream;
+    RINGATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    rank_result& mine = res[r];
+    auto once = [&] {
+      dec.forward(thd_view<const T>(q.get(), n, qh, d), thd_view<const T>(k.get(), n, kvh, d),
+                  thd_view<const T>(v.get(), n, kvh, d), thd_view<const T>(kc.get(), m, kvh, d),
+                  thd_view<const T>(vc.get(), m, kvh, d), thd_view<T>(out.get(), n, qh, d),
+                  lse.get(), ws.get(), bytes, stream);
+    };
+    const std::uint64_t before = comm.bytes_sent();
+    once();
+    RINGATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
+    mine.sent = comm.bytes_sent() - before;
+    mine.expected = dec.step_bytes();
+    mine.out = out.download();
+    mine.lse = lse.download();
+    if (repeat) {
+      sync.arrive_and_wait();
+      const std::uint64_t allocated = detail::device_allocations.load();
+      {
+        test::allocation_scope scope;
+        once();
+        mine.heap = scope.count();
+      }
+      RINGATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
+      sync.arrive_and_wait();
+      mine.allocations = detail::device_allocations.load() - allocated;
+      const auto o2 = out.download();
+      const auto l2 = lse.download();
+      mine.repeatable = test::same_bits(o2, l2, mine.out, mine.lse);
+    }
+    RINGATTN_CUDA_CHECK(cudaStreamDestroy(stream));
+  });
+  for (const auto& e : errors)
+    REQUIRE(test::message(e) == "");
+  return res;
+}
+
+template <class P>
+void check_device_decode() {
+  const auto seed = test::fresh_seed();
+  CAPTURE(seed);
+  const bool small = std::getenv("RINGATTN_TEST_SMALL") != nullptr;
+  for (int group : {1, 4, 8})
+    for (int ranks : {1, 2, 3, 4, 8}) {
+      CAPTURE(group);
+      CAPTURE(ranks);
+      std::mt19937_64 rng(seed + static_cast<std::uint64_t>(group * 10 + ranks));
+      const attention_arguments a{8, 8 / group, 128, 0.0f};
+      test::decode_case<P, T> c(test::random_cu_seqlens(3, 1, small ? 120 : 400, rng), ranks, a,
+                                rng);
+      for (int step = 0; step < 3; ++step) {
+        CAPTURE(step);
+        const auto s = c.draw(rng, step == 2 ? 0 : 1, 4);
+        const auto res = device_step(c, s, step == 0);
+        // The device block kernel's bf16 tolerances (test_block_forward.cu): 8e-3 relative L2
+        // on the output, 2e-3 absolute on the LSE.
+        const auto [err, lse_err] = c.error(s, res[0].out, res[0].lse);
+        CHECK(err < 8e-3);
+        CHECK(lse_err < 2e-3);
+        for (int r = 0; r < ranks; ++r) {
+          CAPTURE(r);
+          CHECK(test::same_bits(res[r].out, res[r].lse, res[0].out, res[0].lse));
+          CHECK(res[r].sent == res[r].expected);
+          CHECK(res[r].repeatable);
+          CHECK(res[r].heap == 0);
+          CHECK(res[r].allocations == 0);
+        }
+        CHECK(res[0].expected == static_cast<std::uint64_t>(ranks - 1) * s.tokens * a.q_heads *
+                                     (a.head_dim + 2) * sizeof(float));
+        CHECK(c.append(s) == s.tokens);
+      }
+    }
+}
+} // namespace
+
+TEST_CASE_TEMPLATE("device sharded decode, virtual ranks on one GPU, equals the oracle", P,
+                   contiguous, round_robin, zigzag) {
+  check_device_decode<P>();
+}
+
+TEST_CASE("device sharded decode: host memory on one rank fails on every rank; the next step "
+          "runs") {
+  const attention_arguments a{8, 2, 128, 0.0f};
+  const int ranks = 3, qh = 8, kvh = 2, d = 128, n = 2;
+  std::vector<std::string> why(ranks);
+  std::vector<float> after(ranks, 0.0f);
+  std::uint64_t launched = 0;
+  std::barrier sync(ranks);
+  in_process_group group(ranks, std::chrono::seconds(60));
+  const auto errors = test::on_ranks(group, [&](int r, in_process_communicator& comm) {
+    RINGATTN_CUDA_CHECK(cudaSetDevice(0));
+    decoder dec(comm, a);
+    dec.prepare_device();
+    const std::vector<std::int32_t> cu_new{0, 1, 2}, cu_cache{0, 3, 3 + r};
+    dec.plan(cu_new, cu_cache);
+    const std::int64_t m = 3 + r;
+    test::device_buffer<T> q(std::vector<T>(n * qh * d, from_float<T>(0.5f)));
+    test::device_buffer<T> kv(std::vector<T>(m * kvh * d, from_float<T>(0.25f)));
+    test::device_buffer<T> out(std::vector<T>(n * qh * d, test::poison<T>()));
+    test::device_buffer<float> lse(n * qh);
+    std::vector<T> host_out(n * qh * d);
+    const std::size_t bytes = dec.device_workspace_bytes<T>();
+    test::device_buffer<std::byte> ws(bytes);
+    cudaStream_t stream;
+    RINGATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    auto run = [&](T* o) {
+      dec.forward(thd_view<const T>(q.get(), n, qh, d), thd_view<const T>(kv.get(), n, kvh, d),
+                  thd_view<const T>(kv.get(), n, kvh, d), thd_view<const T>(kv.get(), m, kvh, d),
+                  thd_view<const T>(kv.get(), m, kvh, d), thd_view<T>(o, n, qh, d), lse.get(),
+                  ws.get(), bytes, stream);
+    };
+    sync.arrive_and_wait();
+    if (r == 0) launched = detail::kernel_launches.load();
+    sync.arrive_and_wait();
+    try {
+      run(r == 1 ? host_out.data() : out.get());
+    } catch (const invalid_argument& e) {
+      why[r] = e.what();
+    }
+    sync.arrive_and_wait();
+    if (r == 0) launched = detail::kernel_launches.load() - launched;
+    run(out.get());
+    RINGATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
+    after[r] = to_float(out.download()[0]);
+    RINGATTN_CUDA_CHECK(cudaStreamDestroy(stream));
+  });
+  for (const auto& e : errors)
+    REQUIRE(test::message(e) == "");
+  for (int r = 0; r < ranks; ++r) {
+    CAPTURE(r);
+    CHECK(why[r].find("out is host memory; the device forward takes device memory") !=
+          std::string::npos);
+    CHECK(after[r] == doctest::Approx(0.25)); // every value is 0.25
+  }
+  CHECK(launched == 0); // the refused call enqueued nothing on any rank
+}
