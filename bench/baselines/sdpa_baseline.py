@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
 """PyTorch SDPA baseline (cuDNN and flash backends) at the block benchmarks' shapes.
 
-usage: sdpa_baseline.py OUT.json [--backward | --ring]
+usage: sdpa_baseline.py OUT.json [--backward | --ring | --decode]
 
 Forward (default): bench_block_forward's shapes. --backward: bench_block_backward's shapes (bf16,
 32 q heads with 32 and 8 kv heads, head_dim 128, 2K, 8K and 32K tokens, full and causal); the time
 of the backward alone is that of forward + backward minus that of the forward (medians), FLOPs
 2.5x the forward's. --ring: one whole-sequence call at bench_ring_forward's shape (64K tokens,
 32:8 heads, head_dim 128, full and causal), forward and forward + backward (FLOPs 3.5x the
-forward's), cuDNN only. Run in the same job as our benchmark so ratios compare one machine
+forward's), cuDNN only. --decode: bench_sharded_decode's step on one GPU over the whole cache: 32
+sequences of one new token each against 32768 cached tokens each (1M in all; the new token sees
+the cache and itself), 32:8 heads, head_dim 128, every backend that takes it (the default choice,
+cuDNN, flash, efficient). Run in the same job as our benchmark so ratios compare one machine
 state. Writes JSON (list of records) to OUT.json.
 """
 import json
@@ -100,6 +103,40 @@ def ring(path):
                        device=torch.cuda.get_device_name(), results=out), f, indent=1)
 
 
+def decode(path):
+    out = []
+    torch.manual_seed(0)
+    batch, cache, kvh = 32, 32768, 8
+    q = torch.randn(batch, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(batch, kvh, cache + 1, 128, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(batch, kvh, cache + 1, 128, device="cuda", dtype=torch.bfloat16)
+    cache_bytes = 2 * k.numel() * k.element_size()
+    backends = ((None, "default"), (SDPBackend.CUDNN_ATTENTION, "cudnn"),
+                (SDPBackend.FLASH_ATTENTION, "flash"), (SDPBackend.EFFICIENT_ATTENTION, "efficient"))
+    for backend, name in backends:
+        rec = dict(backend=name, sequences=batch, cache_per_sequence=cache, new_per_sequence=1,
+                   q_heads=32, kv_heads=kvh, head_dim=128)
+        fn = lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+        try:
+            if backend is None:
+                ms = time_ms(fn, iters=50)
+            else:
+                with sdpa_kernel(backend):
+                    ms = time_ms(fn, iters=50)
+        except RuntimeError as e:
+            rec["error"] = str(e)[:200]
+            out.append(rec)
+            print(f"{name:9s} decode: {rec['error'][:80]}", flush=True)
+            continue
+        rec.update(ms=ms, cache_gb_per_s=cache_bytes / ms / 1e6)
+        out.append(rec)
+        print(f"{name:9s} decode {batch} x 1 over {batch} x {cache}: {ms:8.3f} ms "
+              f"({rec['cache_gb_per_s']:.0f} GB/s of K/V)", flush=True)
+    with open(path, "w") as f:
+        json.dump(dict(torch=torch.__version__, cudnn=torch.backends.cudnn.version(),
+                       device=torch.cuda.get_device_name(), results=out), f, indent=1)
+
+
 def main(path):
     out = []
     torch.manual_seed(0)
@@ -147,5 +184,7 @@ if __name__ == "__main__":
         backward(sys.argv[1])
     elif "--ring" in sys.argv[2:]:
         ring(sys.argv[1])
+    elif "--decode" in sys.argv[2:]:
+        decode(sys.argv[1])
     else:
         main(sys.argv[1])

@@ -89,6 +89,14 @@ if grep -q '"schedules/' "$OUT/ring_forward.json" 2>/dev/null; then
   # The ring against the all-gather schedule (its rows of the same run).
   python3 bench/scripts/report_schedules.py "$OUT/ring_forward.json"
 fi
+if [ -x $BUILD/bench/bench_sharded_decode ]; then
+  # A decode step over a sharded KV cache, and PyTorch SDPA over the whole cache.
+  $BUILD/bench/bench_sharded_decode --benchmark_out="$OUT/decode.json" \
+    --benchmark_out_format=json 2>&1 | grep -E "^decode" | cut -c1-150
+  python3 bench/baselines/sdpa_baseline.py "$OUT/sdpa_decode.json" --decode 2>&1 | tail -4
+  python3 bench/scripts/report_decode.py "$OUT/decode.json" "$OUT/sdpa_decode.json" \
+    --bundle "$OUT/sharded_decode.json"
+fi
 if grep -q '"cudnn_block' "$OUT/ring_forward.json" 2>/dev/null; then
   # The cuDNN block kernel's rows (a build with ringattn::cudnn) against one PyTorch call.
   python3 bench/baselines/sdpa_baseline.py "$OUT/sdpa_ring.json" --ring 2>&1 | tail -4

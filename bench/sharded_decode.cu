@@ -1,0 +1,197 @@
+// A decode step over a KV cache sharded across P virtual ranks on one GPU (threads of an
+// in-process group, a stream each): 32 sequences of one new token each against 32768 cached
+// tokens each (1M tokens in all), bf16, 32 query heads, 8 kv heads, head_dim 128. Each rank
+// holds the cached tokens it owns by position mod P (the round-robin layout), attends to them
+// with every new query, and the ranks exchange and merge their partial states
+// (sharded_attention). P = 1 is one GPU attending the whole cache with the same code. Time: host
+// wall clock from starting every rank's step until every rank's stream has drained; the `plan`
+// rows time the per-step plan (the ranks' agreement and the kernel schedules) on its own.
+// Counters: `bytes_per_rank` (what a rank sends per step), `cache_tokens`, and the cache's K/V
+// bytes read per second (`cache_bytes_per_second`). bench/baselines/sdpa_baseline.py --decode
+// times PyTorch SDPA over the whole cache at the same shape.
+#include "harness.cuh"
+
+#include <ringattn/comm/in_process.cuh>
+#include <ringattn/sharded_attention.cuh>
+#if defined(RINGATTN_BENCH_CUDNN)
+#include <ringattn/cudnn.cuh>
+#endif
+
+#include <barrier>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+namespace {
+using T = __nv_bfloat16;
+constexpr int q_heads = 32, kv_heads = 8, head_dim = 128;
+constexpr int sequences = 32;
+constexpr std::int32_t cache_per_sequence = 32768;
+
+// One thread per rank for the whole benchmark: `run(job)` has every rank run `job(rank)` and
+// returns when all are done (two barrier phases; no thread is started per step).
+class rank_threads {
+public:
+  explicit rank_threads(int ranks) : start_(ranks + 1), done_(ranks + 1) {
+    for (int r = 0; r < ranks; ++r)
+      threads_.emplace_back([this, r] {
+        for (;;) {
+          start_.arrive_and_wait();
+          if (stop_) return;
+          job_(r);
+          done_.arrive_and_wait();
+        }
+      });
+  }
+  ~rank_threads() {
+    stop_ = true;
+    start_.arrive_and_wait();
+    for (auto& t : threads_)
+      t.join();
+  }
+  void run(std::function<void(int)> job) {
+    job_ = std::move(job);
+    start_.arrive_and_wait();
+    done_.arrive_and_wait();
+  }
+
+private:
+  std::barrier<> start_, done_;
+  std::function<void(int)> job_;
+  bool stop_ = false;
+  std::vector<std::thread> threads_;
+};
+
+// range(0): ranks; range(1): 1 times the plan alone, 0 the step.
+template <class Kernel>
+void decode_step(benchmark::State& state) {
+  if (!ringattn::bench::require_gpu(state)) return;
+  const int ranks = static_cast<int>(state.range(0));
+  const bool plan_only = state.range(1) != 0;
+  const ringattn::attention_arguments args{q_heads, kv_heads, head_dim, 0.0f};
+  using decoder = ringattn::sharded_attention<ringattn::in_process_communicator, Kernel>;
+  ringattn::in_process_group group(ranks, std::chrono::seconds(120));
+  struct rank_state {
+    std::unique_ptr<ringattn::in_process_communicator> comm;
+    std::unique_ptr<decoder> dec;
+    std::vector<std::int32_t> cu_cache;
+    T *q = nullptr, *k = nullptr, *v = nullptr, *kc = nullptr, *vc = nullptr, *out = nullptr;
+    float* lse = nullptr;
+    void* ws = nullptr;
+    std::size_t ws_bytes = 0;
+    std::int64_t cached = 0;
+    cudaStream_t stream = nullptr;
+  };
+  std::vector<rank_state> rs(static_cast<std::size_t>(ranks));
+  std::vector<std::int32_t> cu_new{0};
+  for (int b = 0; b < sequences; ++b)
+    cu_new.push_back(b + 1);
+  const std::int64_t n = sequences;
+  std::string refused;
+  {
+    rank_threads setup(ranks);
+    std::mutex m;
+    setup.run([&](int r) {
+      rank_state& s = rs[static_cast<std::size_t>(r)];
+      RINGATTN_CUDA_CHECK(cudaSetDevice(0));
+      try {
+        s.comm = std::make_unique<ringattn::in_process_communicator>(group.communicator(r));
+        s.dec = std::make_unique<decoder>(*s.comm, args);
+        s.dec->prepare_device();
+        // Positions 0 .. cache - 1 of every sequence, kept by position mod P.
+        s.cu_cache = {0};
+        for (int b = 0; b < sequences; ++b)
+          s.cu_cache.push_back(s.cu_cache.back() + (cache_per_sequence - r + ranks - 1) / ranks);
+        s.cached = s.cu_cache.back();
+        s.dec->plan(cu_new, s.cu_cache);
+      } catch (const std::exception& e) { // a plan the BlockKernel refuses: the row is skipped
+        const std::lock_guard lock(m);
+        refused = e.what();
+        return;
+      }
+      const auto kv = static_cast<std::size_t>(s.cached) * kv_heads * head_dim;
+      s.q = ringattn::bench::device_uniform<T>(n * q_heads * head_dim, 1);
+      s.k = ringattn::bench::device_uniform<T>(n * kv_heads * head_dim, 2);
+      s.v = ringattn::bench::device_uniform<T>(n * kv_heads * head_dim, 3);
+      s.kc = ringattn::bench::device_uniform<T>(kv, 4 + static_cast<std::uint64_t>(r));
+      s.vc = ringattn::bench::device_uniform<T>(kv, 40 + static_cast<std::uint64_t>(r));
+      RINGATTN_CUDA_CHECK(cudaMalloc(&s.out, sizeof(T) * n * q_heads * head_dim));
+      RINGATTN_CUDA_CHECK(cudaMalloc(&s.lse, sizeof(float) * n * q_heads));
+      s.ws_bytes = s.dec->template device_workspace_bytes<T>();
+      RINGATTN_CUDA_CHECK(cudaMalloc(&s.ws, s.ws_bytes));
+      RINGATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
+    });
+  }
+  RINGATTN_CUDA_CHECK(cudaDeviceSynchronize());
+  if (!refused.empty()) {
+    state.SkipWithError(refused.c_str());
+  } else {
+    rank_threads threads(ranks);
+    auto step = [&](int r) {
+      rank_state& s = rs[static_cast<std::size_t>(r)];
+      if (plan_only) {
+        s.dec->plan(cu_new, s.cu_cache);
+        return;
+      }
+      const std::int64_t m = s.cached;
+      s.dec->forward(ringattn::thd_view<const T>(s.q, n, q_heads, head_dim),
+                     ringattn::thd_view<const T>(s.k, n, kv_heads, head_dim),
+                     ringattn::thd_view<const T>(s.v, n, kv_heads, head_dim),
+                     ringattn::thd_view<const T>(s.kc, m, kv_heads, head_dim),
+                     ringattn::thd_view<const T>(s.vc, m, kv_heads, head_dim),
+                     ringattn::thd_view<T>(s.out, n, q_heads, head_dim), s.lse, s.ws, s.ws_bytes,
+                     s.stream);
+      RINGATTN_CUDA_CHECK(cudaStreamSynchronize(s.stream));
+    };
+    for (int warm = 0; warm < 3; ++warm)
+      threads.run(step);
+    for (auto _ : state) {
+      const auto t0 = std::chrono::steady_clock::now();
+      threads.run(step);
+      state.SetIterationTime(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    const double cache_bytes =
+        2.0 * sequences * cache_per_sequence * kv_heads * head_dim * sizeof(T);
+    state.counters["bytes_per_rank"] = static_cast<double>(rs[0].dec->step_bytes());
+    state.counters["cache_tokens"] = static_cast<double>(sequences) * cache_per_sequence;
+    if (!plan_only)
+      state.counters["cache_bytes_per_second"] =
+          benchmark::Counter(cache_bytes, benchmark::Counter::kIsIterationInvariantRate);
+    std::string label = std::string(plan_only ? "plan, " : "step, ") + std::to_string(ranks) +
+                        (ranks == 1 ? " rank" : " ranks") +
+                        (std::is_same_v<Kernel, ringattn::causal> ? ", native" : ", cuDNN");
+    state.SetLabel(label);
+  }
+  for (auto& s : rs) {
+    cudaFree(s.q), cudaFree(s.k), cudaFree(s.v), cudaFree(s.kc), cudaFree(s.vc);
+    cudaFree(s.out), cudaFree(s.lse), cudaFree(s.ws);
+    if (s.stream) cudaStreamDestroy(s.stream);
+  }
+  // The decoders first (their device resources), then the communicators they refer to.
+  for (auto& s : rs)
+    s.dec.reset();
+}
+} // namespace
+
+BENCHMARK(decode_step<ringattn::causal>)
+    ->Name("decode/native")
+    ->ArgsProduct({{1, 8}, {0, 1}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(0.5);
+#if defined(RINGATTN_BENCH_CUDNN)
+BENCHMARK(decode_step<ringattn::cudnn_kernel<ringattn::causal_mask, T>>)
+    ->Name("decode/cudnn")
+    ->ArgsProduct({{1, 8}, {0, 1}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(0.5);
+#endif
+
+int main(int argc, char** argv) { return ringattn::bench::run_benchmarks(argc, argv); }
