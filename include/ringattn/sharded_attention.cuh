@@ -18,9 +18,10 @@
 //! over the whole cache.
 //!
 //! \code
-//! ringattn::sharded_attention<ringattn::in_process_communicator, ringattn::causal> step(comm,
-//! args); step.plan(cu_new, cu_cache);   // collective: this step's new tokens, this rank's cached
-//! ones std::vector<std::byte> ws(step.host_workspace_bytes<__nv_bfloat16>());
+//! namespace ra = ringattn;
+//! ra::sharded_attention<ra::in_process_communicator, ra::causal> step(comm, args); // collective
+//! step.plan(cu_new, cu_cache);   // collective, every step: new tokens, this rank's cached ones
+//! std::vector<std::byte> ws(step.host_workspace_bytes<__nv_bfloat16>());
 //! step.forward_host(q_new, k_new, v_new, k_cache, v_cache, out, lse, ws);
 //! // then each rank appends the K/V of owned_new_rows(rank, ranks, cu_new, lengths) to its cache
 //! \endcode
