@@ -60,19 +60,6 @@ options parse(int argc, char** argv) {
 
 using T = __nv_bfloat16;
 
-//! GPUs the example runs on: 0 for the CPU path (no GPU, --device cpu, or a build without CUDA).
-int gpus_for(const options& o) {
-#if defined(__CUDACC__)
-  int n = 0;
-  if (o.device == "cpu" || cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
-  if (o.device == "gpu" && n == 0) throw ringattn::error("--device gpu: no CUDA device");
-  return n;
-#else
-  if (o.device == "gpu") throw ringattn::error("--device gpu: this build has no CUDA");
-  return 0;
-#endif
-}
-
 #if defined(__CUDACC__)
 //! One rank's forward on the GPU: shards to device memory, a warm-up and a timed forward on its
 //! own stream, the output shard back to the host.
@@ -119,7 +106,7 @@ void forward_on_gpu(Ring& attn, const std::vector<T>& qs, const std::vector<T>& 
 
 template <class P, class Mask>
 int run(const options& o) {
-  const int gpus = gpus_for(o);
+  const int gpus = example::gpu_count(o.device);
   std::mt19937_64 rng(std::random_device{}());
   const std::vector<std::int32_t> cu = example::packed_batch(o.tokens, o.sequences);
   const ringattn::attention_arguments args{o.heads, o.kv_heads, o.head_dim, 0.0f};
@@ -267,7 +254,7 @@ int with_mask(const options& o) {
 
 int main(int argc, char** argv) try {
   const options o = parse(argc, argv);
-  const int gpus = gpus_for(o);
+  const int gpus = example::gpu_count(o.device);
   std::printf(
       "ringattn %d.%d.%d quickstart: ring attention forward, %d ranks as threads of this "
       "process, %s\n",

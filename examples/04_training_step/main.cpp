@@ -154,20 +154,6 @@ void step_on_gpu(Ring& attn, const std::vector<T>& q, const std::vector<T>& k,
 }
 #endif
 
-// GPUs the example runs on: 0 for the host path (no GPU, --device cpu, or a build without CUDA).
-int gpus_for(const std::string& device) {
-  if (device != "auto" && device != "cpu" && device != "gpu")
-    throw ringattn::invalid_argument("training_step: --device auto|cpu|gpu");
-#if defined(__CUDACC__)
-  int n = 0;
-  if (device == "cpu" || cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
-  if (device == "gpu" && n == 0) throw ringattn::error("--device gpu: no CUDA device");
-  return n;
-#else
-  if (device == "gpu") throw ringattn::error("--device gpu: this build has no CUDA");
-  return 0;
-#endif
-}
 } // namespace
 
 int main(int argc, char** argv) try {
@@ -182,7 +168,7 @@ int main(int argc, char** argv) try {
       .add("kernel", kernel, {"native", "cudnn"},
            "the block kernel of the device path: the native kernels or cuDNN's fused attention")
       .parse(argc, argv);
-  const int gpus = gpus_for(device);
+  const int gpus = example::gpu_count(device);
 #if !defined(RINGATTN_EXAMPLE_CUDNN)
   if (kernel == "cudnn")
     throw ringattn::error("--kernel cudnn: this build has no ringattn::cudnn (cuDNN 9 and "

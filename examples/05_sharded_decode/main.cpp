@@ -348,18 +348,6 @@ int run(int ranks, int tokens, int steps, bool gpu) {
   return ok ? 0 : 1;
 }
 
-// Whether the ranks run the device path.
-bool use_gpu(const std::string& device) {
-#if defined(__CUDACC__)
-  int n = 0;
-  if (device == "cpu" || cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
-  if (device == "gpu" && n == 0) throw ringattn::error("--device gpu: no CUDA device");
-  return n > 0;
-#else
-  if (device == "gpu") throw ringattn::error("--device gpu: this build has no CUDA");
-  return false;
-#endif
-}
 } // namespace
 
 int main(int argc, char** argv) try {
@@ -375,7 +363,7 @@ int main(int argc, char** argv) try {
            "the prefill's layout, which the cache keeps")
       .add("device", device, {"auto", "cpu", "gpu"}, "auto: the GPU where there is one")
       .parse(argc, argv);
-  const bool gpu = use_gpu(device);
+  const bool gpu = example::gpu_count(device) > 0;
   if (partitioner == "zigzag") return run<ringattn::zigzag>(ranks, tokens, steps, gpu);
   if (partitioner == "contiguous") return run<ringattn::contiguous>(ranks, tokens, steps, gpu);
   return run<ringattn::round_robin>(ranks, tokens, steps, gpu);

@@ -1,5 +1,6 @@
 // What the numbered examples share: "--name value" flags, a synthetic packed batch, random
-// inputs, and the sample of rows they check against the float64 oracle. Not part of the library.
+// inputs, the sample of rows they check against the float64 oracle, and the GPUs to run on.
+// Not part of the library.
 #pragma once
 
 #include <ringattn/error.cuh>
@@ -142,6 +143,20 @@ inline std::vector<std::int64_t> sample_rows(const std::vector<std::int32_t>& cu
   for (int i = 0; i < extra; ++i)
     rows.push_back(any(rng));
   return rows;
+}
+
+//! GPUs an example runs on for `--device auto|cpu|gpu`: 0 for the host path (no GPU, `cpu`, or a
+//! build without CUDA); `gpu` where there is none throws.
+inline int gpu_count(const std::string& device) {
+#if defined(__CUDACC__)
+  int n = 0;
+  if (device == "cpu" || cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
+  if (device == "gpu" && n == 0) throw ringattn::error("--device gpu: no CUDA device");
+  return n;
+#else
+  if (device == "gpu") throw ringattn::error("--device gpu: this build has no CUDA");
+  return 0;
+#endif
 }
 
 } // namespace example
