@@ -38,6 +38,7 @@
 #include <ringattn/concepts.cuh>
 #include <ringattn/core/state.cuh>
 #include <ringattn/cuda_check.cuh>
+#include <ringattn/detail/streams.cuh>
 #include <ringattn/error.cuh>
 #include <ringattn/kernel/block.cuh>
 #include <ringattn/kernel/forward.cuh>
@@ -93,8 +94,6 @@ inline std::vector<std::int64_t> owned_new_rows(int rank, int ranks,
 
 namespace detail {
 
-//! The device side of a `sharded_attention`: the communication stream, two events, and the
-//! BlockKernel's schedules of the planned step (the cache block, the new tokens' own block).
 //! The split-K/V schedule of a BlockKernel that has one (else an empty type).
 template <class BlockKernel>
 struct split_schedule_of {
@@ -107,28 +106,13 @@ struct split_schedule_of<BlockKernel> {
   using type = typename BlockKernel::split_schedule;
 };
 
+//! The device side of a `sharded_attention`: the communication stream, two events, and the
+//! BlockKernel's schedules of the planned step (the cache block, the new tokens' own block).
 template <class BlockKernel>
 class decode_device_resources {
   static constexpr bool has_split = split_kv_block_kernel_for<BlockKernel, cudaStream_t>;
 
 public:
-  decode_device_resources() {
-    try {
-      RINGATTN_CUDA_CHECK(cudaGetDevice(&device));
-      int least = 0, greatest = 0;
-      RINGATTN_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-      RINGATTN_CUDA_CHECK(cudaStreamCreateWithPriority(&comm, cudaStreamNonBlocking, greatest));
-      RINGATTN_CUDA_CHECK(cudaEventCreateWithFlags(&computed, cudaEventDisableTiming));
-      RINGATTN_CUDA_CHECK(cudaEventCreateWithFlags(&arrived, cudaEventDisableTiming));
-    } catch (...) {
-      release();
-      throw;
-    }
-  }
-  ~decode_device_resources() { release(); }
-  decode_device_resources(const decode_device_resources&) = delete;
-  decode_device_resources& operator=(const decode_device_resources&) = delete;
-
   //! The step's schedules, on the device the resources live on: the cache block on the
   //! BlockKernel's split-K/V forward where it has one and takes the block (few query rows per
   //! sequence: decoding), else on its block forward.
@@ -164,18 +148,11 @@ public:
     return most;
   }
 
-  int device = -1;
-  cudaStream_t comm = nullptr;
-  cudaEvent_t computed = nullptr, arrived = nullptr;
+  comm_stream comm;
+  int device = comm.device();
+  ordering_event computed, arrived;
   std::optional<typename BlockKernel::forward_schedule> cache, own;
   std::optional<typename split_schedule_of<BlockKernel>::type> split; // the cache block, split
-
-private:
-  void release() noexcept {
-    for (cudaEvent_t* e : {&computed, &arrived})
-      if (*e) cudaEventDestroy(std::exchange(*e, nullptr));
-    if (comm) cudaStreamDestroy(std::exchange(comm, nullptr));
-  }
 };
 
 } // namespace detail

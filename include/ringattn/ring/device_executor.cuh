@@ -11,6 +11,7 @@
 #include <ringattn/concepts.cuh>
 #include <ringattn/cuda_check.cuh>
 #include <ringattn/detail/nvtx.cuh>
+#include <ringattn/detail/streams.cuh>
 #include <ringattn/error.cuh>
 #include <ringattn/kernel/backward.cuh>
 #include <ringattn/kernel/forward.cuh>
@@ -21,10 +22,8 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <array>
 #include <concepts>
 #include <cstddef>
-#include <initializer_list>
 #include <string>
 #include <utility>
 #include <vector>
@@ -38,30 +37,14 @@ template <class BlockKernel>
 class ring_device_resources {
 public:
   //! On the current device: the communication stream, the events and the forward's schedules.
-  ring_device_resources(const ring_schedule& s, const attention_arguments& args) : args_(args) {
-    try {
-      RINGATTN_CUDA_CHECK(cudaGetDevice(&device));
-      // A communication kernel (NCCL's) enqueued while the block kernel fills the GPU gets the
-      // next free SM instead of queueing behind the block kernel's remaining waves.
-      int least = 0, greatest = 0;
-      RINGATTN_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-      RINGATTN_CUDA_CHECK(cudaStreamCreateWithPriority(&comm, cudaStreamNonBlocking, greatest));
-      for (cudaEvent_t* e : events())
-        RINGATTN_CUDA_CHECK(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
-      arrived.resize(static_cast<std::size_t>(s.ranks()));
-      computed.resize(static_cast<std::size_t>(s.ranks()));
-      for (std::vector<cudaEvent_t>* list : {&arrived, &computed})
-        for (cudaEvent_t& e : *list)
-          RINGATTN_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-      for (const ring_step& step : s.steps())
-        forward.push_back(
-            BlockKernel::make_forward_schedule(step.groups, s.q_tokens(), step.kv_tokens, args));
-      if constexpr (requires { BlockKernel::plans_backward_at_prepare; })
-        if (BlockKernel::plans_backward_at_prepare) prepare_backward(s);
-    } catch (...) {
-      release(); // no destructor runs for a constructor that throws
-      throw;
-    }
+  ring_device_resources(const ring_schedule& s, const attention_arguments& args)
+      : device(comm.device()), arrived(static_cast<std::size_t>(s.ranks())),
+        computed(static_cast<std::size_t>(s.ranks())), args_(args) {
+    for (const ring_step& step : s.steps())
+      forward.push_back(
+          BlockKernel::make_forward_schedule(step.groups, s.q_tokens(), step.kv_tokens, args));
+    if constexpr (requires { BlockKernel::plans_backward_at_prepare; })
+      if (BlockKernel::plans_backward_at_prepare) prepare_backward(s);
   }
   //! The backward's schedules, once (on the device the resources live on).
   void prepare_backward(const ring_schedule& s) {
@@ -84,34 +67,19 @@ public:
     }
     return most;
   }
-  ~ring_device_resources() { release(); }
-  ring_device_resources(const ring_device_resources&) = delete;
-  ring_device_resources& operator=(const ring_device_resources&) = delete;
 
-  int device = -1;
-  cudaStream_t comm = nullptr;
-  cudaEvent_t own_ready = nullptr, comm_end = nullptr;
-  cudaEvent_t compute_done[2] = {}, recv_done[2] = {};
-  cudaEvent_t grads_recv[2] = {}, grads_ready[2] = {}; // backward: dK/dV arrived, complete
+  comm_stream comm;
+  int device;
+  ordering_event own_ready, comm_end;
+  ordering_event compute_done[2], recv_done[2];
+  ordering_event grads_recv[2], grads_ready[2]; // backward: dK/dV arrived, complete
   // The all-gather schedule: per block, arrived (its K/V) and computed (its dK/dV share).
-  std::vector<cudaEvent_t> arrived, computed;
+  std::vector<ordering_event> arrived, computed;
   std::vector<typename BlockKernel::forward_schedule> forward;
   std::vector<typename BlockKernel::backward_schedule> backward;
 
 private:
   attention_arguments args_;
-  void release() noexcept {
-    for (cudaEvent_t* e : events())
-      if (*e) cudaEventDestroy(std::exchange(*e, nullptr));
-    for (std::vector<cudaEvent_t>* list : {&arrived, &computed})
-      for (cudaEvent_t& e : *list)
-        if (e) cudaEventDestroy(std::exchange(e, nullptr));
-    if (comm) cudaStreamDestroy(std::exchange(comm, nullptr));
-  }
-  std::array<cudaEvent_t*, 10> events() {
-    return {&own_ready,    &comm_end,      &compute_done[0], &compute_done[1], &recv_done[0],
-            &recv_done[1], &grads_recv[0], &grads_recv[1],   &grads_ready[0],  &grads_ready[1]};
-  }
 };
 
 //! `ring_bytes` and, after them (256-byte aligned), the scratch of the BlockKernel's device
