@@ -225,7 +225,7 @@ public:
     const buffer buffers[] = {{q.data, "q"},     {k.data, "k"}, {v.data, "v"},
                               {out.data, "out"}, {lse, "lse"},  {workspace, "the workspace"}};
     auto device = [&](validation& ok) {
-      ring_checks::device_forward<T>(ok, device_ ? device_->device : -1, stream, buffers, q,
+      ring_checks::device_forward<T>(ok, device_ ? device_->comm.device() : -1, stream, buffers, q,
                                      thd_view<const T>(out), lse);
       if constexpr (requires { BlockKernel::check_forward_views(ok, q, k, v); })
         BlockKernel::check_forward_views(ok, q, k, v);
@@ -258,8 +258,8 @@ public:
                               {dq.data, "dq"}, {dk.data, "dk"},
                               {dv.data, "dv"}, {workspace, "the workspace"}};
     auto device = [&](validation& ok) {
-      ring_checks::device_backward<T>(ok, device_ ? device_->device : -1, stream, buffers, q, dout,
-                                      lse);
+      ring_checks::device_backward<T>(ok, device_ ? device_->comm.device() : -1, stream, buffers, q,
+                                      dout, lse);
       if constexpr (requires { BlockKernel::check_backward_views(ok, q, out, dout); })
         BlockKernel::check_backward_views(ok, q, out, dout);
     };

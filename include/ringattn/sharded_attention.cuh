@@ -148,8 +148,7 @@ public:
     return most;
   }
 
-  comm_stream comm;
-  int device = comm.device();
+  comm_stream comm; // comm.device(): the device the resources live on
   ordering_event computed, arrived;
   std::optional<typename BlockKernel::forward_schedule> cache, own;
   std::optional<typename split_schedule_of<BlockKernel>::type> split; // the cache block, split
@@ -308,7 +307,7 @@ public:
                                             {workspace, "the workspace"}};
     auto device = [&](validation& ok) {
       ok.require(device_ != nullptr, "prepare_device() must run before the device forward");
-      if (ok) ok.require(checks::placement(device_->device, stream, buffers, "forward"));
+      if (ok) ok.require(checks::placement(device_->comm.device(), stream, buffers, "forward"));
       ok.require(rows_aligned_to(q_new, 16),
                  "q_new must be 16-byte aligned with token and head strides that are multiples "
                  "of 8 elements (the kernels load 16-byte vectors)");

@@ -38,8 +38,8 @@ class ring_device_resources {
 public:
   //! On the current device: the communication stream, the events and the forward's schedules.
   ring_device_resources(const ring_schedule& s, const attention_arguments& args)
-      : device(comm.device()), arrived(static_cast<std::size_t>(s.ranks())),
-        computed(static_cast<std::size_t>(s.ranks())), args_(args) {
+      : arrived(static_cast<std::size_t>(s.ranks())), computed(static_cast<std::size_t>(s.ranks())),
+        args_(args) {
     for (const ring_step& step : s.steps())
       forward.push_back(
           BlockKernel::make_forward_schedule(step.groups, s.q_tokens(), step.kv_tokens, args));
@@ -68,8 +68,7 @@ public:
     return most;
   }
 
-  comm_stream comm;
-  int device;
+  comm_stream comm; // comm.device(): the device the resources live on
   ordering_event own_ready, comm_end;
   ordering_event compute_done[2], recv_done[2];
   ordering_event grads_recv[2], grads_ready[2]; // backward: dK/dV arrived, complete
