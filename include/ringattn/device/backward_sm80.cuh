@@ -383,17 +383,18 @@ __global__ void __launch_bounds__(tc_backward_threads, 1) dq_tc_kernel(tc_backwa
     const band bd = walk.mask(b);
     const std::int64_t count = walk.count(b);
     // Rows past the tile have lrow = +inf (p = 0); only band edges and a ragged last tile need
-    // the predicate.
+    // the predicate (without branches: key - row = (j R - i0 - 16 warp) + (c - row in the warp)).
     const bool masked = walk.needs_mask(b, j);
+    const band_window bw(bd, j * R - (i0 + warp * 16), count - j * R);
 #pragma unroll
     for (int t = 0; t < 8; ++t)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int r = e >= 2 ? 1 : 0;
-        const std::int64_t i = i0 + warp * 16 + fragment_row(lane, e);
-        const std::int64_t col = j * R + fragment_col(lane, t, e);
-        const bool seen = !masked || visible(bd, i, col, count);
-        const float pr = seen ? fast_exp2(fmaf(s[t][e], scale_log2, -lrow[r])) : 0.0f;
+        const int c = fragment_col(lane, t, e);
+        const bool seen = !masked | bw.sees(c, c - fragment_row(lane, e));
+        const float x = fast_exp2(fmaf(s[t][e], scale_log2, -lrow[r]));
+        const float pr = seen ? x : 0.0f;
         dp[t][e] = pr * (dp[t][e] - drow[r]) * p.scale;
       }
     std::uint32_t a[4][4];

@@ -160,18 +160,38 @@ __device__ __forceinline__ void dkdv_step(float (&dk)[D / 2], float (&dv)[D / 2]
   wgmma_commit();
   wgmma_wait<1>();
   fence_operands(s);
-  // The tile lies wholly in the band (its corners do) and has no ragged edge: no predicate.
-  const bool whole = st.whole(cols, BK);
-  // P^T; rows are keys (this warp's 16), columns queries.
+  // lse (log2 units) and delta of this lane's 16 query columns, 8 t + 2 (lane % 4) + {0, 1}.
+  float lcol[16], dcol[16];
 #pragma unroll
-  for (int t = 0; t < 8; ++t)
+  for (int t = 0; t < 8; ++t) {
+    const int c = t * 8 + (lane & 3) * 2;
+    const float2 l = *reinterpret_cast<const float2*>(lse + c);
+    const float2 d = *reinterpret_cast<const float2*>(delta + c);
+    lcol[2 * t] = l.x * log2e, lcol[2 * t + 1] = l.y * log2e;
+    dcol[2 * t] = d.x, dcol[2 * t + 1] = d.y;
+  }
+  // P^T; rows are keys (this warp's 16), columns queries. A tile wholly in the band (its corners
+  // are) with no ragged edge needs no predicate; else every score gets one, without branches
+  // (`band_window`).
+  if (st.whole(cols, BK)) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int key = key0 + warp * 16 + fragment_row(lane, e);
-      const int c = fragment_col(lane, t, e);
-      const bool seen = whole || (key < cols && c < rows && kb.mask.sees(i0 + c, jl0 + key));
-      s[4 * t + e] = seen ? fast_exp2(fmaf(s[4 * t + e], scale_log2, -lse[c] * log2e)) : 0.0f;
-    }
+    for (int t = 0; t < 8; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        s[4 * t + e] = fast_exp2(fmaf(s[4 * t + e], scale_log2, -lcol[2 * t + (e & 1)]));
+  } else {
+    // j - i = (jl0 - i0) + (key - c)
+    const band_window bw(kb.mask, jl0 - i0, cols);
+#pragma unroll
+    for (int t = 0; t < 8; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = key0 + warp * 16 + fragment_row(lane, e);
+        const int c = fragment_col(lane, t, e);
+        const float x = fast_exp2(fmaf(s[4 * t + e], scale_log2, -lcol[2 * t + (e & 1)]));
+        s[4 * t + e] = (bw.sees(key, key - c) & (c < rows)) ? x : 0.0f;
+      }
+  }
   std::uint32_t pa[4][4], da[4][4];
   pack<T>(s, pa);
   fence_operands(s);
@@ -186,10 +206,8 @@ __device__ __forceinline__ void dkdv_step(float (&dk)[D / 2], float (&dv)[D / 2]
 #pragma unroll
   for (int t = 0; t < 8; ++t)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int c = t * 8 + (lane & 3) * 2 + (e & 1);
-      dp[4 * t + e] = s[4 * t + e] * (dp[4 * t + e] - delta[c]) * scale;
-    }
+    for (int e = 0; e < 4; ++e)
+      dp[4 * t + e] = s[4 * t + e] * (dp[4 * t + e] - dcol[2 * t + (e & 1)]) * scale;
   pack<T>(dp, da);
   fence_operands(da);
   fence_operands(dk);
@@ -354,11 +372,17 @@ __device__ __forceinline__ void dkdv_sm90_ws(const tc_backward_params<T>& tp, st
     dk[i] = dv[i] = 0.0f;
   const std::uint32_t myK = aK + cw * (R * 128), myV = aV + cw * (R * 128);
   if (!w.done()) mbarrier_wait(bars.kept, 0);
-  for (int n = 0; !w.done(); ++n, w.next()) {
+  // Each step's segment and rows come from global memory: read one step ahead, so the loads are
+  // in flight while the step before computes.
+  auto next = w.done() ? decltype(w.current()){} : w.current();
+  for (int n = 0; !w.done(); ++n) {
+    const auto st = next;
+    w.next();
+    if (!w.done()) next = w.current();
     const int stage = n % S;
     bars.wait_full(n);
     const std::uint32_t cQ = aS + stage * stage_bytes;
-    dkdv_step<T, D, BK>(dk, dv, w.current(), cols, cw * R, myK, myV, cQ, cQ + tile, sL + stage * R,
+    dkdv_step<T, D, BK>(dk, dv, st, cols, cw * R, myK, myV, cQ, cQ + tile, sL + stage * R,
                         sD + stage * R, p.scale, warp, lane);
     bars.release(n); // the step's tiles fully read
   }
@@ -408,17 +432,25 @@ __device__ __forceinline__ void dq_step(float (&dq)[D / 2], const kv_walk<R>& wa
   const band bd = walk.mask(second);
   const std::int64_t count = walk.count(second);
   // Rows past the tile have lrow = +inf (p = 0); only band edges and a ragged last tile need the
-  // predicate.
-  const bool masked = walk.needs_mask(second, j);
+  // predicate (without branches, as in dkdv_step).
+  if (!walk.needs_mask(second, j)) {
 #pragma unroll
-  for (int t = 0; t < 8; ++t)
+    for (int t = 0; t < 8; ++t)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int r = e >= 2 ? 1 : 0;
-      const std::int64_t col = j * R + fragment_col(lane, t, e);
-      const bool seen = !masked || visible(bd, i + r * 8, col, count);
-      s[4 * t + e] = seen ? fast_exp2(fmaf(s[4 * t + e], scale_log2, -lrow[r])) : 0.0f;
-    }
+      for (int e = 0; e < 4; ++e)
+        s[4 * t + e] = fast_exp2(fmaf(s[4 * t + e], scale_log2, -lrow[e >= 2 ? 1 : 0]));
+  } else {
+    // key - row = (j R - i) + (c - 8 r), c the column in the tile
+    const band_window bw(bd, j * R - i, count - j * R);
+#pragma unroll
+    for (int t = 0; t < 8; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int c = fragment_col(lane, t, e);
+        const float x = fast_exp2(fmaf(s[4 * t + e], scale_log2, -lrow[e >= 2 ? 1 : 0]));
+        s[4 * t + e] = bw.sees(c, c - (e >= 2 ? 8 : 0)) ? x : 0.0f;
+      }
+  }
   fence_operands(s);
   wgmma_wait<0>();
   fence_operands(dp);

@@ -74,6 +74,25 @@ __device__ __forceinline__ bool visible(const band& bd, std::int64_t i, std::int
   return c < count && bd.sees(i, c);
 }
 
+//! A band and a column bound relative to one tile, in 32 bits: for tile-local offsets (key - row,
+//! at most a few hundred apart) `d` and column `c`, whether lo <= base + d <= hi and c < count,
+//! with base and count the tile's 64-bit origin and column count. Bounds far outside the tile are
+//! clamped to +-2^20, which keeps every comparison the same; the predicates then compile to a few
+//! integer compares and a select a score, with no branches.
+struct band_window {
+  int lo, hi, count;
+  __device__ __forceinline__ band_window(const band& bd, std::int64_t base, std::int64_t cols)
+      : lo(clamp(bd.lo - base)), hi(clamp(bd.hi - base)), count(clamp(cols)) {}
+  __device__ __forceinline__ bool sees(int c, int d) const {
+    return (c < count) & (d >= lo) & (d <= hi);
+  }
+
+private:
+  __device__ __forceinline__ static int clamp(std::int64_t x) {
+    constexpr std::int64_t far = std::int64_t{1} << 20;
+    return static_cast<int>(x < -far ? -far : x > far ? far : x);
+  }
+};
 //! The forward's band and bounds mask on one 16-row fragment of scores whose first element is
 //! (row0, col0): every score `visible` rejects becomes -inf. `at(t, e)` is the fragment's element
 //! e of tile t, by reference.
