@@ -72,16 +72,18 @@ void single_call(benchmark::State& state) {
 }
 
 // range(0): ranks; range(1): causal; range(2): forward + backward; range(3): tokens (default
-// 64K). `Causal` and `Full` are the BlockKernels of the two masks.
+// 64K). `Causal` and `Full` are the BlockKernels of the two masks; with `Window` > 0, `Causal` is
+// a causal window of that many keys (the query's own included) and the FLOPs count its work.
 template <class P, class Causal = ringattn::causal, class Full = ringattn::full,
-          class Schedule = ringattn::ring_pass, int KvHeads = kv_heads>
+          class Schedule = ringattn::ring_pass, int KvHeads = kv_heads, std::int64_t Window = 0>
 void ring_forward(benchmark::State& state) {
   if (!ringattn::bench::require_gpu(state)) return;
   const std::int64_t tokens = state.range(3) > 0 ? state.range(3) : ring_tokens;
   const int ranks = static_cast<int>(state.range(0));
   const bool causal = state.range(1) != 0, backward = state.range(2) != 0;
   const std::vector<std::int32_t> cu = {0, static_cast<std::int32_t>(tokens)};
-  const ringattn::attention_arguments args{q_heads, KvHeads, head_dim, 0.0f};
+  ringattn::attention_arguments args{q_heads, KvHeads, head_dim, 0.0f};
+  if constexpr (Window > 0) args.window_left = Window - 1;
   T* q =
       ringattn::bench::device_uniform<T>(static_cast<std::size_t>(tokens * q_heads * head_dim), 1);
   T* k =
@@ -197,15 +199,24 @@ void ring_forward(benchmark::State& state) {
         t.join();
     });
   }
-  report(state, causal, backward, tokens);
+  if constexpr (Window > 0) {
+    // Query p sees min(p + 1, Window) keys.
+    const double w = static_cast<double>(std::min<std::int64_t>(Window, tokens));
+    const double pairs = w * (w + 1) / 2 + (static_cast<double>(tokens) - w) * w;
+    ringattn::bench::report_flops(state, (backward ? 3.5 : 1.0) * 4.0 * q_heads * pairs * head_dim);
+  } else {
+    report(state, causal, backward, tokens);
+  }
   std::string label = std::string(P::name) + (causal ? " causal" : " full") +
                       ", P = " + std::to_string(ranks) +
-                      (std::is_same_v<Causal, ringattn::causal> ? ", native" : ", cuDNN");
+                      (requires { typename Causal::backward_algorithm; } ? ", cuDNN" : ", native");
   if constexpr (requires { typename Causal::backward_algorithm; })
     label += std::string(" ") + Causal::backward_algorithm::name;
   if constexpr (std::is_same_v<Schedule, ringattn::all_gather_kv>) label += ", all-gather";
   if constexpr (KvHeads != kv_heads) label += ", " + std::to_string(KvHeads) + " kv heads";
-  state.SetLabel(label);
+  if constexpr (Window > 0) label += ", window " + std::to_string(Window);
+  const int steps = causal ? cr[0]->schedule().step_count() : fr[0]->schedule().step_count();
+  state.SetLabel(label + ", " + std::to_string(steps) + " steps");
   for (auto& s : rs) {
     cudaFree(s.q), cudaFree(s.k), cudaFree(s.v), cudaFree(s.out), cudaFree(s.lse), cudaFree(s.ws);
     cudaFree(s.dout), cudaFree(s.dq), cudaFree(s.dk), cudaFree(s.dv);
@@ -228,6 +239,24 @@ BENCHMARK(ring_forward<ringattn::zigzag>)
 BENCHMARK(ring_forward<ringattn::contiguous>)
     ->ArgNames({"ranks", "causal", "backward", "tokens"})
     ->ArgsProduct({{1, 4, 8}, {0}, {0, 1}, {0}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(3);
+// A causal window of 4,096 keys over 64K tokens, 8 ranks, against the causal ring rows above:
+// contiguous (the ring stops after 2 steps) and zigzag (8 steps).
+BENCHMARK(ring_forward<ringattn::contiguous, ringattn::causal_window, ringattn::full,
+                       ringattn::ring_pass, kv_heads, 4096>)
+    ->Name("windows/contiguous/4096")
+    ->ArgNames({"ranks", "causal", "backward", "tokens"})
+    ->ArgsProduct({{8}, {1}, {0, 1}, {0}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(3);
+BENCHMARK(ring_forward<ringattn::zigzag, ringattn::causal_window, ringattn::full,
+                       ringattn::ring_pass, kv_heads, 4096>)
+    ->Name("windows/zigzag/4096")
+    ->ArgNames({"ranks", "causal", "backward", "tokens"})
+    ->ArgsProduct({{8}, {1}, {0, 1}, {0}})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond)
     ->Iterations(3);

@@ -45,7 +45,7 @@ struct sharded_case {
   }
   //! Block groups of rank r's queries against rank src's keys.
   std::vector<block_group> groups(int r, int src) const {
-    return group_blocks(plan.blocks(r, src, position_window::of(mask)));
+    return group_blocks(plan.blocks(r, src, args.window(mask)));
   }
   //! One rank's ring output: out `[local, q_heads, head_dim]`, lse `[q_heads, local]`.
   struct rank_output {

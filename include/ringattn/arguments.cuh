@@ -12,6 +12,7 @@
 //! \endcode
 
 #include <ringattn/core/mask.cuh>
+#include <ringattn/core/segment.cuh>
 #include <ringattn/error.cuh>
 
 #include <cmath>
@@ -35,6 +36,11 @@ struct attention_arguments {
   std::int32_t head_dim = 0; //!< 64, 128 or 256
   //! Multiplies q . k before the softmax; 0 selects the default 1 / sqrt(head_dim).
   float softmax_scale = 0.0f;
+  //! The window of `sliding_window_mask` and `causal_window_mask`: the query at position p sees
+  //! the keys of its sequence at positions [p - window_left, p + window_right]; -1 leaves that
+  //! side unbounded. The other masks take no window (both stay -1).
+  std::int64_t window_left = -1;
+  std::int64_t window_right = -1;
 
   //! The scale actually applied.
   [[nodiscard]] double scale() const {
@@ -43,6 +49,10 @@ struct attention_arguments {
   }
   //! Query heads per kv head.
   [[nodiscard]] std::int32_t group_size() const { return q_heads / kv_heads; }
+  //! The key positions a query sees under mask `m` with this window.
+  [[nodiscard]] position_window window(mask_kind m) const {
+    return position_window::of(m, window_left, window_right);
+  }
 
   //! Rejects non-positive counts, q_heads not a multiple of kv_heads, an unsupported head_dim and
   //! a non-finite or negative scale.
@@ -59,6 +69,27 @@ struct attention_arguments {
     r.require(dim_ok, "head_dim ", head_dim, " is not supported (supported: 64, 128, 256)");
     r.require(std::isfinite(softmax_scale) && softmax_scale >= 0.0f, "softmax_scale ",
               softmax_scale, " must be finite and >= 0 (0 selects 1/sqrt(head_dim))");
+    r.require(window_left >= -1 && window_right >= -1, "window_left (", window_left,
+              ") and window_right (", window_right, ") must be >= 0, or -1 for unbounded");
+    return r;
+  }
+  //! `validate()`, and whether the window fits mask `m`: only the window masks take one, and
+  //! `causal_window_mask` needs a bounded left side and nothing ahead (window_right 0 or -1).
+  [[nodiscard]] validation validate(mask_kind m) const {
+    validation r = validate();
+    if (!has_window(m))
+      r.require(window_left == -1 && window_right == -1, "window_left (", window_left,
+                ") and window_right (", window_right, ") are set but the mask is ", to_string(m),
+                ", which takes no window: use ringattn::sliding_window_mask or "
+                "ringattn::causal_window_mask");
+    if (m == mask_kind::causal_window) {
+      r.require(window_left >= 0, "the causal window mask needs window_left >= 0 (got ",
+                window_left, "); without one it is ringattn::causal_mask");
+      r.require(window_right <= 0,
+                "the causal window mask sees no key ahead of the query, but "
+                "window_right is ",
+                window_right, " (leave it -1 or 0, or use sliding_window_mask)");
+    }
     return r;
   }
 };

@@ -11,8 +11,9 @@
 //!
 //! | model | host | device |
 //! |---|---|---|
-//! | `full`, `causal` (`native_kernel<Mask>`) | the host twin | the tensor-core kernels (sm_80
-//! mma.sync, sm_90a wgmma) | | `host_reference<Mask>` | the host twin | — |
+//! | `full`, `causal`, `sliding_window`, `causal_window` (`native_kernel<Mask>`) | the host
+//! twin | the tensor-core kernels (sm_80 mma.sync, sm_90a wgmma) |
+//! | `host_reference<Mask>` | the host twin | — |
 //!
 //! A model that wraps another library's fused attention fits the same shape: its forward
 //! schedule holds what that library plans per step (a graph, say), `device_forward` computes the
@@ -54,6 +55,19 @@ struct causal_mask {
   static constexpr mask_kind kind = mask_kind::causal;
   static constexpr const char* name = "causal";
 };
+//! Mask: the query at position p sees the keys at positions [p - left, p + right], `left` and
+//! `right` being `attention_arguments::window_left` and `window_right` (-1: unbounded), agreed by
+//! the ranks at plan time.
+struct sliding_window_mask {
+  static constexpr mask_kind kind = mask_kind::sliding_window;
+  static constexpr const char* name = "sliding window";
+};
+//! Mask: causal attention to the keys at positions [p - left, p] (`left` =
+//! `attention_arguments::window_left`, at least 0).
+struct causal_window_mask {
+  static constexpr mask_kind kind = mask_kind::causal_window;
+  static constexpr const char* name = "causal window";
+};
 
 namespace detail {
 template <class>
@@ -63,8 +77,10 @@ inline constexpr bool dependent_false = false;
 //! The host twin alone under `Mask`: a BlockKernel with no device path (CPU runs, tests).
 template <class Mask>
 struct host_reference {
-  static_assert(mask_policy<Mask>, "ringattn::host_reference<Mask>: Mask must be a mask "
-                                   "(ringattn::full_mask or ringattn::causal_mask)");
+  static_assert(mask_policy<Mask>,
+                "ringattn::host_reference<Mask>: Mask must be a mask "
+                "(ringattn::full_mask, ringattn::causal_mask, "
+                "ringattn::sliding_window_mask or ringattn::causal_window_mask)");
   static constexpr mask_kind mask = Mask::kind;
   static constexpr const char* name = Mask::name;
   template <element T>
@@ -153,9 +169,15 @@ struct native_kernel : host_reference<Mask> {
 using full = native_kernel<full_mask>;
 //! The native kernels with a causal mask.
 using causal = native_kernel<causal_mask>;
+//! The native kernels with a sliding window (`window_left`, `window_right` in the arguments).
+using sliding_window = native_kernel<sliding_window_mask>;
+//! The native kernels with a causal window (`window_left` in the arguments).
+using causal_window = native_kernel<causal_window_mask>;
 
 static_assert(device_block_kernel_for<full, cudaStream_t> &&
-              device_block_kernel_for<causal, cudaStream_t>);
+              device_block_kernel_for<causal, cudaStream_t> &&
+              device_block_kernel_for<sliding_window, cudaStream_t> &&
+              device_block_kernel_for<causal_window, cudaStream_t>);
 static_assert(split_kv_block_kernel_for<causal, cudaStream_t>);
 static_assert(block_kernel<host_reference<causal_mask>> &&
               !device_block_kernel_for<host_reference<causal_mask>, cudaStream_t>);

@@ -84,7 +84,7 @@ public:
       : comm_(comm), args_(args),
         plan_(detail::agreed_plan<Partitioner>(comm, args, cu_seqlens, BlockKernel::mask,
                                                BlockKernel::name, Schedule::name, fingerprint_)),
-        schedule_(plan_, comm.rank(), position_window::of(BlockKernel::mask)),
+        schedule_(plan_, comm.rank(), args.window(BlockKernel::mask)),
         checks_(args, schedule_.q_tokens(), comm.rank()),
         gate_(comm, fingerprint_, layout<__half>().largest_message(false)) {}
 

@@ -65,14 +65,16 @@ run_result run(const test::sharded_backward_case<P, T>& c) {
     repeatable[at(r)] = same(g.dq, g2.dq) && same(g.dk, g2.dk) && same(g.dv, g2.dv);
     // Forward: the own block to each of the P - 1 others. Backward: the same gather, then
     // every other rank's block's fp32 dK/dV share back to its owner.
+    // (Each of the others that needs it: all of them, unless the layout needs fewer steps.)
     const std::uint64_t own = attn.template block_bytes<T>(r);
+    const int steps = attn.schedule().step_count();
     std::uint64_t shares = 0;
-    for (int src = 0; src < ranks; ++src)
-      if (src != r)
-        shares += 2 * sizeof(float) * static_cast<std::uint64_t>(c.plan.local_tokens(src)) *
-                  c.args.kv_heads * c.args.head_dim;
-    bytes[at(r)] = {after_forward, after_backward - after_forward, (ranks - 1) * own,
-                    (ranks - 1) * own + shares};
+    for (int t = 1; t < steps; ++t)
+      shares += 2 * sizeof(float) *
+                static_cast<std::uint64_t>(c.plan.local_tokens(attn.schedule().source_of(t))) *
+                c.args.kv_heads * c.args.head_dim;
+    bytes[at(r)] = {after_forward, after_backward - after_forward, (steps - 1) * own,
+                    (steps - 1) * own + shares};
   });
   for (const auto& e : errors)
     REQUIRE(message(e) == "");

@@ -159,6 +159,54 @@ TEST_CASE("causal balance: zigzag and round-robin within rounding of the mean, c
     }
 }
 
+TEST_CASE(
+    "window balance: round-robin within 2 W of the mean, zigzag and contiguous within the ramp") {
+  // Under a window (left L, right R) a query sees at most W = L + R + 1 keys, fewer within L of
+  // the sequence's start or R of its end (the ramps, L(L+1)/2 + R(R+1)/2 pairs short). Round-robin
+  // spreads the ramps over every rank; zigzag and contiguous leave them with the ranks holding the
+  // ends, so the others carry ramp / P more than the mean.
+  for (int ranks : {2, 3, 4, 8, 16})
+    for (std::int32_t S : {64, 1000, 4096, 10007})
+      for (auto [left, right] : {std::pair<std::int64_t, std::int64_t>{0, 0},
+                                 {3, 0},
+                                 {100, 0},
+                                 {1000, 0},
+                                 {30, 70},
+                                 {5000, 5000}}) {
+        CAPTURE(ranks);
+        CAPTURE(S);
+        CAPTURE(left);
+        CAPTURE(right);
+        const std::vector<std::int32_t> cu = {0, S};
+        const auto w = position_window::of(mask_kind::sliding_window, left, right);
+        const std::int64_t l = std::min<std::int64_t>(left, S),
+                           r = std::min<std::int64_t>(right, S);
+        const double width = static_cast<double>(std::min<std::int64_t>(S, l + r + 1));
+        const double ramp = (l * (l + 1) + r * (r + 1)) / 2.0;
+        auto spread = [&](auto plan) {
+          std::int64_t lo = INT64_MAX, hi = 0, sum = 0, pairs = 0;
+          for (int k = 0; k < ranks; ++k) {
+            const std::int64_t x = plan.work(k, w);
+            lo = std::min(lo, x);
+            hi = std::max(hi, x);
+            sum += x;
+          }
+          for (std::int64_t i = 0; i < S; ++i) // every visible pair counted once
+            pairs +=
+                std::min<std::int64_t>(S - 1, i + right) - std::max<std::int64_t>(0, i - left) + 1;
+          CHECK(sum == pairs);
+          return std::tuple{lo, hi, static_cast<double>(sum) / ranks};
+        };
+        auto [rl, rh, rm] = spread(partition_plan<round_robin>(cu, ranks));
+        CHECK(rh - rm <= 2.0 * width);
+        CHECK(rm - rl <= 2.0 * width);
+        auto [zl, zh, zm] = spread(partition_plan<zigzag>(cu, ranks));
+        CHECK(zh - zm <= ramp / ranks + 2.0 * width);
+        auto [cl, ch, cm] = spread(partition_plan<contiguous>(cu, ranks));
+        CHECK(ch - cm <= ramp / ranks + 2.0 * width);
+      }
+}
+
 TEST_CASE_TEMPLATE("host scatter then gather is the identity, dense and strided", P, PARTITIONERS) {
   const auto seed = test::fresh_seed();
   CAPTURE(seed);

@@ -45,7 +45,7 @@ ring_result run_ring(const test::sharded_case<P, __nv_bfloat16>& c) {
     parts[static_cast<std::size_t>(r)] = c.rank_error(r, out, ref);
     sent[static_cast<std::size_t>(r)] = comm.bytes_sent();
     // Every step but the last sends the block it just used: its source's tokens.
-    for (int t = 0; t + 1 < ranks; ++t)
+    for (int t = 0; t + 1 < attn.schedule().step_count(); ++t)
       want[static_cast<std::size_t>(r)] +=
           attn.template block_bytes<__nv_bfloat16>((r - t + ranks) % ranks);
   });

@@ -53,13 +53,15 @@ backward_run run_ring(const test::sharded_backward_case<P, T>& c, bool repeat) {
     }
     parts[static_cast<std::size_t>(r)] = c.rank_grad_error(r, g, ref);
     // Every step but the last passes the block with its dK/dV on; then the dK/dV of the block
-    // held last (rank r + 1's) go home.
-    for (int t = 0; t + 1 < ranks; ++t)
+    // held last (rank r + 1's after P steps) go home.
+    const int steps = attn.schedule().step_count();
+    for (int t = 0; t + 1 < steps; ++t)
       want[static_cast<std::size_t>(r)] +=
           attn.template backward_block_bytes<T>((r - t + ranks) % ranks);
-    if (ranks > 1)
+    if (steps > 1)
       want[static_cast<std::size_t>(r)] +=
-          2 * sizeof(float) * static_cast<std::size_t>(c.plan.local_tokens((r + 1) % ranks)) *
+          2 * sizeof(float) *
+          static_cast<std::size_t>(c.plan.local_tokens(attn.schedule().source_of(steps - 1))) *
           c.args.kv_heads * c.args.head_dim;
   });
   for (const auto& e : errors)

@@ -26,7 +26,7 @@ namespace ringattn::test {
 template <class Schedule, class Ring>
 std::uint64_t expected_forward_bytes(const Ring& attn, int r, int ranks) {
   std::uint64_t want = 0;
-  for (int t = 0; t + 1 < ranks; ++t)
+  for (int t = 0; t + 1 < attn.schedule().step_count(); ++t)
     want += attn.template block_bytes<__nv_bfloat16>(
         std::is_same_v<Schedule, all_gather_kv> ? r : (r - t + ranks) % ranks);
   return want;
@@ -43,14 +43,15 @@ std::uint64_t expected_backward_bytes(const Ring& attn, const Plan& plan, int r,
            a.head_dim;
   };
   std::uint64_t want = 0;
+  const int steps = attn.schedule().step_count();
   if constexpr (std::is_same_v<Schedule, all_gather_kv>) {
     want = expected_forward_bytes<Schedule>(attn, r, ranks);
-    for (int src = 0; src < ranks; ++src)
-      if (src != r) want += grads(src);
+    for (int t = 1; t < steps; ++t)
+      want += grads(attn.schedule().source_of(t));
   } else {
-    for (int t = 0; t + 1 < ranks; ++t)
+    for (int t = 0; t + 1 < steps; ++t)
       want += attn.template backward_block_bytes<__nv_bfloat16>((r - t + ranks) % ranks);
-    if (ranks > 1) want += grads((r + 1) % ranks);
+    if (steps > 1) want += grads(attn.schedule().source_of(steps - 1));
   }
   return want;
 }

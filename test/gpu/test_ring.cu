@@ -1,6 +1,7 @@
 // The device ring: P virtual ranks on one GPU (threads of an in-process group, each with its own
-// stream), every partitioner x {full, causal} x P in {1, 2, 3, 4, 8} against the float64 oracle;
-// bytes per step; bitwise repeatability. The same for the all-gather schedule, with GQA 1, 4 and
+// stream), every partitioner x {full, causal, windows} x P in {1, 2, 3, 4, 8} against the float64
+// oracle; bytes per step; bitwise repeatability. The same for the all-gather schedule, with GQA 1,
+// 4 and
 // 8. (Ranks on several GPUs: test/multi_gpu.)
 #include "device_ring.cuh"
 
@@ -77,4 +78,16 @@ TEST_CASE_TEMPLATE("device all-gather backward, virtual ranks on one GPU, equals
     check_backward<P, full, T, all_gather_kv>(a);
     check_backward<P, causal, T, all_gather_kv>(a);
   }
+}
+
+TEST_CASE_TEMPLATE("device ring with windows, virtual ranks on one GPU, equals the oracle", P,
+                   contiguous, round_robin, zigzag) {
+  // A causal window shorter than a shard, one longer than every sequence, and a two-sided one.
+  test::check_ring_matrix<P, causal_window>({8, 2, 128, 0.0f, 24, 0}, false);
+  test::check_ring_matrix<P, causal_window>({8, 2, 128, 0.0f, 5000, 0}, false);
+  test::check_ring_matrix<P, sliding_window>({8, 2, 128, 0.0f, 40, 16}, false);
+  test::check_ring_matrix<P, sliding_window, all_gather_kv>({8, 2, 128, 0.0f, 40, 16}, false);
+  check_backward<P, causal_window>({8, 2, 128, 0.0f, 24, 0});
+  check_backward<P, sliding_window>({8, 2, 128, 0.0f, 40, 16});
+  check_backward<P, sliding_window, T, all_gather_kv>({8, 8, 128, 0.0f, 7, 70});
 }

@@ -41,7 +41,8 @@ void check_ring(mpi_communicator& comm, std::uint64_t seed) {
     // The ring: every step but the last sends the block it used. The all-gather: the own block
     // to each of the others.
     std::uint64_t want = 0;
-    for (int t = 0; t + 1 < p; ++t)
+    const int steps = attn.schedule().step_count();
+    for (int t = 0; t + 1 < steps; ++t)
       want += attn.template block_bytes<__nv_bfloat16>(gather ? r : (r - t + p) % p);
     CHECK(comm.bytes_sent() - before == want);
     // The relative error of the whole output: every rank's sums, reduced over ranks.
@@ -63,12 +64,12 @@ void check_ring(mpi_communicator& comm, std::uint64_t seed) {
     std::uint64_t want_backward = 0;
     if constexpr (gather) { // the gather again, then each other block's dK/dV share home
       want_backward = want;
-      for (int src = 0; src < p; ++src)
-        if (src != r) want_backward += grad_bytes(src);
+      for (int t = 1; t < steps; ++t)
+        want_backward += grad_bytes(attn.schedule().source_of(t));
     } else { // blocks travel with their dK/dV; the last one's go home
-      for (int t = 0; t + 1 < p; ++t)
+      for (int t = 0; t + 1 < steps; ++t)
         want_backward += attn.template backward_block_bytes<__nv_bfloat16>((r - t + p) % p);
-      if (p > 1) want_backward += grad_bytes((r + 1) % p);
+      if (steps > 1) want_backward += grad_bytes(attn.schedule().source_of(steps - 1));
     }
     CHECK(comm.bytes_sent() - before_backward == want_backward);
     const auto gp = c.rank_grad_error(r, g, c.oracle_backward());

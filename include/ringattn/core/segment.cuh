@@ -5,8 +5,8 @@
 //! A rank's tokens of one sequence are a union of *segments*, each an arithmetic progression of
 //! global positions `{start + stride * i : 0 <= i < count}` held at consecutive local indices.
 //! A mask is a *position window*: key position pk is visible from query position pq when
-//! `-max_behind <= pk - pq <= max_ahead` (causal: max_ahead = 0; full: both unbounded; a causal
-//! sliding window of w keys: max_behind = w - 1, max_ahead = 0).
+//! `-max_behind <= pk - pq <= max_ahead` (causal: max_ahead = 0; full: both unbounded; a sliding
+//! window (left, right): max_behind = left, max_ahead = right).
 //!
 //! For a query segment (a, s, n) and a key segment (b, s, m) of the same stride, the window becomes
 //! a *band* on local indices: `lo <= j - i <= hi` with
@@ -69,10 +69,18 @@ struct position_window {
   std::int64_t max_behind = unbounded;
   std::int64_t max_ahead = unbounded;
 
-  //! The window of a mask kind.
-  RINGATTN_HOST_DEVICE static constexpr position_window of(mask_kind m) {
-    return m == mask_kind::causal ? position_window{unbounded, 0}
-                                  : position_window{unbounded, unbounded};
+  //! The window of a mask kind; `left` and `right` (keys behind and ahead of the query, -1 for
+  //! unbounded) bound the window kinds and are ignored by `full` and `causal`.
+  RINGATTN_HOST_DEVICE static constexpr position_window of(mask_kind m, std::int64_t left = -1,
+                                                           std::int64_t right = -1) {
+    const std::int64_t behind = left < 0 ? unbounded : left;
+    switch (m) {
+    case mask_kind::causal: return {unbounded, 0};
+    case mask_kind::sliding_window: return {behind, right < 0 ? unbounded : right};
+    case mask_kind::causal_window: return {behind, 0};
+    case mask_kind::full: break;
+    }
+    return {unbounded, unbounded};
   }
   //! Causal attention to the last `w` keys (the query's own position included).
   RINGATTN_HOST_DEVICE static constexpr position_window causal_sliding(std::int64_t w) {

@@ -381,6 +381,10 @@ struct cudnn_kernel : host_reference<Mask> {
   static_assert(cudnn_backward_algorithm<Algorithm>,
                 "ringattn::cudnn_kernel<Mask, T, Algorithm>: Algorithm must be "
                 "ringattn::cudnn_deterministic or ringattn::cudnn_atomic");
+  static_assert(!has_window(Mask::kind),
+                "ringattn::cudnn_kernel<Mask, T, Algorithm>: the cuDNN model takes full_mask and "
+                "causal_mask; windows run on the native kernels (ringattn::sliding_window, "
+                "ringattn::causal_window)");
   using element_type = T;
   using backward_algorithm = Algorithm;
   //! `prepare_device` plans the backward with the forward: cuDNN builds nothing during a call.

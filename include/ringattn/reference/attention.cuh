@@ -262,18 +262,18 @@ inline backward_result attention_backward(const tensor& q, const tensor& k, cons
   return r;
 }
 
-//! Forward under a mask kind (full or causal).
+//! Forward under a mask kind (a window kind takes its extent from `args`).
 inline forward_result attention_forward(const tensor& q, const tensor& k, const tensor& v,
                                         std::span<const std::int32_t> cu_seqlens,
                                         const attention_arguments& args, mask_kind mask) {
-  return attention_forward(q, k, v, cu_seqlens, args, position_window::of(mask));
+  return attention_forward(q, k, v, cu_seqlens, args, args.window(mask));
 }
-//! Backward under a mask kind (full or causal).
+//! Backward under a mask kind (a window kind takes its extent from `args`).
 inline backward_result attention_backward(const tensor& q, const tensor& k, const tensor& v,
                                           const tensor& dout,
                                           std::span<const std::int32_t> cu_seqlens,
                                           const attention_arguments& args, mask_kind mask) {
-  return attention_backward(q, k, v, dout, cu_seqlens, args, position_window::of(mask));
+  return attention_backward(q, k, v, dout, cu_seqlens, args, args.window(mask));
 }
 
 //! Convenience overloads taking THD views of any element type.

@@ -30,6 +30,7 @@ struct ring_fingerprint {
   std::int32_t ranks, batch, q_heads, kv_heads, head_dim, mask;
   std::uint32_t scale_bits;
   std::int32_t padding = 0;
+  std::int64_t window_left, window_right;
 };
 
 inline std::uint64_t fnv1a(const void* p, std::size_t n, std::uint64_t h = 1469598103934665603ull) {
@@ -48,7 +49,7 @@ template <class Partitioner, class Communicator>
 partition_plan<Partitioner>
 agreed_plan(Communicator& comm, const attention_arguments& args, std::span<const std::int32_t> cu,
             mask_kind mask, const char* kernel, const char* schedule, std::uint64_t& fingerprint) {
-  validation own = args.validate();
+  validation own = args.validate(mask);
   own.require(partition_plan<Partitioner>::validate(cu, comm.size()));
   ring_fingerprint mine{};
   mine.valid = own.is_ok() ? 1 : 0;
@@ -65,6 +66,8 @@ agreed_plan(Communicator& comm, const attention_arguments& args, std::span<const
     mine.head_dim = args.head_dim;
     mine.mask = static_cast<std::int32_t>(mask);
     mine.scale_bits = std::bit_cast<std::uint32_t>(static_cast<float>(args.scale()));
+    mine.window_left = args.window_left;
+    mine.window_right = args.window_right;
   }
   std::vector<ring_fingerprint> all(static_cast<std::size_t>(comm.size()));
   comm.all_gather(&mine, sizeof mine, all.data());
@@ -87,6 +90,8 @@ agreed_plan(Communicator& comm, const attention_arguments& args, std::span<const
            std::bit_cast<float>(ref.scale_bits));
     differ(x.mask == ref.mask, "the mask", to_string(static_cast<mask_kind>(x.mask)),
            to_string(static_cast<mask_kind>(ref.mask)));
+    differ(x.window_left == ref.window_left, "window_left", x.window_left, ref.window_left);
+    differ(x.window_right == ref.window_right, "window_right", x.window_right, ref.window_right);
     differ(x.kernel_hash == ref.kernel_hash, "the block kernel", "a different one", kernel);
     v.require(x.schedule_hash == ref.schedule_hash, "rank ", r,
               " disagrees with rank 0 on the schedule (this rank's is ", schedule, ")");

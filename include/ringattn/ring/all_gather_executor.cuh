@@ -31,12 +31,12 @@
 
 namespace ringattn::detail {
 
-//! The all-gather's workspace: a slot for every rank's block; in the backward a share for every
-//! block whose dK/dV come back (P - 1, at least one).
+//! The all-gather's workspace: a slot for the block of every step (every rank's, or those a
+//! window needs); in the backward a share for every block whose dK/dV come back (at least one).
 inline ring_workspace all_gather_workspace(const ring_schedule& s, const attention_arguments& args,
                                            std::size_t element_bytes) {
-  return {s.q_tokens(),  s.max_kv_tokens(),      args,
-          element_bytes, std::max(2, s.ranks()), std::max(1, s.ranks() - 1)};
+  return {s.q_tokens(),  s.max_kv_tokens(),           args,
+          element_bytes, std::max(2, s.step_count()), std::max(1, s.step_count() - 1)};
 }
 
 //! Exchange k of the gather: to rank + k, from rank - k (whose block is step k's).
@@ -53,7 +53,7 @@ void host_all_gather_forward(Communicator& comm, const ring_schedule& s,
   reset(state);
   const auto own = ws.kv_slot_views<T>(base, 0, s.q_tokens());
   copy_own_block_host(k, v, own);
-  for (int t = 1; t < s.ranks(); ++t)
+  for (int t = 1; t < s.step_count(); ++t)
     comm.exchange(own.k.data, ws.block_bytes(s.q_tokens()), gather_to(s, t),
                   ws.kv_slot_views<T>(base, t, s.step(t).kv_tokens).k.data,
                   ws.block_bytes(s.step(t).kv_tokens), s.step(t).source, t);
@@ -76,7 +76,8 @@ void host_all_gather_backward(Communicator& comm, const ring_schedule& s,
                               thd_view<T> dk, thd_view<T> dv, std::span<std::byte> workspace) {
   const ring_workspace ws = all_gather_workspace(s, args, sizeof(T));
   const std::int64_t n = s.q_tokens();
-  const int p = s.ranks(), kvh = args.kv_heads, d = args.head_dim, qh = args.q_heads;
+  const int p = s.ranks(), steps = s.step_count(), kvh = args.kv_heads, d = args.head_dim,
+            qh = args.q_heads;
   std::byte* base = workspace.data();
   float* dq_acc = ws.dq(base);
   float* delta = ws.delta(base);
@@ -84,7 +85,7 @@ void host_all_gather_backward(Communicator& comm, const ring_schedule& s,
   std::fill(dq_acc, dq_acc + n * qh * d, 0.0f);
   const auto own = ws.grad_slot_views<T>(base, 0, n);
   copy_own_block_host(k, v, own);
-  for (int t = 1; t < p; ++t)
+  for (int t = 1; t < steps; ++t)
     comm.exchange(own.k.data, ws.block_bytes(n), gather_to(s, t),
                   ws.grad_slot_views<T>(base, t, s.step(t).kv_tokens).k.data,
                   ws.block_bytes(s.step(t).kv_tokens), s.step(t).source, t);
@@ -106,7 +107,7 @@ void host_all_gather_backward(Communicator& comm, const ring_schedule& s,
   // Every block's share goes home; this rank's own block collects the shares of rank + 1, + 2...
   float* received = ws.share(base);
   const std::size_t elements = 2 * ws.kv_elements(n);
-  for (int t = 1; t < p; ++t) {
+  for (int t = 1; t < steps; ++t) {
     const ring_step& step = s.step(t);
     comm.exchange(ws.grad_slot_views<T>(base, t, step.kv_tokens).dk, ws.grad_bytes(step.kv_tokens),
                   step.source, received, ws.grad_bytes(n), gather_to(s, t), p + t);
@@ -153,14 +154,14 @@ void device_all_gather_forward(Communicator& comm, const ring_schedule& s,
           d.forward[static_cast<std::size_t>(t)], out, nullptr, stream);
   };
   compute(s.step(0)); // the own block runs while the ranks meet for the exchanges
-  for (int t = 1; t < s.ranks(); ++t) {
+  for (int t = 1; t < s.step_count(); ++t) {
     const ring_step& step = s.step(t);
     comm.exchange_async(own.k.data, ws.block_bytes(s.q_tokens()), gather_to(s, t),
                         ws.kv_slot_views<T>(workspace, t, step.kv_tokens).k.data,
                         ws.block_bytes(step.kv_tokens), step.source, t, d.comm);
     RINGATTN_CUDA_CHECK(cudaEventRecord(d.arrived[static_cast<std::size_t>(t)], d.comm));
   }
-  for (int t = 1; t < s.ranks(); ++t)
+  for (int t = 1; t < s.step_count(); ++t)
     compute(s.step(t));
   if (s.needs_finalize(dense)) finalize(state, out, stream);
   RINGATTN_CUDA_CHECK(cudaEventRecord(d.comm_end, d.comm));
@@ -187,7 +188,7 @@ void device_all_gather_backward(Communicator& comm, const ring_schedule& s,
   }
   const ring_workspace ws = all_gather_workspace(s, args, sizeof(T));
   const std::int64_t n = s.q_tokens();
-  const int kvh = args.kv_heads, dim = args.head_dim, qh = args.q_heads;
+  const int steps = s.step_count(), kvh = args.kv_heads, dim = args.head_dim, qh = args.q_heads;
   std::byte* scratch = workspace + ring_workspace::align(ws.device_backward_bytes());
   float* dq_acc = ws.dq(workspace);
   float* delta = ws.delta(workspace);
@@ -230,18 +231,18 @@ void device_all_gather_backward(Communicator& comm, const ring_schedule& s,
   compute(s.step(0)); // the own block runs while the ranks meet for the gather
   // Every gather before any share goes home: a share waits for its block's compute, and the
   // gather queued behind it on the communication stream would wait too.
-  for (int t = 1; t < p; ++t) {
+  for (int t = 1; t < steps; ++t) {
     const ring_step& step = s.step(t);
     comm.exchange_async(own.k.data, ws.block_bytes(n), gather_to(s, t),
                         ws.grad_slot_views<T>(workspace, t, step.kv_tokens).k.data,
                         ws.block_bytes(step.kv_tokens), step.source, t, d.comm);
     RINGATTN_CUDA_CHECK(cudaEventRecord(d.arrived[static_cast<std::size_t>(t)], d.comm));
   }
-  for (int t = 1; t < p; ++t)
+  for (int t = 1; t < steps; ++t)
     compute(s.step(t));
   RINGATTN_CUDA_CHECK(cudaEventRecord(d.comm_end, d.comm));
   RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream, d.comm_end, 0));
-  for (int t = 1; t < p; ++t)
+  for (int t = 1; t < steps; ++t)
     accumulate(own.dk, ws.share(workspace, t - 1), 2 * static_cast<std::int64_t>(ws.kv_elements(n)),
                stream);
   write_gradient<T>(dq_acc, dq, stream);

@@ -179,7 +179,7 @@ void device_ring_forward(Communicator& comm, const ring_schedule& s,
 //   block's accumulators), which is added to block t's arriving accumulators once they are there
 //   (sent by rank - 1 at the end of its step t - 1, in flight during this compute); the sum then
 //   goes on to rank + 1, in flight during step t + 1.
-// After the last step the complete dK/dV of the block held (rank + 1's) go home.
+// After the last step the complete dK/dV of the block held (rank + 1's after P steps) go home.
 template <class BlockKernel, class Communicator, class T>
 void device_ring_backward(Communicator& comm, const ring_schedule& s,
                           ring_device_resources<BlockKernel>& d, const attention_arguments& args,
@@ -258,15 +258,18 @@ void device_ring_backward(Communicator& comm, const ring_schedule& s,
     }
   }
   const float* own_dk = ws.grad_slot_views<T>(workspace, 0, n).dk;
-  if (p > 1) {
-    const ring_step& held = s.step(p - 1); // rank + 1's block, complete: its dK/dV go home
-    const auto b = ws.grad_slot_views<T>(workspace, (p - 1) % 2, held.kv_tokens);
-    float* home = reinterpret_cast<float*>(ws.grad_slot_views<T>(workspace, p % 2, 0).k.data);
-    RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(d.comm, d.grads_ready[(p - 1) % 2], 0));
+  if (const int last = s.step_count() - 1; last > 0) {
+    // The block held last (rank + 1's after P steps), complete: its dK/dV go home, and this
+    // rank's own come back from the rank holding them.
+    const ring_step& held = s.step(last);
+    const auto b = ws.grad_slot_views<T>(workspace, last % 2, held.kv_tokens);
+    float* home =
+        reinterpret_cast<float*>(ws.grad_slot_views<T>(workspace, (last + 1) % 2, 0).k.data);
+    RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(d.comm, d.grads_ready[last % 2], 0));
     comm.exchange_async(b.dk, ws.grad_bytes(held.kv_tokens), held.source, home, ws.grad_bytes(n),
-                        s.receive_from(), p, d.comm);
-    RINGATTN_CUDA_CHECK(cudaEventRecord(d.grads_recv[p % 2], d.comm));
-    RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream, d.grads_recv[p % 2], 0));
+                        s.holder_of_own(), last + 1, d.comm);
+    RINGATTN_CUDA_CHECK(cudaEventRecord(d.grads_recv[(last + 1) % 2], d.comm));
+    RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream, d.grads_recv[(last + 1) % 2], 0));
     own_dk = home;
   }
   write_gradient<T>(dq_acc, dq, stream);

@@ -71,8 +71,8 @@ void host_ring_forward(Communicator& comm, const ring_schedule& s, const attenti
 }
 
 // Step t: this rank adds Q's share against block source(t) (carried with its dK/dV) and passes the
-// block on; after step P - 1 it holds block rank + 1, complete, and sends that block's dK/dV home
-// while receiving its own from rank - 1 ("step P").
+// block on; after the last step (P - 1, or fewer under a short window) it holds a complete block
+// and sends that block's dK/dV home while receiving its own ("step P").
 template <class BlockKernel, class Communicator, element T>
 void host_ring_backward(Communicator& comm, const ring_schedule& s, const attention_arguments& args,
                         thd_view<const T> q, thd_view<const T> k, thd_view<const T> v,
@@ -81,7 +81,7 @@ void host_ring_backward(Communicator& comm, const ring_schedule& s, const attent
                         std::span<std::byte> workspace) {
   const ring_workspace ws(s.q_tokens(), s.max_kv_tokens(), args, sizeof(T));
   const std::int64_t n = s.q_tokens();
-  const int p = s.ranks(), kvh = args.kv_heads, d = args.head_dim, qh = args.q_heads;
+  const int steps = s.step_count(), kvh = args.kv_heads, d = args.head_dim, qh = args.q_heads;
   std::byte* base = workspace.data();
   float* dq_acc = ws.dq(base);
   float* delta = ws.delta(base);
@@ -113,12 +113,14 @@ void host_ring_backward(Communicator& comm, const ring_schedule& s, const attent
                     s.receive_from(), step.index);
   }
   const float* own_dk = ws.grad_slot_views<T>(base, 0, n).dk;
-  if (p > 1) {
-    const ring_step& held = s.step(p - 1); // the block of rank + 1, complete: its dK/dV go home
-    const auto b = ws.grad_slot_views<T>(base, (p - 1) % 2, held.kv_tokens);
-    float* home = reinterpret_cast<float*>(ws.grad_slot_views<T>(base, p % 2, 0).k.data);
+  if (steps > 1) {
+    // The block held last (rank + 1's after P steps), complete: its dK/dV go home, and this
+    // rank's own come back from the rank holding them.
+    const ring_step& held = s.step(steps - 1);
+    const auto b = ws.grad_slot_views<T>(base, (steps - 1) % 2, held.kv_tokens);
+    float* home = reinterpret_cast<float*>(ws.grad_slot_views<T>(base, steps % 2, 0).k.data);
     comm.exchange(b.dk, ws.grad_bytes(held.kv_tokens), held.source, home, ws.grad_bytes(n),
-                  s.receive_from(), p);
+                  s.holder_of_own(), steps);
     own_dk = home;
   }
   write_host_gradients(dq_acc, own_dk, own_dk + n * kvh * d, dq, dk, dv);

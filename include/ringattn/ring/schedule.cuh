@@ -6,6 +6,8 @@
 //!
 //! At step t rank r holds the K/V block of rank (r - t) mod P, sends it on to rank r + 1 and
 //! receives the block of step t + 1 from rank r - 1. Every index of that arithmetic lives here.
+//! The ring takes P steps, or fewer when no rank needs the blocks of the later ones (a window
+//! shorter than the distance they would travel): `step_count()`, the same on every rank.
 //!
 //! \code
 //! ringattn::ring_schedule s(plan, rank, ringattn::position_window::of(mask_kind::causal));
@@ -40,7 +42,8 @@ public:
   ring_schedule(const partition_plan<Partitioner>& plan, int rank, const position_window& window)
       : ranks_(plan.ranks()), rank_(rank), q_tokens_(plan.local_tokens(rank)),
         max_kv_tokens_(plan.max_local_tokens()) {
-    for (int t = 0; t < ranks_; ++t) {
+    const int steps = steps_needed(plan, window);
+    for (int t = 0; t < steps; ++t) {
       ring_step s;
       s.index = t;
       s.source = source_of(t);
@@ -69,9 +72,27 @@ public:
 
   std::span<const ring_step> steps() const noexcept { return steps_; }
   const ring_step& step(int t) const { return steps_.at(static_cast<std::size_t>(t)); }
+  //! Steps the ring takes: P, or fewer where no rank's queries see a block that would travel
+  //! further (a window shorter than the distance the ring carries blocks).
+  int step_count() const noexcept { return static_cast<int>(steps_.size()); }
   //! The step after `t`, or null after the last.
   const ring_step* next(int t) const {
-    return t + 1 < ranks_ ? &steps_[static_cast<std::size_t>(t + 1)] : nullptr;
+    return t + 1 < step_count() ? &steps_[static_cast<std::size_t>(t + 1)] : nullptr;
+  }
+  //! The rank that holds this rank's own block after the last step (whose dK/dV come home from
+  //! there in the backward): rank + step_count() - 1.
+  int holder_of_own() const noexcept { return (rank_ + step_count() - 1) % ranks_; }
+
+  //! Steps every rank's ring takes under `window`: one past the last step t at which some rank r
+  //! sees a block of rank r - t (the same on every rank: it is a function of the plan). Searched
+  //! from step P - 1 down, so a layout that needs every step costs a few block classifications.
+  template <class Partitioner>
+  static int steps_needed(const partition_plan<Partitioner>& plan, const position_window& window) {
+    const int p = plan.ranks();
+    for (int t = p - 1; t > 0; --t)
+      for (int r = 0; r < p; ++r)
+        if (!plan.blocks(r, ((r - t) % p + p) % p, window).empty()) return t + 1;
+    return 1;
   }
 
   //! Whether the first step's groups cover every query row (then it writes the state fresh: no
@@ -86,7 +107,7 @@ public:
     if (ranks_ == 1 && out_dense)
       return s.groups.empty() ? step_epilogue::none : step_epilogue::plain;
     if (t == 0 && first_writes_) return step_epilogue::fresh;
-    if (t == ranks_ - 1 && last_writes_ && out_dense) return step_epilogue::merge_out;
+    if (t == step_count() - 1 && last_writes_ && out_dense) return step_epilogue::merge_out;
     return s.groups.empty() ? step_epilogue::none : step_epilogue::merge;
   }
   bool needs_reset(bool out_dense) const { return !(ranks_ == 1 && out_dense) && !first_writes_; }
