@@ -1,7 +1,7 @@
-// The host ring under mpirun: one process per rank, mpi_communicator, every partitioner x mask x
-// GQA 1, 4, 8 x packed odd lengths, forward and backward, against the float64 oracle (each rank
-// checks its own shard), on both schedules (the ring and the all-gather); bytes per rank;
-// plan-time disagreement.
+// The host ring under mpirun: one process per rank, mpi_communicator, every partitioner x mask
+// (windows included) x GQA 1, 4, 8 x packed odd lengths, forward and backward, against the float64
+// oracle (each rank checks its own shard), on both schedules (the ring and the all-gather); bytes
+// per rank; plan-time disagreement.
 #include "../sharded_backward_case.hpp"
 #include "shared_seed.hpp"
 
@@ -24,14 +24,15 @@ using namespace ringattn;
 
 namespace {
 template <class P, class Mask, class Schedule = ring_pass>
-void check_ring(mpi_communicator& comm, std::uint64_t seed) {
+void check_ring(mpi_communicator& comm, std::uint64_t seed, std::int64_t window_left = -1,
+                std::int64_t window_right = -1) {
   constexpr bool gather = std::is_same_v<Schedule, all_gather_kv>;
   for (int group : {1, 4, 8}) {
     CAPTURE(group);
     std::mt19937_64 rng(seed + static_cast<std::uint64_t>(group)); // same inputs on every rank
     const auto cu = test::random_cu_seqlens(3, 1, 61, rng);
-    test::sharded_backward_case<P, __nv_bfloat16> c(cu, comm.size(), {8, 8 / group, 64, 0.0f},
-                                                    Mask::mask, rng);
+    test::sharded_backward_case<P, __nv_bfloat16> c(
+        cu, comm.size(), {8, 8 / group, 64, 0.0f, window_left, window_right}, Mask::mask, rng);
     const auto ref = c.oracle();
     const attention_arguments a = c.args;
     ring_attention<P, mpi_communicator, Mask, Schedule> attn(comm, a, cu);
@@ -101,6 +102,17 @@ TEST_CASE_TEMPLATE("MPI all-gather equals the oracle on every rank: full and cau
   CAPTURE(seed);
   check_ring<P, full, all_gather_kv>(comm, seed);
   check_ring<P, causal, all_gather_kv>(comm, seed);
+}
+
+TEST_CASE_TEMPLATE("MPI ring and all-gather with windows equal the oracle on every rank", P,
+                   contiguous, round_robin, zigzag) {
+  mpi_communicator comm(MPI_COMM_WORLD);
+  const auto seed = test::shared_seed();
+  CAPTURE(seed);
+  check_ring<P, causal_window>(comm, seed, 3, 0); // shorter than a shard: the ring stops early
+  check_ring<P, sliding_window>(comm, seed, 5, 2);
+  check_ring<P, causal_window, all_gather_kv>(comm, seed, 3, 0);
+  check_ring<P, sliding_window, all_gather_kv>(comm, seed, 5, 2);
 }
 
 TEST_CASE("MPI: ranks that disagree are rejected at plan time on every rank") {
