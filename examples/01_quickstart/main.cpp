@@ -8,7 +8,7 @@
 // --device cpu forces the CPU. One rank per GPU over NCCL and MPI: examples/02_mpi_nccl.
 //
 //   quickstart [--ranks P] [--tokens N] [--sequences B] [--heads H] [--kv-heads K]
-//              [--head-dim 64|128] [--mask causal|full] [--partitioner
+//              [--head-dim 64|128] [--mask causal|full] [--window W] [--partitioner
 //              zigzag|round_robin|contiguous] [--device auto|cpu|gpu]
 #include <ringattn/comm/in_process.cuh>
 #include <ringattn/ring_attention.cuh>
@@ -36,6 +36,7 @@ struct options {
   int tokens = 8192;
   int sequences = 3;
   int heads = 8, kv_heads = 2, head_dim = 64;
+  int window = 0; // keys a query sees behind it (its own included); 0: no window
   std::string mask = "causal", partitioner = "zigzag", device = "auto";
 };
 
@@ -51,6 +52,11 @@ options parse(int argc, char** argv) {
       .add("kv-heads", o.kv_heads, "key/value heads (a divisor of --heads)")
       .add("head-dim", o.head_dim, "head dimension: 64, 128 or 256", 64, 256)
       .add("mask", o.mask, {"causal", "full"}, "which keys a query sees")
+      .add("window", o.window,
+           "a window of W keys: with causal the W keys up to the query's own "
+           "(ringattn::causal_window), with full also W - 1 ahead (ringattn::sliding_window); "
+           "0: none",
+           0)
       .add("partitioner", o.partitioner, {"zigzag", "round_robin", "contiguous"},
            "how the tokens are split over the ranks (docs/guides.md)")
       .add("device", o.device, {"auto", "cpu", "gpu"}, "auto: the GPU(s) where there are any")
@@ -109,8 +115,12 @@ int run(const options& o) {
   const int gpus = example::gpu_count(o.device);
   std::mt19937_64 rng(std::random_device{}());
   const std::vector<std::int32_t> cu = example::packed_batch(o.tokens, o.sequences);
-  const ringattn::attention_arguments args{o.heads, o.kv_heads, o.head_dim, 0.0f};
-  args.validate().throw_if_invalid();
+  ringattn::attention_arguments args{o.heads, o.kv_heads, o.head_dim, 0.0f};
+  if (o.window > 0) {
+    args.window_left = o.window - 1;
+    args.window_right = o.mask == "full" ? o.window - 1 : 0;
+  }
+  args.validate(Mask::mask).throw_if_invalid();
   auto random = [&](std::size_t n) { return example::random_values<T>(n, rng); };
   const std::size_t n = static_cast<std::size_t>(o.tokens);
   const auto q = random(n * o.heads * o.head_dim), k = random(n * o.kv_heads * o.head_dim),
@@ -202,7 +212,7 @@ int run(const options& o) {
 
   const std::vector<std::int64_t> rows = example::sample_rows(cu, 24, rng);
   std::printf("  checking %zu sample rows against the float64 oracle\n", rows.size());
-  const auto w = ringattn::position_window::of(Mask::mask);
+  const auto w = args.window(Mask::mask);
   auto ref = ringattn::reference::attention_forward_rows(
       ringattn::reference::to_tensor(
           ringattn::thd_view<const T>(q.data(), o.tokens, o.heads, o.head_dim)),
@@ -232,15 +242,18 @@ int run(const options& o) {
   }
   const double flops = 4.0 * o.heads * static_cast<double>(total) * o.head_dim;
   const bool ok = max_err < 1e-2 && max_lse_err < 1e-4; // bf16 output: a few ulps of 2^-8
-  std::printf("\n  %5s %-12s %-7s %8s %10s %9s %10s %10s %12s\n", "ranks", "partitioner", "mask",
-              "tokens", "time ms", "TFLOP/s", "max |err|", "lse err", "work max/min");
-  std::printf("  %5d %-12s %-7s %8d %10.3f %9.4f %10.2e %10.2e %12.3f\n", o.ranks, P::name,
-              Mask::name, o.tokens, seconds * 1e3, flops / seconds / 1e12, max_err, max_lse_err,
-              lo > 0 ? static_cast<double>(hi) / lo : 0.0);
+  const int steps = ringattn::ring_schedule::steps_needed(plan, w);
+  std::printf("\n  %5s %-12s %-14s %8s %6s %10s %9s %10s %10s %12s\n", "ranks", "partitioner",
+              "mask", "tokens", "steps", "time ms", "TFLOP/s", "max |err|", "lse err",
+              "work max/min");
+  std::printf("  %5d %-12s %-14s %8d %6d %10.3f %9.4f %10.2e %10.2e %12.3f\n", o.ranks, P::name,
+              Mask::name, o.tokens, steps, seconds * 1e3, flops / seconds / 1e12, max_err,
+              max_lse_err, lo > 0 ? static_cast<double>(hi) / lo : 0.0);
   std::printf("  (time: the slowest rank's forward; max |err|: largest output difference from the "
               "float64 oracle over the sampled rows, tolerance 1e-2 for bf16; lse err: the same "
-              "for the lse, tolerance 1e-4; work max/min: the busiest rank's visible scores over "
-              "the idlest's, 1 is perfect balance)\n");
+              "for the lse, tolerance 1e-4; steps: ring steps, fewer than the ranks where a window "
+              "needs no block from further away; work max/min: the busiest rank's visible scores "
+              "over the idlest's, 1 is perfect balance)\n");
   std::printf("\n%zu sample rows x %d heads against the float64 oracle: %s\n", rows.size(), o.heads,
               ok ? "OK" : "FAILED");
   return ok ? 0 : 1;
@@ -248,6 +261,9 @@ int run(const options& o) {
 
 template <class P>
 int with_mask(const options& o) {
+  if (o.window > 0)
+    return o.mask == "full" ? run<P, ringattn::sliding_window>(o)
+                            : run<P, ringattn::causal_window>(o);
   return o.mask == "full" ? run<P, ringattn::full>(o) : run<P, ringattn::causal>(o);
 }
 } // namespace
