@@ -333,7 +333,7 @@ private:
                          detail::no_device_resources>;
 
   static std::uint64_t agree(Communicator& comm, const attention_arguments& args) {
-    const validation own = args.validate();
+    const validation own = args.validate(BlockKernel::mask);
     struct fingerprint {
       std::int32_t valid, q_heads, kv_heads, head_dim;
       std::uint32_t scale_bits, ranks;

@@ -155,3 +155,14 @@ TEST_CASE("sharded decode: bad input fails on every rank, and the next step runs
     CHECK(after[r] == doctest::Approx(0.125)); // every value of the cache and new V
   }
 }
+
+TEST_CASE("sharded decode: a window is refused at construction, on every rank") {
+  // The decode attends causally to the whole cache; a window would be ignored, so it is an error.
+  attention_arguments a{4, 2, 64, 0.0f};
+  a.window_left = 127;
+  in_process_group group(2);
+  const auto errors =
+      on_ranks(group, [&](int, in_process_communicator& comm) { decoder dec(comm, a); });
+  for (const auto& e : errors)
+    CHECK(message(e).find("takes no window") != std::string::npos);
+}
