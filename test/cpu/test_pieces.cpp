@@ -1,6 +1,7 @@
-// Block groups as library pieces (kernel/pieces.cuh): for every partitioner, mask, rank count and
-// packed batch, each step's pieces hold every visible (query, key) pair of its groups exactly
-// once, no piece row sees no key, and the row reductions name every packed row once, in order.
+// Block groups as library pieces (kernel/pieces.cuh): for every partitioner, mask (windows
+// included), rank count and packed batch, each step's pieces hold every visible (query, key) pair
+// of its groups exactly once, no piece row sees no key, and the row reductions name every packed
+// row once, in order.
 #include "../common.hpp"
 
 #include <ringattn/kernel/block.cuh>
@@ -54,7 +55,10 @@ TEST_CASE_TEMPLATE("pieces hold every visible pair of a step exactly once", P, c
     for (int ranks : {1, 2, 3, 4, 8}) {
       const auto cu = test::random_cu_seqlens(1 + trial % 3, 1, 90, rng);
       partition_plan<P> plan(cu, ranks);
-      for (mask_kind m : {mask_kind::full, mask_kind::causal})
+      const std::int64_t left = static_cast<std::int64_t>(rng() % 40),
+                         right = static_cast<std::int64_t>(rng() % 20);
+      for (mask_kind m : {mask_kind::full, mask_kind::causal, mask_kind::sliding_window,
+                          mask_kind::causal_window})
         for (int r = 0; r < ranks; ++r)
           for (int src = 0; src < ranks; ++src) {
             const int mask = static_cast<int>(m);
@@ -62,7 +66,10 @@ TEST_CASE_TEMPLATE("pieces hold every visible pair of a step exactly once", P, c
             CAPTURE(r);
             CAPTURE(src);
             CAPTURE(mask);
-            const auto groups = group_blocks(plan.blocks(r, src, position_window::of(m)));
+            CAPTURE(left);
+            CAPTURE(right);
+            const auto groups =
+                group_blocks(plan.blocks(r, src, position_window::of(m, left, right)));
             const auto pieces = pieces_of(groups);
             const pairs want = of_groups(groups), got = of_pieces(pieces);
             CHECK(got == want);
@@ -155,8 +162,24 @@ TEST_CASE("calls: pieces that compute one query row go to different calls") {
   CHECK_THROWS_AS((void)in_place_reduction_of(twice), invalid_argument);
 }
 
-TEST_CASE("pieces: a band with a lower bound is refused") {
+TEST_CASE("pieces: a band that binds below is one band piece of the rows that see a key") {
+  // 4 rows against their own 4 keys, a window of one key behind: one band piece as it is.
   block_group g{0, 4, 1, {}};
   g.kv[0] = {0, 4, band{-1, 0}};
-  CHECK_THROWS_AS((void)pieces_of(std::vector<block_group>{g}), invalid_argument);
+  const auto own = pieces_of(std::vector<block_group>{g});
+  REQUIRE(own.size() == 1);
+  CHECK(own[0] == attention_piece{0, 4, 0, 4, piece_mask::band, -1, 0});
+  // 3 rows against the 5 keys before them, keys j >= i + 3: rows 0 and 1 against keys 3 and 4,
+  // row 0 seeing both and row 1 the last (lo 0 on the piece, no upper bound).
+  block_group before{0, 3, 1, {}};
+  before.kv[0] = {0, 5, band{3, unbounded}};
+  const auto corner = pieces_of(std::vector<block_group>{before});
+  REQUIRE(corner.size() == 1);
+  CHECK(corner[0] == attention_piece{0, 2, 3, 2, piece_mask::band, 0, unbounded});
+  // Band pieces with different bands go to different calls, even on other rows.
+  const std::vector<attention_piece> both{own[0], {4, 2, 3, 2, piece_mask::band, 0, unbounded}};
+  const auto calls = calls_of(both);
+  REQUIRE(calls.size() == 2);
+  CHECK((calls[0].lo == -1 && calls[0].hi == 0));
+  CHECK((calls[1].lo == 0 && calls[1].hi == unbounded));
 }

@@ -1,8 +1,8 @@
 #pragma once
 //! \file
 //! Block groups as *pieces*: rectangles of query rows x key rows that a library's fused attention
-//! (cuDNN's SDPA, say) computes in one batched call, each under one of two masks, and the tables
-//! that put the pieces' outputs back where the ring wants them.
+//! (cuDNN's SDPA, say) computes in one batched call, each under one of three masks, and the
+//! tables that put the pieces' outputs back where the ring wants them.
 //!
 //! A library mask is coarser than a band: every row sees every key (`full`), or row i of a
 //! piece of n rows and m keys sees keys j <= i + (m - n) (`causal_bottom_right`; n = m is the
@@ -11,15 +11,18 @@
 //! band `j - i <= hi` (no lower bound: full and causal masks) is then cut into pieces: rows that
 //! see no key are dropped, rows that see part of the range form one bottom-right causal piece,
 //! rows that see all of it one full piece; pieces of adjacent query rows then join where one
-//! mask describes both. Every visible (row, key) pair lies in exactly one piece and every row of a
-//! piece sees at least one key, so a piece's log-sum-exp is finite.
+//! mask describes both. A key segment whose band also binds below (a window's) becomes one `band`
+//! piece of its own: the rows that see a key against the keys they see, row i seeing keys j with
+//! `lo <= j - i <= hi` (a library's top-left diagonal band). Every visible (row, key) pair lies in
+//! exactly one piece and every row of a piece sees at least one key, so a piece's log-sum-exp is
+//! finite.
 //!
-//! A *call* is pieces of one step under one mask that compute no query row twice. Its outputs are
-//! packed: piece b's rows at scratch rows `[q_scratch(b), q_scratch(b) + q_count)` (and its keys
-//! likewise), so that no two pieces write the same place even where they read the same rows; or,
-//! on the query side, at the rows' own places. A `row_reduction` then names, per destination row,
-//! the scratch rows that belong to it, in piece order: merges and sums follow it, so every result
-//! is the same bit for bit from call to call.
+//! A *call* is pieces of one step under one mask (and one band) that compute no query row twice.
+//! Its outputs are packed: piece b's rows at scratch rows `[q_scratch(b), q_scratch(b) + q_count)`
+//! (and its keys likewise), so that no two pieces write the same place even where they read the
+//! same rows; or, on the query side, at the rows' own places. A `row_reduction` then names, per
+//! destination row, the scratch rows that belong to it, in piece order: merges and sums follow it,
+//! so every result is the same bit for bit from call to call.
 //!
 //! \code
 //! auto pieces = ringattn::pieces_of(step.groups);       // plan time
@@ -42,12 +45,15 @@ namespace ringattn {
 
 //! How a library masks one piece of n query rows and m keys.
 enum class piece_mask : std::uint8_t {
-  full,               //!< every row sees every key
-  causal_bottom_right //!< row i sees keys j <= i + (m - n)
+  full,                //!< every row sees every key
+  causal_bottom_right, //!< row i sees keys j <= i + (m - n)
+  band                 //!< row i sees keys j with lo <= j - i <= hi (the piece's `lo`, `hi`)
 };
 
 constexpr const char* to_string(piece_mask m) noexcept {
-  return m == piece_mask::full ? "full" : "causal (bottom-right)";
+  return m == piece_mask::full   ? "full"
+         : m == piece_mask::band ? "band (top-left)"
+                                 : "causal (bottom-right)";
 }
 
 //! Query rows `[q_begin, q_begin + q_count)` of the Q shard against key rows
@@ -58,9 +64,13 @@ struct attention_piece {
   std::int64_t kv_begin = 0;
   std::int64_t kv_count = 0;
   piece_mask mask = piece_mask::full;
+  //! The band of a `band` piece, on the piece's own rows and keys (`-unbounded` / `unbounded`
+  //! where a side binds no row); 0 for the other masks.
+  std::int64_t lo = 0, hi = 0;
 
   //! Whether row i (within the piece) sees key j (within the piece).
   constexpr bool sees(std::int64_t i, std::int64_t j) const {
+    if (mask == piece_mask::band) return j - i >= lo && j - i <= hi;
     return mask == piece_mask::full || j - i <= kv_count - q_count;
   }
   friend constexpr bool operator==(const attention_piece&, const attention_piece&) = default;
@@ -75,6 +85,32 @@ constexpr bool same_visibility(std::int64_t n, std::int64_t m, std::int64_t a, s
   const auto all = [&](std::int64_t h) { return h + 1 >= m; };     // row 0 sees every key
   const auto none = [&](std::int64_t h) { return n - 1 + h < 0; }; // the last row sees none
   return (all(a) && all(b)) || (none(a) && none(b));
+}
+
+// Whether a key segment's band has a lower bound that binds some row of n (a window's).
+constexpr bool binds_below(std::int64_t n, const kv_block& s) { return s.mask.lo > -(n - 1); }
+
+// A key segment whose band binds below, as one band piece: the rows that see a key, against the
+// keys they see, the band shifted onto them; a side that binds no row of the piece is unbounded.
+// Nothing when no row sees a key.
+inline bool band_piece(std::int64_t q_begin, std::int64_t n, const kv_block& s,
+                       attention_piece& out) {
+  const std::int64_t m = s.kv_count, lo = s.mask.lo, hi = s.mask.hi;
+  const std::int64_t i0 = std::max<std::int64_t>(0, -hi), i1 = std::min<std::int64_t>(n, m - lo);
+  if (i1 <= i0) return false;
+  const std::int64_t j0 = std::max<std::int64_t>(0, i0 + lo);
+  const std::int64_t j1 = std::min<std::int64_t>(m, i1 - 1 + (hi >= unbounded ? m : hi) + 1);
+  if (j1 <= j0) return false;
+  out = {q_begin + i0,
+         i1 - i0,
+         s.kv_begin + j0,
+         j1 - j0,
+         piece_mask::band,
+         lo + i0 - j0,
+         hi >= unbounded ? unbounded : hi + i0 - j0};
+  if (out.lo <= -(out.q_count - 1)) out.lo = -unbounded;
+  if (out.hi >= out.kv_count - 1) out.hi = unbounded;
+  return true;
 }
 
 // One key range of a group with the bound of its band (no lower bound).
@@ -92,10 +128,7 @@ inline std::vector<key_span> key_spans(const block_group& g) {
   for (const kv_block& s : segs) {
     const std::int64_t n = g.q_count;
     if (s.kv_count == 0) continue;
-    if (s.mask.lo > -(n - 1)) // a lower bound that binds some row
-      throw invalid_argument(
-          "ringattn: a band with a lower bound (j - i >= " + std::to_string(s.mask.lo) +
-          ") has no piece form; library kernels take full and causal masks");
+    if (binds_below(n, s)) continue; // a band piece of its own (band_piece)
     if (same_visibility(n, s.kv_count, s.mask.hi, -unbounded)) continue; // sees nothing
     bool joined = false;
     if (!spans.empty() && spans.back().begin + spans.back().count == s.kv_begin) {
@@ -125,12 +158,18 @@ inline std::vector<key_span> key_spans(const block_group& g) {
 
 } // namespace detail
 
-//! The pieces of a step's groups (`ring_schedule`'s groups of one step), in group order. Throws
-//! `invalid_argument` for a band with a lower bound.
+//! The pieces of a step's groups (`ring_schedule`'s groups of one step): the full and causal
+//! pieces in group order, then the band pieces.
 inline std::vector<attention_piece> pieces_of(std::span<const block_group> groups) {
-  std::vector<attention_piece> out;
+  std::vector<attention_piece> out, bands;
   for (const block_group& g : groups) {
     if (g.q_count == 0) continue;
+    for (int b = 0; b < g.count; ++b) {
+      attention_piece p;
+      if (g.kv[b].kv_count > 0 && detail::binds_below(g.q_count, g.kv[b]) &&
+          detail::band_piece(g.q_begin, g.q_count, g.kv[b], p))
+        bands.push_back(p);
+    }
     for (const detail::key_span& s : detail::key_spans(g)) {
       const std::int64_t n = g.q_count, m = s.count;
       if (s.hi >= m - 1) {
@@ -164,12 +203,14 @@ inline std::vector<attention_piece> pieces_of(std::span<const block_group> group
     else
       joined.push_back(p);
   }
+  joined.insert(joined.end(), bands.begin(), bands.end());
   return joined;
 }
 
-//! The pieces of one step under one mask, computed by one library call.
+//! The pieces of one step under one mask (for bands: one band), computed by one library call.
 struct piece_call {
   piece_mask mask = piece_mask::full;
+  std::int64_t lo = 0, hi = 0; //!< the band of a `band` call's pieces
   std::vector<attention_piece> pieces;
   std::int64_t q_rows = 0;  //!< query rows of all pieces (the packed output's rows)
   std::int64_t kv_rows = 0; //!< key rows of all pieces (the packed dK/dV's rows)
@@ -182,7 +223,7 @@ struct piece_call {
 //! (a call's gradients can then be written at the rows' own places, `in_place_reduction_of`).
 inline std::vector<piece_call> calls_of(std::span<const attention_piece> pieces) {
   std::vector<piece_call> calls;
-  for (piece_mask m : {piece_mask::full, piece_mask::causal_bottom_right}) {
+  for (piece_mask m : {piece_mask::full, piece_mask::causal_bottom_right, piece_mask::band}) {
     std::vector<piece_call> of_mask;
     std::vector<std::vector<std::pair<std::int64_t, std::int64_t>>> taken; // row ranges per call
     for (const attention_piece& p : pieces) {
@@ -190,11 +231,13 @@ inline std::vector<piece_call> calls_of(std::span<const attention_piece> pieces)
       const std::int64_t b = p.q_begin, e = p.q_begin + p.q_count;
       std::size_t at = 0;
       for (; at < of_mask.size(); ++at)
-        if (std::none_of(taken[at].begin(), taken[at].end(),
+        if ((m != piece_mask::band || (of_mask[at].lo == p.lo && of_mask[at].hi == p.hi)) &&
+            std::none_of(taken[at].begin(), taken[at].end(),
                          [&](const auto& r) { return r.first < e && b < r.second; }))
           break;
       if (at == of_mask.size()) {
-        of_mask.emplace_back().mask = m;
+        piece_call& made = of_mask.emplace_back();
+        made.mask = m, made.lo = p.lo, made.hi = p.hi;
         taken.emplace_back();
       }
       piece_call& c = of_mask[at];
