@@ -30,7 +30,7 @@ TEST_CASE("classify: every (q segment, k segment, window) agrees with position c
     switch (trial % 4) {
     case 0: w = position_window::of(mask_kind::full); break;
     case 1: w = position_window::of(mask_kind::causal); break;
-    case 2: w = position_window::causal_sliding(win(rng)); break;
+    case 2: w = position_window::of(mask_kind::causal_window, win(rng) - 1); break;
     default: w = position_window{win(rng), win(rng) - 10}; break; // general window, may be empty
     }
     CAPTURE(trial);

@@ -82,10 +82,6 @@ struct position_window {
     }
     return {unbounded, unbounded};
   }
-  //! Causal attention to the last `w` keys (the query's own position included).
-  RINGATTN_HOST_DEVICE static constexpr position_window causal_sliding(std::int64_t w) {
-    return {w - 1, 0};
-  }
   RINGATTN_HOST_DEVICE constexpr bool sees(std::int64_t pq, std::int64_t pk) const {
     return pk - pq <= max_ahead && pq - pk <= max_behind;
   }
