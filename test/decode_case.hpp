@@ -55,13 +55,13 @@ struct decode_case {
               std::mt19937_64& rng)
       : args(a), ranks(ranks_), batch(static_cast<int>(prefill.size()) - 1) {
     const partition_plan<P> plan(prefill, ranks);
-    const std::size_t row = kv_row();
+    const std::size_t row = kv_row(), vrow = v_row();
     const auto k = random_buffer<T>(plan.tokens() * row, rng);
-    const auto v = random_buffer<T>(plan.tokens() * row, rng);
+    const auto v = random_buffer<T>(plan.tokens() * vrow, rng);
     whole_q.resize(batch), whole_k.resize(batch), whole_v.resize(batch);
     for (int b = 0; b < batch; ++b) {
       whole_k[b].assign(k.begin() + prefill[b] * row, k.begin() + prefill[b + 1] * row);
-      whole_v[b].assign(v.begin() + prefill[b] * row, v.begin() + prefill[b + 1] * row);
+      whole_v[b].assign(v.begin() + prefill[b] * vrow, v.begin() + prefill[b + 1] * vrow);
       whole_q[b].resize(whole_k[b].size() / a.kv_heads * a.q_heads); // prefill queries: unused
     }
     cache_k.assign(ranks, std::vector<std::vector<T>>(batch));
@@ -72,12 +72,14 @@ struct decode_case {
         for (std::int64_t l = local[b]; l < local[b + 1]; ++l) {
           const std::int64_t g = plan.global_token(r, l);
           cache_k[r][b].insert(cache_k[r][b].end(), k.begin() + g * row, k.begin() + (g + 1) * row);
-          cache_v[r][b].insert(cache_v[r][b].end(), v.begin() + g * row, v.begin() + (g + 1) * row);
+          cache_v[r][b].insert(cache_v[r][b].end(), v.begin() + g * vrow,
+                               v.begin() + (g + 1) * vrow);
         }
     }
   }
 
   std::size_t kv_row() const { return static_cast<std::size_t>(args.kv_heads) * args.head_dim; }
+  std::size_t v_row() const { return static_cast<std::size_t>(args.kv_heads) * args.v_dim(); }
   std::size_t q_row() const { return static_cast<std::size_t>(args.q_heads) * args.head_dim; }
   std::int64_t length(int b) const {
     return static_cast<std::int64_t>(whole_k[b].size() / kv_row());
@@ -101,7 +103,7 @@ struct decode_case {
     s.tokens = s.cu_new.back();
     s.q = random_buffer<T>(s.tokens * q_row(), rng);
     s.k = random_buffer<T>(s.tokens * kv_row(), rng);
-    s.v = random_buffer<T>(s.tokens * kv_row(), rng);
+    s.v = random_buffer<T>(s.tokens * v_row(), rng);
     std::vector<std::int32_t> cu_whole{0};
     std::vector<T> q_all, k_all, v_all;
     std::vector<std::int64_t> rows;
@@ -114,7 +116,7 @@ struct decode_case {
       };
       append(q_all, whole_q[b], s.q, q_row());
       append(k_all, whole_k[b], s.k, kv_row());
-      append(v_all, whole_v[b], s.v, kv_row());
+      append(v_all, whole_v[b], s.v, v_row());
       for (std::int64_t i = 0; i < nb; ++i)
         rows.push_back(cu_whole.back() + cached + i);
       cu_whole.push_back(cu_whole.back() + static_cast<std::int32_t>(cached + nb));
@@ -124,15 +126,15 @@ struct decode_case {
     s.oracle = reference::attention_forward_rows(
         reference::to_tensor(thd_view<const T>(q_all.data(), total, qh, d)),
         reference::to_tensor(thd_view<const T>(k_all.data(), total, kvh, d)),
-        reference::to_tensor(thd_view<const T>(v_all.data(), total, kvh, d)), cu_whole, args,
-        position_window::of(mask_kind::causal), rows);
+        reference::to_tensor(thd_view<const T>(v_all.data(), total, kvh, args.v_dim())), cu_whole,
+        args, position_window::of(mask_kind::causal), rows);
     return s;
   }
 
   // Relative L2 error of `out` and the largest absolute error of `lse` against the oracle.
   std::pair<double, double> error(const step& s, const std::vector<T>& out,
                                   const std::vector<float>& lse) const {
-    const int qh = args.q_heads, d = args.head_dim;
+    const int qh = args.q_heads, d = args.v_dim();
     const std::int64_t n = s.tokens;
     double num = 0.0, den = 0.0, lse_err = 0.0;
     for (std::int64_t i = 0; i < n; ++i)
@@ -162,8 +164,8 @@ struct decode_case {
         if (owner_of(lengths[b] + t - s.cu_new[b], ranks) != r) return -1;
         cache_k[r][b].insert(cache_k[r][b].end(), s.k.begin() + t * row,
                              s.k.begin() + (t + 1) * row);
-        cache_v[r][b].insert(cache_v[r][b].end(), s.v.begin() + t * row,
-                             s.v.begin() + (t + 1) * row);
+        cache_v[r][b].insert(cache_v[r][b].end(), s.v.begin() + t * v_row(),
+                             s.v.begin() + (t + 1) * v_row());
         ++kept;
       }
     for (int b = 0; b < batch; ++b) {
@@ -171,7 +173,7 @@ struct decode_case {
         to.insert(to.end(), now.begin() + s.cu_new[b] * w, now.begin() + s.cu_new[b + 1] * w);
       };
       grow(whole_k[b], s.k, row);
-      grow(whole_v[b], s.v, row);
+      grow(whole_v[b], s.v, v_row());
       grow(whole_q[b], s.q, q_row());
     }
     return kept;

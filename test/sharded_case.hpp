@@ -27,27 +27,28 @@ struct sharded_case {
                std::mt19937_64& rng)
       : plan(cu, ranks), args(a), mask(m) {
     const auto n = static_cast<std::size_t>(plan.tokens());
-    q = random_buffer<T>(n * a.q_heads * a.head_dim, rng);
-    k = random_buffer<T>(n * a.kv_heads * a.head_dim, rng);
-    v = random_buffer<T>(n * a.kv_heads * a.head_dim, rng);
+    q = random_buffer<T>(n * a.q_heads * a.qk_dim(), rng);
+    k = random_buffer<T>(n * a.kv_heads * a.qk_dim(), rng);
+    v = random_buffer<T>(n * a.kv_heads * a.v_dim(), rng);
     for (int r = 0; r < ranks; ++r) {
       qs.push_back(shard(q, r, a.q_heads));
       ks.push_back(shard(k, r, a.kv_heads));
-      vs.push_back(shard(v, r, a.kv_heads));
+      vs.push_back(shard(v, r, a.kv_heads, a.v_dim()));
     }
   }
-  std::vector<T> shard(const std::vector<T>& full, int r, int heads) const {
-    std::vector<T> out(static_cast<std::size_t>(plan.local_tokens(r) * heads * args.head_dim),
-                       poison<T>());
-    scatter(plan, r, thd_view<const T>(full.data(), plan.tokens(), heads, args.head_dim),
-            thd_view<T>(out.data(), plan.local_tokens(r), heads, args.head_dim));
+  //! Rank r's shard of a full `[tokens, heads, width]` tensor (width 0: head_dim).
+  std::vector<T> shard(const std::vector<T>& full, int r, int heads, int width = 0) const {
+    const int d = width != 0 ? width : args.head_dim;
+    std::vector<T> out(static_cast<std::size_t>(plan.local_tokens(r) * heads * d), poison<T>());
+    scatter(plan, r, thd_view<const T>(full.data(), plan.tokens(), heads, d),
+            thd_view<T>(out.data(), plan.local_tokens(r), heads, d));
     return out;
   }
   //! Block groups of rank r's queries against rank src's keys.
   std::vector<block_group> groups(int r, int src) const {
     return group_blocks(plan.blocks(r, src, args.window(mask)));
   }
-  //! One rank's ring output: out `[local, q_heads, head_dim]`, lse `[q_heads, local]`.
+  //! One rank's ring output: out `[local, q_heads, head_dim_v]`, lse `[q_heads, local]`.
   struct rank_output {
     std::vector<T> out;
     std::vector<float> lse;
@@ -58,8 +59,8 @@ struct sharded_case {
   template <class Ring>
   rank_output forward_rank(Ring& attn, int r, bool null_lse = false) const {
     const std::int64_t n = plan.local_tokens(r);
-    const int qh = args.q_heads, kvh = args.kv_heads, d = args.head_dim;
-    rank_output o{std::vector<T>(static_cast<std::size_t>(n * qh * d), poison<T>()),
+    const int qh = args.q_heads, kvh = args.kv_heads, d = args.qk_dim(), dv = args.v_dim();
+    rank_output o{std::vector<T>(static_cast<std::size_t>(n * qh * dv), poison<T>()),
                   std::vector<float>(static_cast<std::size_t>(n * qh), -7.0f)};
     const std::size_t bytes = attn.template host_workspace_bytes<T>();
     std::vector<std::byte> ws(bytes + 16);
@@ -68,7 +69,7 @@ struct sharded_case {
     const auto& k = ks[static_cast<std::size_t>(r)];
     const auto& v = vs[static_cast<std::size_t>(r)];
     attn.forward_host(thd_view<const T>(q.data(), n, qh, d), thd_view<const T>(k.data(), n, kvh, d),
-                      thd_view<const T>(v.data(), n, kvh, d), thd_view<T>(o.out.data(), n, qh, d),
+                      thd_view<const T>(v.data(), n, kvh, dv), thd_view<T>(o.out.data(), n, qh, dv),
                       null_lse ? nullptr : o.lse.data(),
                       std::span<std::byte>(ws).subspan(pad, bytes));
     return o;
@@ -83,7 +84,7 @@ struct sharded_case {
   error_parts rank_error(int r, const rank_output& o, const reference::forward_result& ref) const {
     error_parts e;
     const std::int64_t n = plan.local_tokens(r);
-    const int qh = args.q_heads, d = args.head_dim;
+    const int qh = args.q_heads, d = args.v_dim();
     for (std::int64_t l = 0; l < n; ++l) {
       const std::int64_t g = plan.global_token(r, l);
       for (int h = 0; h < qh; ++h) {
@@ -103,7 +104,7 @@ struct sharded_case {
   reference::forward_result oracle() const {
     const thd_view<const T> qv(q.data(), plan.tokens(), args.q_heads, args.head_dim);
     const thd_view<const T> kv(k.data(), plan.tokens(), args.kv_heads, args.head_dim);
-    const thd_view<const T> vv(v.data(), plan.tokens(), args.kv_heads, args.head_dim);
+    const thd_view<const T> vv(v.data(), plan.tokens(), args.kv_heads, args.v_dim());
     return reference::attention_forward(qv, kv, vv, plan.cu_seqlens(), args, mask);
   }
 };

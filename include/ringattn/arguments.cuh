@@ -9,6 +9,8 @@
 //! \code
 //! ringattn::attention_arguments args{.q_heads = 32, .kv_heads = 8, .head_dim = 128};
 //! args.validate().throw_if_invalid();          // GQA 4:1, scale defaults to 1/sqrt(128)
+//! ringattn::attention_arguments mla{.q_heads = 128, .kv_heads = 128, .head_dim = 192,
+//!                                   .head_dim_v = 128}; // q/k 192 wide, v and out 128
 //! \endcode
 
 #include <ringattn/core/mask.cuh>
@@ -20,20 +22,25 @@
 
 namespace ringattn {
 
-//! Head dimensions the tensor-core kernels are built for.
-inline constexpr int supported_head_dims[] = {64, 128, 256};
+//! Head widths an attention problem may have, for Q/K and for V alike. Which pairs a BlockKernel
+//! runs is its own business: the host kernels take any pair, the native device kernels equal
+//! widths of 64, 128 or 256 and (sm_90a) Q/K 192 with V 128, the cuDNN model what cuDNN takes.
+inline constexpr int supported_head_dims[] = {64, 128, 192, 256};
 //! The largest of them (the host kernels keep a row of this many doubles on the stack).
 inline constexpr int max_head_dim = 256;
 //! The most query heads an attention problem may have: with int32 token counts it keeps every
 //! workspace and message size far inside 64 bits.
 inline constexpr int max_heads = 65536;
 
-//! Heads, head_dim and softmax scale of an attention problem (self-attention; q and k/v share
+//! Heads, head widths and softmax scale of an attention problem (self-attention; q and k/v share
 //! their token positions).
+//!
+//! Q and K are `head_dim` wide; V, the output and their gradients `head_dim_v` wide (0: the same).
+//! Multi-head latent attention (DeepSeek) runs its prefill with head_dim 192 and head_dim_v 128.
 struct attention_arguments {
   std::int32_t q_heads = 0;  //!< query heads (a multiple of kv_heads)
   std::int32_t kv_heads = 0; //!< key/value heads; kv_heads < q_heads is GQA, 1 is MQA
-  std::int32_t head_dim = 0; //!< 64, 128 or 256
+  std::int32_t head_dim = 0; //!< width of q and k: 64, 128, 192 or 256
   //! Multiplies q . k before the softmax; 0 selects the default 1 / sqrt(head_dim).
   float softmax_scale = 0.0f;
   //! The window of `sliding_window_mask` and `causal_window_mask`: the query at position p sees
@@ -41,6 +48,15 @@ struct attention_arguments {
   //! side unbounded. The other masks take no window (both stay -1).
   std::int64_t window_left = -1;
   std::int64_t window_right = -1;
+  //! Width of v, of the output and of dv: 64, 128, 192 or 256; 0 is head_dim.
+  std::int32_t head_dim_v = 0;
+
+  //! Width of q, k, dq and dk.
+  [[nodiscard]] std::int32_t qk_dim() const { return head_dim; }
+  //! Width of v, out, dout and dv.
+  [[nodiscard]] std::int32_t v_dim() const { return head_dim_v != 0 ? head_dim_v : head_dim; }
+  //! Whether V is narrower or wider than Q/K.
+  [[nodiscard]] bool separate_widths() const { return v_dim() != head_dim; }
 
   //! The scale actually applied.
   [[nodiscard]] double scale() const {
@@ -54,8 +70,8 @@ struct attention_arguments {
     return position_window::of(m, window_left, window_right);
   }
 
-  //! Rejects non-positive counts, q_heads not a multiple of kv_heads, an unsupported head_dim and
-  //! a non-finite or negative scale.
+  //! Rejects non-positive counts, q_heads not a multiple of kv_heads, an unsupported head_dim or
+  //! head_dim_v and a non-finite or negative scale.
   [[nodiscard]] validation validate() const {
     validation r = validation::ok();
     r.require(q_heads > 0, "q_heads must be positive (got ", q_heads, ")");
@@ -63,10 +79,14 @@ struct attention_arguments {
     r.require(kv_heads > 0, "kv_heads must be positive (got ", kv_heads, ")");
     r.require(!r || q_heads % kv_heads == 0, "q_heads (", q_heads,
               ") is not a multiple of kv_heads (", kv_heads, ")");
-    bool dim_ok = false;
-    for (int d : supported_head_dims)
+    bool dim_ok = false, v_ok = head_dim_v == 0;
+    for (int d : supported_head_dims) {
       dim_ok = dim_ok || d == head_dim;
-    r.require(dim_ok, "head_dim ", head_dim, " is not supported (supported: 64, 128, 256)");
+      v_ok = v_ok || d == head_dim_v;
+    }
+    r.require(dim_ok, "head_dim ", head_dim, " is not supported (supported: 64, 128, 192, 256)");
+    r.require(v_ok, "head_dim_v ", head_dim_v,
+              " is not supported (supported: 64, 128, 192, 256, or 0 for head_dim)");
     r.require(std::isfinite(softmax_scale) && softmax_scale >= 0.0f, "softmax_scale ",
               softmax_scale, " must be finite and >= 0 (0 selects 1/sqrt(head_dim))");
     r.require(window_left >= -1 && window_right >= -1, "window_left (", window_left,

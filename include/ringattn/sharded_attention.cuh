@@ -5,14 +5,15 @@
 //!
 //! Every rank holds the K/V of the cached tokens it owns (after a prefill: its partitioner's
 //! shard; new tokens go to `owner_of(position, ranks)`, position mod P) and the same new tokens
-//! on every rank: their queries, keys and values (`[new tokens, heads, head_dim]`, a packed batch
-//! of sequences, `cu_new`). Per sequence every new token sees every cached token (the cache holds
-//! the positions before it) and the new tokens up to its own (causal).
+//! on every rank: their queries, keys and values (`[new tokens, heads, head_dim]`, v and the
+//! output `head_dim_v` wide; a packed batch of sequences, `cu_new`). Per sequence every new token
+//! sees every cached token (the cache holds the positions before it) and the new tokens up to its
+//! own (causal).
 //!
 //! A step: each rank attends with all new queries to its cache shard (a full block per sequence;
 //! rank 0 also to the new tokens themselves, causally) into a partial fp32 state (o, reference
 //! lse and weight sum per row, core/state.cuh); the ranks exchange their partial states (P - 1
-//! pairwise exchanges of `new tokens x q_heads x (head_dim + 2)` floats each: in exchange k rank
+//! pairwise exchanges of `new tokens x q_heads x (head_dim_v + 2)` floats each: in exchange k rank
 //! r sends to r + k and receives from r - k) and every rank merges all P in rank order
 //! (`merge_partials`). Every rank thus ends with the same result, bit for bit, equal to attention
 //! over the whole cache.
@@ -26,7 +27,8 @@
 //! // then each rank appends the K/V of owned_new_rows(rank, ranks, cu_new, lengths) to its cache
 //! \endcode
 //!
-//! The cache shard is `[cached tokens, kv_heads, head_dim]`, its sequences packed in order
+//! The cache shard is `[cached tokens, kv_heads, head_dim]` (v: `head_dim_v`), its sequences packed
+//! in order
 //! (`cu_cache`, this rank's own offsets); a sequence may have no cached token on a rank. The
 //! device path (`prepare_device` once, `plan` per step, `forward` on a stream) computes on the
 //! caller's stream and exchanges on a communication stream; a call allocates nothing and never
@@ -335,16 +337,19 @@ private:
   static std::uint64_t agree(Communicator& comm, const attention_arguments& args) {
     const validation own = args.validate(BlockKernel::mask);
     struct fingerprint {
-      std::int32_t valid, q_heads, kv_heads, head_dim;
-      std::uint32_t scale_bits, ranks;
+      std::int32_t valid, q_heads, kv_heads, head_dim, head_dim_v;
+      std::uint32_t scale_bits, ranks, reserved; // no padding: the bytes are hashed
       std::uint64_t kernel;
     } mine{own ? 1 : 0,
            args.q_heads,
            args.kv_heads,
-           args.head_dim,
+           args.qk_dim(),
+           args.v_dim(),
            std::bit_cast<std::uint32_t>(static_cast<float>(args.scale())),
            static_cast<std::uint32_t>(comm.size()),
+           0,
            detail::fnv1a(BlockKernel::name)};
+    static_assert(std::has_unique_object_representations_v<fingerprint>);
     std::vector<fingerprint> all(static_cast<std::size_t>(comm.size()));
     comm.all_gather(&mine, sizeof mine, all.data());
     own.throw_if_invalid();
@@ -354,9 +359,10 @@ private:
       v.require(x.valid == 1, "rank ", r, " rejected its arguments (its own error says why)");
       if (!v) break;
       v.require(x.q_heads == mine.q_heads && x.kv_heads == mine.kv_heads &&
-                    x.head_dim == mine.head_dim && x.scale_bits == mine.scale_bits,
+                    x.head_dim == mine.head_dim && x.head_dim_v == mine.head_dim_v &&
+                    x.scale_bits == mine.scale_bits,
                 "rank ", r, " disagrees with rank ", comm.rank(),
-                " on the heads, head_dim or scale");
+                " on the heads, head_dim, head_dim_v or scale");
       v.require(x.kernel == mine.kernel, "rank ", r, " disagrees with rank ", comm.rank(),
                 " on the block kernel");
     }
@@ -443,19 +449,19 @@ private:
   }
 
   std::int64_t rows() const { return new_tokens_ * args_.q_heads; }
-  // A partial state: o [q_heads, new tokens, head_dim], reference lse, weight sum.
-  std::int64_t slot_floats() const { return rows() * (args_.head_dim + 2); }
+  // A partial state: o [q_heads, new tokens, head_dim_v], reference lse, weight sum.
+  std::int64_t slot_floats() const { return rows() * (args_.v_dim() + 2); }
   std::size_t partial_bytes() const {
     return static_cast<std::size_t>(slot_floats()) * sizeof(float);
   }
   attention_state partial_state(float* base, int r) const {
     float* o = base + r * slot_floats();
     return {o,
-            o + rows() * args_.head_dim,
-            o + rows() * (args_.head_dim + 1),
+            o + rows() * args_.v_dim(),
+            o + rows() * (args_.v_dim() + 1),
             new_tokens_,
             args_.q_heads,
-            args_.head_dim};
+            args_.v_dim()};
   }
 
   template <element T, class Device>
@@ -467,20 +473,20 @@ private:
     validation r = validation::ok();
     r.require(planned_, "call plan(cu_new, cu_cache) before the forward");
     if (!r) return r;
-    const int qh = args_.q_heads, kvh = args_.kv_heads, d = args_.head_dim;
-    auto shape = [&](const auto& x, const char* name, std::int64_t tokens, int heads) {
+    const int qh = args_.q_heads, kvh = args_.kv_heads, dk = args_.qk_dim(), dv = args_.v_dim();
+    auto shape = [&](const auto& x, const char* name, std::int64_t tokens, int heads, int d) {
       r.require(validate_view(x, name));
       if (r)
         r.require(x.tokens == tokens && x.heads == heads && x.head_dim == d, name, " is [",
                   x.tokens, ", ", x.heads, ", ", x.head_dim, "] but the plan wants [", tokens, ", ",
                   heads, ", ", d, "]");
     };
-    shape(q, "q_new", new_tokens_, qh);
-    shape(k, "k_new", new_tokens_, kvh);
-    shape(v, "v_new", new_tokens_, kvh);
-    shape(kc, "k_cache", cache_tokens_, kvh);
-    shape(vc, "v_cache", cache_tokens_, kvh);
-    shape(out, "out", new_tokens_, qh);
+    shape(q, "q_new", new_tokens_, qh, dk);
+    shape(k, "k_new", new_tokens_, kvh, dk);
+    shape(v, "v_new", new_tokens_, kvh, dv);
+    shape(kc, "k_cache", cache_tokens_, kvh, dk);
+    shape(vc, "v_cache", cache_tokens_, kvh, dv);
+    shape(out, "out", new_tokens_, qh, dv);
     r.require(lse != nullptr || new_tokens_ == 0, "lse is a null pointer");
     r.require(workspace.size() >= need, "the workspace holds ", workspace.size(),
               " bytes; this step needs ", need);

@@ -233,7 +233,7 @@ constexpr std::int32_t int32_max = std::numeric_limits<std::int32_t>::max();
 const std::vector<plan_case>& plan_cases() {
   static const std::vector<plan_case> cases = {
       {"an unsupported head_dim",
-       "head_dim 96 is not supported (supported: 64, 128, 256)",
+       "head_dim 96 is not supported (supported: 64, 128, 192, 256)",
        {0, 300},
        {8, 2, 96, 0.0f}},
       {"q_heads not a multiple of kv_heads",
@@ -357,7 +357,7 @@ TEST_CASE("block kernel: a state of the wrong shape and lengths past int32 are r
   const thd_view<const T> qv(q.data(), 10, 4, 64), kv(k.data(), 10, 2, 64);
   const attention_state wrong{o.data(), lse.data(), sum.data(), 9, 4, 64};
   CHECK_THROWS_WITH_AS(host_block_forward<T>({qv, kv, kv, a, wrong}, groups),
-                       doctest::Contains("the state is [9, 4, 64] but q is [10, 4, 64]"),
+                       doctest::Contains("the state is [9, 4, 64] but the output is [10, 4, 64]"),
                        invalid_argument);
   const attention_state no_sum{o.data(), lse.data(), nullptr, 10, 4, 64};
   CHECK_THROWS_WITH_AS(host_block_forward<T>({qv, kv, kv, a, no_sum}, groups),

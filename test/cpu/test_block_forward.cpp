@@ -195,7 +195,7 @@ TEST_CASE("host block forward validates before writing anything") {
   const attention_arguments odd{4, 2, 96, 0.0f};
   CHECK_THROWS_WITH_AS(
       host_block_forward<__nv_bfloat16>({c.qv(), c.kv(), c.vv(), odd, s.view}, c.calls(1)[0]),
-      "ringattn: head_dim 96 is not supported (supported: 64, 128, 256)", invalid_argument);
+      "ringattn: head_dim 96 is not supported (supported: 64, 128, 192, 256)", invalid_argument);
   CHECK(s.o == before);
 }
 

@@ -34,7 +34,7 @@ template <class P>
 std::vector<rank_result> run_step(const test::decode_case<P, T>& c,
                                   const typename test::decode_case<P, T>::step& s) {
   const attention_arguments a = c.args;
-  const int qh = a.q_heads, kvh = a.kv_heads, d = a.head_dim;
+  const int qh = a.q_heads, kvh = a.kv_heads, d = a.head_dim, dv = a.v_dim();
   const std::int64_t n = s.tokens;
   std::vector<rank_result> res(c.ranks);
   in_process_group group(c.ranks);
@@ -44,14 +44,14 @@ std::vector<rank_result> run_step(const test::decode_case<P, T>& c,
     dec.plan(s.cu_new, sh.cu);
     std::vector<std::byte> ws(dec.host_workspace_bytes<T>());
     rank_result& out = res[r];
-    out.out.assign(n * qh * d, test::poison<T>());
+    out.out.assign(n * qh * dv, test::poison<T>());
     out.lse.assign(n * qh, -7.0f);
     const std::int64_t m = sh.tokens();
     const std::uint64_t before = comm.bytes_sent();
     dec.forward_host(
         thd_view<const T>(s.q.data(), n, qh, d), thd_view<const T>(s.k.data(), n, kvh, d),
-        thd_view<const T>(s.v.data(), n, kvh, d), thd_view<const T>(sh.k.data(), m, kvh, d),
-        thd_view<const T>(sh.v.data(), m, kvh, d), thd_view<T>(out.out.data(), n, qh, d),
+        thd_view<const T>(s.v.data(), n, kvh, dv), thd_view<const T>(sh.k.data(), m, kvh, d),
+        thd_view<const T>(sh.v.data(), m, kvh, dv), thd_view<T>(out.out.data(), n, qh, dv),
         out.lse.data(), ws);
     out.sent = comm.bytes_sent() - before;
     out.expected = dec.step_bytes();
@@ -61,16 +61,21 @@ std::vector<rank_result> run_step(const test::decode_case<P, T>& c,
   return res;
 }
 
+// `head_dim_v` 0: v as wide as q and k (64); else q/k 192 and v that wide.
 template <class P>
-void check_decode() {
+void check_decode(int head_dim_v = 0) {
   const auto seed = test::fresh_seed();
   CAPTURE(seed);
+  CAPTURE(head_dim_v);
   for (int group : {1, 4, 8})
     for (int ranks : {1, 2, 3, 4, 8}) {
       CAPTURE(group);
       CAPTURE(ranks);
       std::mt19937_64 rng(seed + static_cast<std::uint64_t>(group * 10 + ranks));
-      const attention_arguments a{8, 8 / group, 64, 0.0f};
+      const attention_arguments a{.q_heads = 8,
+                                  .kv_heads = 8 / group,
+                                  .head_dim = head_dim_v ? 192 : 64,
+                                  .head_dim_v = head_dim_v};
       test::decode_case<P, T> c(test::random_cu_seqlens(3, 1, 61, rng), ranks, a, rng);
       for (int step = 0; step < 3; ++step) {
         CAPTURE(step);
@@ -86,7 +91,7 @@ void check_decode() {
           CHECK(res[r].sent == res[r].expected);
         }
         CHECK(res[0].expected == static_cast<std::uint64_t>(ranks - 1) * s.tokens * a.q_heads *
-                                     (a.head_dim + 2) * sizeof(float));
+                                     (a.v_dim() + 2) * sizeof(float));
         CHECK(c.append(s) == s.tokens); // every new token kept by exactly one rank
       }
     }
@@ -96,6 +101,7 @@ void check_decode() {
 TEST_CASE_TEMPLATE("sharded decode equals attention over the whole cache, on every rank", P,
                    contiguous, round_robin, zigzag) {
   check_decode<P>();
+  check_decode<P>(128); // multi-head latent attention: q/k 192, v and out 128
 }
 
 TEST_CASE("sharded decode: bad input fails on every rank, and the next step runs") {

@@ -1,7 +1,7 @@
 // The host ring under mpirun: one process per rank, mpi_communicator, every partitioner x mask
-// (windows included) x GQA 1, 4, 8 x packed odd lengths, forward and backward, against the float64
-// oracle (each rank checks its own shard), on both schedules (the ring and the all-gather); bytes
-// per rank; plan-time disagreement.
+// (windows included) x GQA 1, 4, 8 x packed odd lengths (and q/k 192 with v 128), forward and
+// backward, against the float64 oracle (each rank checks its own shard), on both schedules (the
+// ring and the all-gather); bytes per rank; plan-time disagreement.
 #include "../sharded_backward_case.hpp"
 #include "shared_seed.hpp"
 
@@ -23,16 +23,22 @@
 using namespace ringattn;
 
 namespace {
+// q/k `head_dim` wide, v `head_dim_v` (0: as wide); a window where the mask takes one.
 template <class P, class Mask, class Schedule = ring_pass>
 void check_ring(mpi_communicator& comm, std::uint64_t seed, std::int64_t window_left = -1,
-                std::int64_t window_right = -1) {
+                std::int64_t window_right = -1, int head_dim = 64, int head_dim_v = 0) {
   constexpr bool gather = std::is_same_v<Schedule, all_gather_kv>;
   for (int group : {1, 4, 8}) {
     CAPTURE(group);
     std::mt19937_64 rng(seed + static_cast<std::uint64_t>(group)); // same inputs on every rank
     const auto cu = test::random_cu_seqlens(3, 1, 61, rng);
-    test::sharded_backward_case<P, __nv_bfloat16> c(
-        cu, comm.size(), {8, 8 / group, 64, 0.0f, window_left, window_right}, Mask::mask, rng);
+    const attention_arguments shape{.q_heads = 8,
+                                    .kv_heads = 8 / group,
+                                    .head_dim = head_dim,
+                                    .window_left = window_left,
+                                    .window_right = window_right,
+                                    .head_dim_v = head_dim_v};
+    test::sharded_backward_case<P, __nv_bfloat16> c(cu, comm.size(), shape, Mask::mask, rng);
     const auto ref = c.oracle();
     const attention_arguments a = c.args;
     ring_attention<P, mpi_communicator, Mask, Schedule> attn(comm, a, cu);
@@ -59,8 +65,8 @@ void check_ring(mpi_communicator& comm, std::uint64_t seed, std::int64_t window_
     const std::uint64_t before_backward = comm.bytes_sent();
     const auto g = c.backward_rank(attn, r, out);
     const auto grad_bytes = [&](int src) {
-      return 2 * sizeof(float) * static_cast<std::size_t>(c.plan.local_tokens(src)) * a.kv_heads *
-             a.head_dim;
+      return sizeof(float) * static_cast<std::size_t>(c.plan.local_tokens(src)) * a.kv_heads *
+             (a.qk_dim() + a.v_dim());
     };
     std::uint64_t want_backward = 0;
     if constexpr (gather) { // the gather again, then each other block's dK/dV share home
@@ -115,6 +121,15 @@ TEST_CASE_TEMPLATE("MPI ring and all-gather with windows equal the oracle on eve
   check_ring<P, sliding_window, all_gather_kv>(comm, seed, 5, 2);
 }
 
+TEST_CASE_TEMPLATE("MPI ring and all-gather with head_dim 192 and head_dim_v 128 equal the oracle",
+                   P, contiguous, round_robin, zigzag) {
+  mpi_communicator comm(MPI_COMM_WORLD);
+  const auto seed = test::shared_seed();
+  CAPTURE(seed);
+  check_ring<P, causal>(comm, seed, -1, -1, 192, 128); // GQA 1, 4, 8 (MHA included)
+  check_ring<P, full, all_gather_kv>(comm, seed, -1, -1, 192, 128);
+}
+
 TEST_CASE("MPI: ranks that disagree are rejected at plan time on every rank") {
   mpi_communicator comm(MPI_COMM_WORLD, std::chrono::seconds(20));
   const std::vector<std::int32_t> cu = {0, 64};
@@ -135,7 +150,7 @@ TEST_CASE("MPI: a rank with invalid arguments makes every rank fail at plan time
   const std::vector<std::int32_t> cu = {0, 64};
   const attention_arguments a{8, 8, comm.rank() == last ? 96 : 64, 0.0f};
   const std::string expected =
-      comm.rank() == last ? "ringattn: head_dim 96 is not supported (supported: 64, 128, 256)"
+      comm.rank() == last ? "ringattn: head_dim 96 is not supported (supported: 64, 128, 192, 256)"
                           : "ringattn: rank " + std::to_string(last) +
                                 " rejected its arguments (its own error says why)";
   CHECK_THROWS_WITH_AS((ring_attention<round_robin, mpi_communicator, full>(comm, a, cu)),

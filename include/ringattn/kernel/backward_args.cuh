@@ -29,12 +29,13 @@ namespace ringattn {
 struct gradient_state {
   float* dq = nullptr; //!< [q_tokens, q_heads, head_dim]
   float* dk = nullptr; //!< [kv_tokens, kv_heads, head_dim]
-  float* dv = nullptr; //!< [kv_tokens, kv_heads, head_dim]
+  float* dv = nullptr; //!< [kv_tokens, kv_heads, head_dim_v]
 };
 
-//! One block-backward call: `q`, `dout` (`[q_tokens, q_heads, head_dim]`), the forward's `lse`
-//! and `delta` (`[q_heads, q_tokens]`, fp32, natural log for lse) against the K/V block `k`, `v`
-//! (`[kv_tokens, kv_heads, head_dim]`), accumulated into `grad`.
+//! One block-backward call: `q` (`[q_tokens, q_heads, head_dim]`), `dout` (`[q_tokens, q_heads,
+//! head_dim_v]`), the forward's `lse` and `delta` (`[q_heads, q_tokens]`, fp32, natural log for
+//! lse) against the K/V block `k` (`[kv_tokens, kv_heads, head_dim]`), `v` (`[kv_tokens, kv_heads,
+//! head_dim_v]`), accumulated into `grad`.
 template <element T>
 struct block_backward_args {
   thd_view<const T> q;
@@ -65,10 +66,10 @@ validation validate_block_backward_tensors(const block_backward_args<T>& a) {
             a.q.heads, "/", a.dout.heads, " heads but q_heads is ", a.args.q_heads);
   r.require(a.k.heads == a.args.kv_heads && a.v.heads == a.args.kv_heads, "k/v have ", a.k.heads,
             "/", a.v.heads, " heads but kv_heads is ", a.args.kv_heads);
-  r.require(a.q.head_dim == a.args.head_dim && a.k.head_dim == a.args.head_dim &&
-                a.v.head_dim == a.args.head_dim && a.dout.head_dim == a.args.head_dim,
-            "q/k/v/dout head_dim ", a.q.head_dim, "/", a.k.head_dim, "/", a.v.head_dim, "/",
-            a.dout.head_dim, " differ from head_dim ", a.args.head_dim);
+  r.require(a.q.head_dim == a.args.qk_dim() && a.k.head_dim == a.args.qk_dim(), "q/k head_dim ",
+            a.q.head_dim, "/", a.k.head_dim, " differ from head_dim ", a.args.qk_dim());
+  r.require(a.v.head_dim == a.args.v_dim() && a.dout.head_dim == a.args.v_dim(), "v/dout are ",
+            a.v.head_dim, "/", a.dout.head_dim, " wide but head_dim_v is ", a.args.v_dim());
   r.require(a.k.tokens == a.v.tokens, "k has ", a.k.tokens, " tokens but v has ", a.v.tokens);
   r.require(a.dout.tokens == a.q.tokens, "dout has ", a.dout.tokens, " tokens but q has ",
             a.q.tokens);

@@ -34,7 +34,7 @@ class device_decode_schedule {
 public:
   //! Whether the split kernel takes `groups` (see the file notes) at `args`' shapes.
   static bool takes(std::span<const block_group> groups, const attention_arguments& args) {
-    if (args.head_dim != 64 && args.head_dim != 128) return false;
+    if ((args.head_dim != 64 && args.head_dim != 128) || args.separate_widths()) return false;
     const int group_size = args.q_heads / args.kv_heads;
     for (const block_group& g : groups) {
       if (g.count != 1 || g.q_count * group_size > decode_max_rows) return false;
@@ -52,7 +52,7 @@ public:
         kv_heads_(args.kv_heads) {
     validation v = validate_groups(groups, q_tokens, kv_tokens);
     v.require(takes(groups, args), "the split-K/V block forward takes full blocks of at most ",
-              decode_max_rows, " query rows per kv head and head_dim 64 or 128");
+              decode_max_rows, " query rows per kv head and head_dim 64 or 128 with v as wide");
     v.throw_if_invalid();
     int device = 0, sms = 1;
     RINGATTN_CUDA_CHECK(cudaGetDevice(&device));

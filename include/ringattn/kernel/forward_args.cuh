@@ -15,7 +15,8 @@
 namespace ringattn {
 
 //! One block-forward call: `q` (this rank's Q shard, `[q_tokens, q_heads, head_dim]`) against the
-//! K/V block `k`, `v` (`[kv_tokens, kv_heads, head_dim]`), merged into `state`.
+//! K/V block `k` (`[kv_tokens, kv_heads, head_dim]`), `v` (`[kv_tokens, kv_heads, head_dim_v]`),
+//! merged into `state` (`head_dim_v` wide).
 template <element T>
 struct block_forward_args {
   thd_view<const T> q;
@@ -41,15 +42,15 @@ validation validate_block_forward_tensors(const block_forward_args<T>& a) {
             a.args.q_heads);
   r.require(a.k.heads == a.args.kv_heads && a.v.heads == a.args.kv_heads, "k/v have ", a.k.heads,
             "/", a.v.heads, " heads but kv_heads is ", a.args.kv_heads);
-  r.require(a.q.head_dim == a.args.head_dim && a.k.head_dim == a.args.head_dim &&
-                a.v.head_dim == a.args.head_dim,
-            "q/k/v head_dim ", a.q.head_dim, "/", a.k.head_dim, "/", a.v.head_dim,
-            " differ from head_dim ", a.args.head_dim);
+  r.require(a.q.head_dim == a.args.qk_dim() && a.k.head_dim == a.args.qk_dim(), "q/k head_dim ",
+            a.q.head_dim, "/", a.k.head_dim, " differ from head_dim ", a.args.qk_dim());
+  r.require(a.v.head_dim == a.args.v_dim(), "v is ", a.v.head_dim, " wide but head_dim_v is ",
+            a.args.v_dim());
   r.require(a.k.tokens == a.v.tokens, "k has ", a.k.tokens, " tokens but v has ", a.v.tokens);
   r.require(a.state.tokens == a.q.tokens && a.state.q_heads == a.args.q_heads &&
-                a.state.head_dim == a.args.head_dim,
+                a.state.head_dim == a.args.v_dim(),
             "the state is [", a.state.tokens, ", ", a.state.q_heads, ", ", a.state.head_dim,
-            "] but q is [", a.q.tokens, ", ", a.args.q_heads, ", ", a.args.head_dim, "]");
+            "] but the output is [", a.q.tokens, ", ", a.args.q_heads, ", ", a.args.v_dim(), "]");
   r.require(a.q.tokens == 0 ||
                 (a.state.o != nullptr && a.state.lse != nullptr && a.state.sum != nullptr),
             "the state's o, lse or sum is a null pointer");

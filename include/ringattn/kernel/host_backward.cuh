@@ -47,8 +47,8 @@ template <element T>
 void host_block_backward_rows(const block_backward_args<T>& a,
                               std::span<const block_group> groups) {
   const double scale = a.args.scale();
-  const int group_size = a.args.group_size(), d = a.args.head_dim, qh = a.args.q_heads,
-            kvh_count = a.args.kv_heads;
+  const int group_size = a.args.group_size(), d = a.args.qk_dim(), dv_dim = a.args.v_dim(),
+            qh = a.args.q_heads, kvh_count = a.args.kv_heads;
   const std::int64_t nq = a.q.tokens;
   std::array<double, max_head_dim> dq, qrow, dorow;
   for (const block_group& g : groups)
@@ -59,10 +59,10 @@ void host_block_backward_rows(const block_backward_args<T>& a,
         if (lse == -std::numeric_limits<double>::infinity()) continue;
         const double dsum = a.delta[h * nq + row];
         const int kvh = h / group_size;
-        for (int e = 0; e < d; ++e) {
+        for (int e = 0; e < d; ++e)
           qrow[static_cast<std::size_t>(e)] = to_float(a.q(row, h, e));
+        for (int e = 0; e < dv_dim; ++e)
           dorow[static_cast<std::size_t>(e)] = to_float(a.dout(row, h, e));
-        }
         std::fill(dq.begin(), dq.begin() + d, 0.0);
         for (int b = 0; b < g.count; ++b) {
           const kv_block& kb = g.kv[b];
@@ -70,19 +70,20 @@ void host_block_backward_rows(const block_backward_args<T>& a,
           for (std::int64_t j = c.begin; j < c.end; ++j) {
             const std::int64_t col = kb.kv_begin + j;
             double dot = 0.0, dp = 0.0;
-            for (int e = 0; e < d; ++e) {
+            for (int e = 0; e < d; ++e)
               dot += qrow[static_cast<std::size_t>(e)] * to_float(a.k(col, kvh, e));
+            for (int e = 0; e < dv_dim; ++e)
               dp += dorow[static_cast<std::size_t>(e)] * to_float(a.v(col, kvh, e));
-            }
             const double p = std::exp(dot * scale - lse);
             const double ds = p * (dp - dsum) * scale;
             float* dk = a.grad.dk + (col * kvh_count + kvh) * d;
-            float* dv = a.grad.dv + (col * kvh_count + kvh) * d;
+            float* dv = a.grad.dv + (col * kvh_count + kvh) * dv_dim;
             for (int e = 0; e < d; ++e) {
               dq[static_cast<std::size_t>(e)] += ds * to_float(a.k(col, kvh, e));
               dk[e] += static_cast<float>(ds * qrow[static_cast<std::size_t>(e)]);
-              dv[e] += static_cast<float>(p * dorow[static_cast<std::size_t>(e)]);
             }
+            for (int e = 0; e < dv_dim; ++e)
+              dv[e] += static_cast<float>(p * dorow[static_cast<std::size_t>(e)]);
           }
         }
         float* dqs = a.grad.dq + (row * qh + h) * d;

@@ -34,7 +34,7 @@ namespace detail {
 template <element T>
 void host_block_forward_rows(const block_forward_args<T>& a, std::span<const block_group> groups) {
   const double scale = a.args.scale();
-  const int group_size = a.args.group_size(), d = a.args.head_dim;
+  const int group_size = a.args.group_size(), d = a.args.qk_dim(), dv = a.args.v_dim();
   std::array<double, max_head_dim> o;
   for (const block_group& g : groups)
     for (std::int64_t i = 0; i < g.q_count; ++i) {
@@ -42,7 +42,7 @@ void host_block_forward_rows(const block_forward_args<T>& a, std::span<const blo
       for (int h = 0; h < a.args.q_heads; ++h) {
         const int kvh = h / group_size;
         double m = -std::numeric_limits<double>::infinity(), sum = 0.0;
-        std::fill(o.begin(), o.begin() + d, 0.0);
+        std::fill(o.begin(), o.begin() + dv, 0.0);
         for (int b = 0; b < g.count; ++b) {
           const kv_block& kb = g.kv[b];
           const index_range c = kb.mask.columns(i, i + 1, kb.kv_count);
@@ -55,13 +55,13 @@ void host_block_forward_rows(const block_forward_args<T>& a, std::span<const blo
             if (x > m) { // a new maximum: rescale what was summed so far
               const double s = std::exp(m - x);
               sum *= s;
-              for (int e = 0; e < d; ++e)
+              for (int e = 0; e < dv; ++e)
                 o[static_cast<std::size_t>(e)] *= s;
               m = x;
             }
             const double p = std::exp(x - m);
             sum += p;
-            for (int e = 0; e < d; ++e)
+            for (int e = 0; e < dv; ++e)
               o[static_cast<std::size_t>(e)] += p * to_float(a.v(col, kvh, e));
           }
         }
@@ -74,7 +74,7 @@ void host_block_forward_rows(const block_forward_args<T>& a, std::span<const blo
         const row_merge w =
             ref == inf && lse_b == inf ? row_merge{1.0f, 1.0f, inf, false} : merge_into(ref, lse_b);
         float* os = a.state.o_row(row, h);
-        for (int e = 0; e < d; ++e)
+        for (int e = 0; e < dv; ++e)
           os[e] =
               os[e] * w.old + static_cast<float>(o[static_cast<std::size_t>(e)] / sum) * w.block;
         float& row_sum = a.state.sum_at(row, h);

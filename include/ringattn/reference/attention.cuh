@@ -67,7 +67,7 @@ tensor to_tensor(thd_view<const T> v) {
 
 //! Output of the forward oracle.
 struct forward_result {
-  tensor out;              //!< [tokens, q_heads, head_dim]
+  tensor out;              //!< [tokens, q_heads, head_dim_v]
   std::vector<double> lse; //!< [q_heads, tokens], natural log; -inf for rows that see no key
   double lse_at(std::int32_t h, std::int64_t t) const {
     return lse[static_cast<std::size_t>(h * out.tokens + t)];
@@ -78,7 +78,7 @@ struct forward_result {
 struct backward_result {
   tensor dq; //!< [tokens, q_heads, head_dim]
   tensor dk; //!< [tokens, kv_heads, head_dim]
-  tensor dv; //!< [tokens, kv_heads, head_dim]
+  tensor dv; //!< [tokens, kv_heads, head_dim_v]
 };
 
 namespace detail {
@@ -91,8 +91,9 @@ inline validation validate_problem(const tensor& q, const tensor& k, const tenso
   r.require(q.heads == args.q_heads, "q has ", q.heads, " heads, arguments say ", args.q_heads);
   r.require(k.heads == args.kv_heads && v.heads == args.kv_heads, "k/v have ", k.heads, "/",
             v.heads, " heads, arguments say ", args.kv_heads);
-  r.require(q.dim == args.head_dim && k.dim == args.head_dim && v.dim == args.head_dim,
-            "q/k/v head_dim ", q.dim, "/", k.dim, "/", v.dim, " differ from ", args.head_dim);
+  r.require(q.dim == args.qk_dim() && k.dim == args.qk_dim(), "q/k head_dim ", q.dim, "/", k.dim,
+            " differ from ", args.qk_dim());
+  r.require(v.dim == args.v_dim(), "v is ", v.dim, " wide, arguments say ", args.v_dim());
   r.require(q.tokens == k.tokens && q.tokens == v.tokens, "q/k/v token counts differ: ", q.tokens,
             "/", k.tokens, "/", v.tokens);
   r.require(validate_cu_seqlens(cu_seqlens, q.tokens));
@@ -121,7 +122,7 @@ inline double scores(const tensor& q, const tensor& k, std::int64_t t, std::int3
   return m;
 }
 
-// One query row (t, h) of sequence [begin, end): writes o[0, dim) and returns the natural-log
+// One query row (t, h) of sequence [begin, end): writes o[0, v.dim) and returns the natural-log
 // LSE (-inf, with o left at 0, when the window admits no key).
 inline double forward_row(const tensor& q, const tensor& k, const tensor& v, std::int64_t t,
                           std::int32_t h, std::int32_t kvh, std::int64_t begin, std::int64_t end,
@@ -135,10 +136,10 @@ inline double forward_row(const tensor& q, const tensor& k, const tensor& v, std
     if (p == 0.0) continue;
     sum += p;
     const double* vr = v.row(j, kvh);
-    for (std::int32_t d = 0; d < q.dim; ++d)
+    for (std::int32_t d = 0; d < v.dim; ++d)
       o[d] += p * vr[d];
   }
-  for (std::int32_t d = 0; d < q.dim; ++d)
+  for (std::int32_t d = 0; d < v.dim; ++d)
     o[d] /= sum;
   return m + std::log(sum);
 }
@@ -155,7 +156,7 @@ inline forward_result attention_forward(const tensor& q, const tensor& k, const 
   const double inf = std::numeric_limits<double>::infinity();
   const double scale = args.scale();
   const std::int32_t group = args.q_heads / args.kv_heads;
-  forward_result r{tensor(q.tokens, q.heads, q.dim),
+  forward_result r{tensor(q.tokens, q.heads, v.dim),
                    std::vector<double>(static_cast<std::size_t>(q.heads * q.tokens), -inf)};
   std::vector<double> s;
   for (std::size_t b = 0; b + 1 < cu_seqlens.size(); ++b) {
@@ -169,7 +170,7 @@ inline forward_result attention_forward(const tensor& q, const tensor& k, const 
 }
 
 //! The oracle for selected rows only: `rows[i]` is a token index of the packed batch; returns
-//! out `[rows.size(), q_heads, head_dim]` and lse `[q_heads, rows.size()]`. For checking samples
+//! out `[rows.size(), q_heads, head_dim_v]` and lse `[q_heads, rows.size()]`. For checking samples
 //! of long sequences, where the whole oracle would take too long.
 inline forward_result attention_forward_rows(const tensor& q, const tensor& k, const tensor& v,
                                              std::span<const std::int32_t> cu_seqlens,
@@ -181,7 +182,7 @@ inline forward_result attention_forward_rows(const tensor& q, const tensor& k, c
   const double scale = args.scale();
   const std::int32_t group = args.q_heads / args.kv_heads;
   const auto n = static_cast<std::int64_t>(rows.size());
-  forward_result r{tensor(n, q.heads, q.dim),
+  forward_result r{tensor(n, q.heads, v.dim),
                    std::vector<double>(static_cast<std::size_t>(q.heads * n), -inf)};
   std::vector<double> s;
   for (std::int64_t i = 0; i < n; ++i) {
@@ -206,8 +207,8 @@ inline backward_result attention_backward(const tensor& q, const tensor& k, cons
                                           const position_window& mask) {
   detail::validate_problem(q, k, v, cu_seqlens, args).throw_if_invalid();
   validation shape = validation::ok();
-  shape.require(dout.tokens == q.tokens && dout.heads == q.heads && dout.dim == q.dim,
-                "dout must have the shape of q");
+  shape.require(dout.tokens == q.tokens && dout.heads == q.heads && dout.dim == v.dim,
+                "dout must have the shape of the output: q's tokens and heads, v's width");
   shape.throw_if_invalid();
   const double inf = std::numeric_limits<double>::infinity();
   const double scale = args.scale();
@@ -236,7 +237,7 @@ inline backward_result attention_backward(const tensor& q, const tensor& k, cons
           if (s[jj] == 0.0) continue;
           const double* vr = v.row(j, kvh);
           double x = 0.0;
-          for (std::int32_t d = 0; d < q.dim; ++d)
+          for (std::int32_t d = 0; d < v.dim; ++d)
             x += dor[d] * vr[d];
           dp[jj] = x;
           dsum += s[jj] * x;
@@ -254,8 +255,9 @@ inline backward_result attention_backward(const tensor& q, const tensor& k, cons
           for (std::int32_t d = 0; d < q.dim; ++d) {
             dq[d] += ds * kr[d];
             dk[d] += ds * qr[d];
-            dv[d] += p * dor[d];
           }
+          for (std::int32_t d = 0; d < v.dim; ++d)
+            dv[d] += p * dor[d];
         }
       }
   }

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace ringattn::detail {
@@ -29,9 +30,11 @@ struct ring_fingerprint {
   std::uint64_t schedule_hash;
   std::int32_t ranks, batch, q_heads, kv_heads, head_dim, mask;
   std::uint32_t scale_bits;
-  std::int32_t padding = 0;
+  std::int32_t head_dim_v;
   std::int64_t window_left, window_right;
 };
+static_assert(std::has_unique_object_representations_v<ring_fingerprint>,
+              "the fingerprint's bytes are hashed: no padding");
 
 inline std::uint64_t fnv1a(const void* p, std::size_t n, std::uint64_t h = 1469598103934665603ull) {
   const auto* b = static_cast<const unsigned char*>(p);
@@ -63,7 +66,8 @@ agreed_plan(Communicator& comm, const attention_arguments& args, std::span<const
     mine.batch = static_cast<std::int32_t>(cu.size()) - 1;
     mine.q_heads = args.q_heads;
     mine.kv_heads = args.kv_heads;
-    mine.head_dim = args.head_dim;
+    mine.head_dim = args.qk_dim();
+    mine.head_dim_v = args.v_dim();
     mine.mask = static_cast<std::int32_t>(mask);
     mine.scale_bits = std::bit_cast<std::uint32_t>(static_cast<float>(args.scale()));
     mine.window_left = args.window_left;
@@ -86,6 +90,7 @@ agreed_plan(Communicator& comm, const attention_arguments& args, std::span<const
     differ(x.q_heads == ref.q_heads, "q_heads", x.q_heads, ref.q_heads);
     differ(x.kv_heads == ref.kv_heads, "kv_heads", x.kv_heads, ref.kv_heads);
     differ(x.head_dim == ref.head_dim, "head_dim", x.head_dim, ref.head_dim);
+    differ(x.head_dim_v == ref.head_dim_v, "head_dim_v", x.head_dim_v, ref.head_dim_v);
     differ(x.scale_bits == ref.scale_bits, "the softmax scale", std::bit_cast<float>(x.scale_bits),
            std::bit_cast<float>(ref.scale_bits));
     differ(x.mask == ref.mask, "the mask", to_string(static_cast<mask_kind>(x.mask)),

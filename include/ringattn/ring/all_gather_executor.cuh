@@ -76,8 +76,7 @@ void host_all_gather_backward(Communicator& comm, const ring_schedule& s,
                               thd_view<T> dk, thd_view<T> dv, std::span<std::byte> workspace) {
   const ring_workspace ws = all_gather_workspace(s, args, sizeof(T));
   const std::int64_t n = s.q_tokens();
-  const int p = s.ranks(), steps = s.step_count(), kvh = args.kv_heads, d = args.head_dim,
-            qh = args.q_heads;
+  const int p = s.ranks(), steps = s.step_count(), d = args.qk_dim(), qh = args.q_heads;
   std::byte* base = workspace.data();
   float* dq_acc = ws.dq(base);
   float* delta = ws.delta(base);
@@ -92,7 +91,7 @@ void host_all_gather_backward(Communicator& comm, const ring_schedule& s,
   for (const ring_step& step : s.steps()) {
     nvtx_range range("backward block", step.index, s.rank());
     const auto b = ws.grad_slot_views<T>(base, step.index, step.kv_tokens);
-    std::fill(b.dk, b.dk + 2 * ws.kv_elements(step.kv_tokens), 0.0f); // dk, then dv
+    std::fill(b.dk, b.dk + ws.kv_elements(step.kv_tokens), 0.0f); // dk, then dv
     if (!step.groups.empty())
       BlockKernel::host_backward(block_backward_args<T>{q,
                                                         thd_view<const T>(b.k),
@@ -106,7 +105,7 @@ void host_all_gather_backward(Communicator& comm, const ring_schedule& s,
   }
   // Every block's share goes home; this rank's own block collects the shares of rank + 1, + 2...
   float* received = ws.share(base);
-  const std::size_t elements = 2 * ws.kv_elements(n);
+  const std::size_t elements = ws.kv_elements(n);
   for (int t = 1; t < steps; ++t) {
     const ring_step& step = s.step(t);
     comm.exchange(ws.grad_slot_views<T>(base, t, step.kv_tokens).dk, ws.grad_bytes(step.kv_tokens),
@@ -114,7 +113,7 @@ void host_all_gather_backward(Communicator& comm, const ring_schedule& s,
     for (std::size_t i = 0; i < elements; ++i)
       own.dk[i] += received[i];
   }
-  write_host_gradients(dq_acc, own.dk, own.dk + n * kvh * d, dq, dk, dv);
+  write_host_gradients(dq_acc, own.dk, own.dv, dq, dk, dv);
 }
 
 #if defined(__CUDACC__)
@@ -188,7 +187,7 @@ void device_all_gather_backward(Communicator& comm, const ring_schedule& s,
   }
   const ring_workspace ws = all_gather_workspace(s, args, sizeof(T));
   const std::int64_t n = s.q_tokens();
-  const int steps = s.step_count(), kvh = args.kv_heads, dim = args.head_dim, qh = args.q_heads;
+  const int steps = s.step_count(), dim = args.qk_dim(), qh = args.q_heads;
   std::byte* scratch = workspace + ring_workspace::align(ws.device_backward_bytes());
   float* dq_acc = ws.dq(workspace);
   float* delta = ws.delta(workspace);
@@ -243,11 +242,11 @@ void device_all_gather_backward(Communicator& comm, const ring_schedule& s,
   RINGATTN_CUDA_CHECK(cudaEventRecord(d.comm_end, d.comm));
   RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream, d.comm_end, 0));
   for (int t = 1; t < steps; ++t)
-    accumulate(own.dk, ws.share(workspace, t - 1), 2 * static_cast<std::int64_t>(ws.kv_elements(n)),
+    accumulate(own.dk, ws.share(workspace, t - 1), static_cast<std::int64_t>(ws.kv_elements(n)),
                stream);
   write_gradient<T>(dq_acc, dq, stream);
   write_gradient<T>(own.dk, dk, stream);
-  write_gradient<T>(own.dk + n * kvh * dim, dv, stream);
+  write_gradient<T>(own.dv, dv, stream);
 }
 #endif // __CUDACC__
 

@@ -190,7 +190,7 @@ void device_ring_backward(Communicator& comm, const ring_schedule& s,
   const ring_workspace ws(s.q_tokens(), s.max_kv_tokens(), args, sizeof(T));
   const int p = s.ranks();
   const std::int64_t n = s.q_tokens();
-  const int kvh = args.kv_heads, dim = args.head_dim, qh = args.q_heads;
+  const int dim = args.qk_dim(), qh = args.q_heads;
   std::byte* scratch = workspace + ring_workspace::align(ws.device_backward_bytes());
   if constexpr (whole_block_backward_for<BlockKernel, cudaStream_t>) {
     // One block: a model that can write dq, dk and dv directly does (no D, no fp32 sums).
@@ -239,14 +239,14 @@ void device_ring_backward(Communicator& comm, const ring_schedule& s,
                                  lse,
                                  delta,
                                  args,
-                                 {dq_acc, share, share + ws.kv_elements(nk)},
+                                 {dq_acc, share, share + ws.k_elements(nk)},
                                  out,
                                  scratch},
           d.backward[static_cast<std::size_t>(t)], stream);
     RINGATTN_CUDA_CHECK(cudaEventRecord(d.compute_done[t % 2], stream));
     if (t > 0) {
       RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream, d.grads_recv[t % 2], 0));
-      accumulate(b.dk, local, 2 * static_cast<std::int64_t>(ws.kv_elements(nk)), stream);
+      accumulate(b.dk, local, static_cast<std::int64_t>(ws.kv_elements(nk)), stream);
     }
     RINGATTN_CUDA_CHECK(cudaEventRecord(d.grads_ready[t % 2], stream));
     if (next) {
@@ -274,7 +274,7 @@ void device_ring_backward(Communicator& comm, const ring_schedule& s,
   }
   write_gradient<T>(dq_acc, dq, stream);
   write_gradient<T>(own_dk, dk, stream);
-  write_gradient<T>(own_dk + n * kvh * dim, dv, stream);
+  write_gradient<T>(own_dk + ws.k_elements(n), dv, stream);
   RINGATTN_CUDA_CHECK(cudaEventRecord(d.comm_end, d.comm));
   RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream, d.comm_end, 0));
 }

@@ -25,24 +25,25 @@ void copy_own_block_host(thd_view<const T> k, thd_view<const T> v, const Block& 
   for (std::int64_t t = 0; t < k.tokens; ++t)
     for (int h = 0; h < k.heads; ++h) {
       std::memcpy(own.k.row(t, h), k.row(t, h), sizeof(T) * k.head_dim);
-      std::memcpy(own.v.row(t, h), v.row(t, h), sizeof(T) * k.head_dim);
+      std::memcpy(own.v.row(t, h), v.row(t, h), sizeof(T) * v.head_dim);
     }
 }
 
-//! A rank's fp32 gradient sums (dense `[tokens, heads, head_dim]`) into its dq, dk and dv.
+//! A rank's fp32 gradient sums (dense `[tokens, heads, width]`) into its dq, dk and dv.
 template <element T>
 void write_host_gradients(const float* dq_acc, const float* dk_acc, const float* dv_acc,
                           thd_view<T> dq, thd_view<T> dk, thd_view<T> dv) {
-  const int qh = dq.heads, kvh = dk.heads, d = dq.head_dim;
+  const int qh = dq.heads, kvh = dk.heads, d = dq.head_dim, dvw = dv.head_dim;
   for (std::int64_t t = 0; t < dq.tokens; ++t) {
     for (int h = 0; h < qh; ++h)
       for (int e = 0; e < d; ++e)
         dq(t, h, e) = from_float<T>(dq_acc[(t * qh + h) * d + e]);
-    for (int h = 0; h < kvh; ++h)
-      for (int e = 0; e < d; ++e) {
+    for (int h = 0; h < kvh; ++h) {
+      for (int e = 0; e < d; ++e)
         dk(t, h, e) = from_float<T>(dk_acc[(t * kvh + h) * d + e]);
-        dv(t, h, e) = from_float<T>(dv_acc[(t * kvh + h) * d + e]);
-      }
+      for (int e = 0; e < dvw; ++e)
+        dv(t, h, e) = from_float<T>(dv_acc[(t * kvh + h) * dvw + e]);
+    }
   }
 }
 
@@ -81,7 +82,7 @@ void host_ring_backward(Communicator& comm, const ring_schedule& s, const attent
                         std::span<std::byte> workspace) {
   const ring_workspace ws(s.q_tokens(), s.max_kv_tokens(), args, sizeof(T));
   const std::int64_t n = s.q_tokens();
-  const int steps = s.step_count(), kvh = args.kv_heads, d = args.head_dim, qh = args.q_heads;
+  const int steps = s.step_count(), d = args.qk_dim(), qh = args.q_heads;
   std::byte* base = workspace.data();
   float* dq_acc = ws.dq(base);
   float* delta = ws.delta(base);
@@ -90,7 +91,7 @@ void host_ring_backward(Communicator& comm, const ring_schedule& s, const attent
   {
     const auto own = ws.grad_slot_views<T>(base, 0, n);
     copy_own_block_host(k, v, own);
-    std::fill(own.dk, own.dk + 2 * n * kvh * d, 0.0f); // dk, then dv
+    std::fill(own.dk, own.dk + ws.kv_elements(n), 0.0f); // dk, then dv
   }
   for (const ring_step& step : s.steps()) {
     nvtx_range range("backward step", step.index, s.rank());
@@ -123,7 +124,7 @@ void host_ring_backward(Communicator& comm, const ring_schedule& s, const attent
                   s.holder_of_own(), steps);
     own_dk = home;
   }
-  write_host_gradients(dq_acc, own_dk, own_dk + n * kvh * d, dq, dk, dv);
+  write_host_gradients(dq_acc, own_dk, own_dk + ws.k_elements(n), dq, dk, dv);
 }
 
 } // namespace ringattn::detail

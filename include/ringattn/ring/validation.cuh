@@ -64,10 +64,10 @@ public:
         .require(validate_view(dv, "dv"));
     if (!r) return r;
     shards(r, q, k, v, out, lse);
-    shard(r, dout, "dout", args_.q_heads);
-    shard(r, dq, "dq", args_.q_heads);
-    shard(r, dk, "dk", args_.kv_heads);
-    shard(r, dv, "dv", args_.kv_heads);
+    shard(r, dout, "dout", args_.q_heads, args_.v_dim());
+    shard(r, dq, "dq", args_.q_heads, args_.qk_dim());
+    shard(r, dk, "dk", args_.kv_heads, args_.qk_dim());
+    shard(r, dv, "dv", args_.kv_heads, args_.v_dim());
     require_workspace(r, workspace, need);
     if (r) device(r);
     if (!r) return r;
@@ -214,20 +214,20 @@ private:
     r.require(validate_view(out, "out"));
     return r;
   }
-  // A view of this rank's shard: [local tokens, heads, head_dim].
+  // A view of this rank's shard: [local tokens, heads, width].
   template <class View>
-  void shard(validation& r, const View& x, const char* name, int heads) const {
-    r.require(x.tokens == n_ && x.heads == heads && x.head_dim == args_.head_dim, name, " is [",
-              x.tokens, ", ", x.heads, ", ", x.head_dim, "] but rank ", rank_, "'s shard is [", n_,
-              ", ", heads, ", ", args_.head_dim, "]");
+  void shard(validation& r, const View& x, const char* name, int heads, int width) const {
+    r.require(x.tokens == n_ && x.heads == heads && x.head_dim == width, name, " is [", x.tokens,
+              ", ", x.heads, ", ", x.head_dim, "] but rank ", rank_, "'s shard is [", n_, ", ",
+              heads, ", ", width, "]");
   }
   template <element T>
   void shards(validation& r, thd_view<const T> q, thd_view<const T> k, thd_view<const T> v,
               thd_view<const T> out, const float* lse) const {
-    shard(r, q, "q", args_.q_heads);
-    shard(r, k, "k", args_.kv_heads);
-    shard(r, v, "v", args_.kv_heads);
-    shard(r, out, "out", args_.q_heads);
+    shard(r, q, "q", args_.q_heads, args_.qk_dim());
+    shard(r, k, "k", args_.kv_heads, args_.qk_dim());
+    shard(r, v, "v", args_.kv_heads, args_.v_dim());
+    shard(r, out, "out", args_.q_heads, args_.v_dim());
     r.require(n_ == 0 || lse != nullptr, "lse is a null pointer");
   }
   // A workspace of at least `need` bytes, 16-byte aligned.

@@ -6,8 +6,9 @@
 //! Backward (host):             [ grad slot 0 | ... | grad slot S-1 | dQ (fp32) | D ]
 //! Backward (device):           the host layout, then `shares` fp32 dK/dV of the largest block
 //!
-//! A K/V slot holds a block's k then v (`[tokens, kv_heads, head_dim]` in T, dense: what
-//! travels); a grad slot the same followed by the block's fp32 dk, dv. The schedule decides the
+//! A K/V slot holds a block's k (`[tokens, kv_heads, head_dim]` in T, dense: what travels) then
+//! its v (`head_dim_v` wide); a grad slot the same followed by the block's fp32 dk, dv (their
+//! widths). The state's o and dQ take the widths of the output and of q. The schedule decides the
 //! counts: the ring keeps two slots (the block in use and the one arriving) and one share, the
 //! all-gather a slot for every rank's block and a share for every block it receives dK/dV of.
 //! Slots are sized for the largest block; every region starts 256-byte aligned. The state's lse
@@ -39,20 +40,27 @@ public:
   ring_workspace(std::int64_t q_tokens, std::int64_t max_kv_tokens, const attention_arguments& args,
                  std::size_t element_bytes, int slots = 2, int shares = 1)
       : n_(q_tokens), max_kv_(max_kv_tokens), qh_(args.q_heads), kvh_(args.kv_heads),
-        d_(args.head_dim), slots_(slots), shares_(shares), elem_(element_bytes) {}
+        dk_(args.qk_dim()), dv_(args.v_dim()), slots_(slots), shares_(shares),
+        elem_(element_bytes) {}
 
   static constexpr std::size_t align(std::size_t n) { return (n + 255) / 256 * 256; }
 
-  //! Elements of k (or v) of a block of `tokens` rows.
+  //! Elements of k (dk) of a block of `tokens` rows.
+  std::size_t k_elements(std::int64_t tokens) const {
+    return static_cast<std::size_t>(tokens) * kvh_ * dk_;
+  }
+  //! Elements of v (dv) of a block of `tokens` rows.
+  std::size_t v_elements(std::int64_t tokens) const {
+    return static_cast<std::size_t>(tokens) * kvh_ * dv_;
+  }
+  //! Elements of k and v together (of dk and dv together) of a block of `tokens` rows.
   std::size_t kv_elements(std::int64_t tokens) const {
-    return static_cast<std::size_t>(tokens) * kvh_ * d_;
+    return k_elements(tokens) + v_elements(tokens);
   }
   //! Bytes a K/V block of `tokens` rows occupies on the wire: k and v in T.
-  std::size_t block_bytes(std::int64_t tokens) const { return 2 * kv_elements(tokens) * elem_; }
+  std::size_t block_bytes(std::int64_t tokens) const { return kv_elements(tokens) * elem_; }
   //! Bytes of a block's fp32 dK and dV.
-  std::size_t grad_bytes(std::int64_t tokens) const {
-    return 2 * kv_elements(tokens) * sizeof(float);
-  }
+  std::size_t grad_bytes(std::int64_t tokens) const { return kv_elements(tokens) * sizeof(float); }
   //! The largest message a forward (or a backward: a block with its dK/dV) sends.
   std::size_t largest_message(bool backward) const {
     return block_bytes(max_kv_) + (backward ? grad_bytes(max_kv_) : 0);
@@ -61,7 +69,7 @@ public:
   // ---- forward
   std::size_t kv_slot() const { return align(block_bytes(max_kv_)); }
   std::size_t state_o_bytes() const {
-    return align(static_cast<std::size_t>(n_) * qh_ * d_ * sizeof(float));
+    return align(static_cast<std::size_t>(n_) * qh_ * dv_ * sizeof(float));
   }
   std::size_t forward_bytes() const {
     return slots() * kv_slot() + state_o_bytes() +
@@ -70,8 +78,8 @@ public:
   template <class T>
   kv_block_views<T> kv_slot_views(std::byte* base, int slot, std::int64_t tokens) const {
     T* k = reinterpret_cast<T*>(base + static_cast<std::size_t>(slot) * kv_slot());
-    const auto e = static_cast<std::int64_t>(kv_elements(tokens));
-    return {thd_view<T>(k, tokens, kvh_, d_), thd_view<T>(k + e, tokens, kvh_, d_)};
+    const auto e = static_cast<std::int64_t>(k_elements(tokens));
+    return {thd_view<T>(k, tokens, kvh_, dk_), thd_view<T>(k + e, tokens, kvh_, dv_)};
   }
   //! The fp32 state in the workspace (o, then the weight sums) with the caller's lse.
   attention_state state(std::byte* base, float* lse) const {
@@ -81,13 +89,13 @@ public:
             reinterpret_cast<float*>(o + state_o_bytes()),
             n_,
             qh_,
-            d_};
+            dv_};
   }
 
   // ---- backward
   std::size_t grad_slot() const { return align(block_bytes(max_kv_) + grad_bytes(max_kv_)); }
   std::size_t dq_bytes() const {
-    return align(static_cast<std::size_t>(n_) * qh_ * d_ * sizeof(float));
+    return align(static_cast<std::size_t>(n_) * qh_ * dk_ * sizeof(float));
   }
   std::size_t host_backward_bytes() const {
     return slots() * grad_slot() + dq_bytes() + static_cast<std::size_t>(n_) * qh_ * sizeof(float);
@@ -100,8 +108,8 @@ public:
     std::byte* b = base + static_cast<std::size_t>(slot) * grad_slot();
     T* kv = reinterpret_cast<T*>(b);
     float* g = reinterpret_cast<float*>(b + block_bytes(tokens));
-    const auto e = static_cast<std::int64_t>(kv_elements(tokens));
-    return {thd_view<T>(kv, tokens, kvh_, d_), thd_view<T>(kv + e, tokens, kvh_, d_), g, g + e};
+    const auto e = static_cast<std::int64_t>(k_elements(tokens));
+    return {thd_view<T>(kv, tokens, kvh_, dk_), thd_view<T>(kv + e, tokens, kvh_, dv_), g, g + e};
   }
   float* dq(std::byte* base) const {
     return reinterpret_cast<float*>(base + slots() * grad_slot());
@@ -120,7 +128,7 @@ private:
   std::size_t slots() const { return static_cast<std::size_t>(slots_); }
   std::size_t shares() const { return static_cast<std::size_t>(shares_); }
   std::int64_t n_, max_kv_;
-  int qh_, kvh_, d_, slots_, shares_;
+  int qh_, kvh_, dk_, dv_, slots_, shares_;
   std::size_t elem_;
 };
 
