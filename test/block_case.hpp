@@ -27,12 +27,12 @@ struct block_case {
     const auto n = static_cast<std::size_t>(tokens());
     q = random_buffer<T>(n * a.q_heads * a.head_dim, rng);
     k = random_buffer<T>(n * a.kv_heads * a.head_dim, rng);
-    v = random_buffer<T>(n * a.kv_heads * a.head_dim, rng);
+    v = random_buffer<T>(n * a.kv_heads * a.v_dim(), rng);
   }
   std::int64_t tokens() const { return cu.back(); }
   thd_view<const T> qv() const { return {q.data(), tokens(), args.q_heads, args.head_dim}; }
   thd_view<const T> kv() const { return {k.data(), tokens(), args.kv_heads, args.head_dim}; }
-  thd_view<const T> vv() const { return {v.data(), tokens(), args.kv_heads, args.head_dim}; }
+  thd_view<const T> vv() const { return {v.data(), tokens(), args.kv_heads, args.v_dim()}; }
 
   //! The band as the oracle's window: lo <= pk - pq <= hi.
   position_window window() const {
@@ -82,14 +82,14 @@ struct block_backward_case : block_case<T> {
                       std::mt19937_64& rng)
       : block_case<T>(std::move(cu), a, b, rng) {
     const auto n = this->tokens();
-    dout = random_buffer<T>(static_cast<std::size_t>(n * a.q_heads * a.head_dim), rng);
+    dout = random_buffer<T>(static_cast<std::size_t>(n * a.q_heads * a.v_dim()), rng);
     const auto fwd = this->oracle();
     lse.resize(static_cast<std::size_t>(n * a.q_heads));
     delta.resize(lse.size());
     for (std::int64_t t = 0; t < n; ++t)
       for (int h = 0; h < a.q_heads; ++h) {
         double s = 0.0;
-        for (int e = 0; e < a.head_dim; ++e)
+        for (int e = 0; e < a.v_dim(); ++e)
           s += to_float(doutv()(t, h, e)) * fwd.out(t, h, e);
         lse[static_cast<std::size_t>(h * n + t)] = static_cast<float>(fwd.lse_at(h, t));
         delta[static_cast<std::size_t>(h * n + t)] = static_cast<float>(s);
@@ -98,7 +98,7 @@ struct block_backward_case : block_case<T> {
                                         this->args, this->window());
   }
   thd_view<const T> doutv() const {
-    return {dout.data(), this->tokens(), this->args.q_heads, this->args.head_dim};
+    return {dout.data(), this->tokens(), this->args.q_heads, this->args.v_dim()};
   }
 };
 

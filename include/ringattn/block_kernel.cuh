@@ -103,12 +103,16 @@ struct native_kernel : host_reference<Mask> {
   static forward_schedule make_forward_schedule(std::span<const block_group> groups,
                                                 std::int64_t q_tokens, std::int64_t kv_tokens,
                                                 const attention_arguments& args) {
-    return forward_schedule(groups, q_tokens, kv_tokens, args.head_dim);
+    return forward_schedule(groups, q_tokens, kv_tokens, args);
   }
+  //! Throws `invalid_argument` for widths no backward kernel here takes (unequal widths off
+  //! sm_90a), at plan time.
   static backward_schedule make_backward_schedule(std::span<const block_group> groups,
                                                   std::int64_t q_tokens, std::int64_t kv_tokens,
-                                                  const attention_arguments&) {
-    return backward_schedule(groups, q_tokens, kv_tokens);
+                                                  const attention_arguments& args) {
+    backward_schedule s(groups, q_tokens, kv_tokens);
+    s.supports(args.qk_dim(), args.v_dim()).throw_if_invalid();
+    return s;
   }
 
   //! One launch with epilogue `e` (never `none`): `out` is the dense output of `plain` and

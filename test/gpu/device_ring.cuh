@@ -39,8 +39,8 @@ template <class Schedule, class Ring, class Plan>
 std::uint64_t expected_backward_bytes(const Ring& attn, const Plan& plan, int r, int ranks,
                                       const attention_arguments& a) {
   const auto grads = [&](int src) {
-    return 2 * sizeof(float) * static_cast<std::uint64_t>(plan.local_tokens(src)) * a.kv_heads *
-           a.head_dim;
+    return sizeof(float) * static_cast<std::uint64_t>(plan.local_tokens(src)) * a.kv_heads *
+           (a.qk_dim() + a.v_dim());
   };
   std::uint64_t want = 0;
   const int steps = attn.schedule().step_count();
@@ -75,8 +75,9 @@ device_rank_run<P, T> device_ring_rank(const sharded_case<P, T>& c, int r, Comm&
   ring_attention<P, Comm, Mask, Schedule> attn(comm, a, c.plan.cu_seqlens());
   attn.prepare_device();
   const std::int64_t n = attn.local_tokens();
+  const int dv = a.v_dim();
   device_buffer<T> q(c.qs[at]), k(c.ks[at]), v(c.vs[at]);
-  device_buffer<T> out(std::vector<T>(c.qs[at].size(), poison<T>()));
+  device_buffer<T> out(std::vector<T>(static_cast<std::size_t>(n * a.q_heads * dv), poison<T>()));
   device_buffer<float> lse(std::vector<float>(static_cast<std::size_t>(n * a.q_heads), -7.0f));
   const std::size_t bytes = attn.template device_workspace_bytes<T>();
   device_buffer<std::byte> ws(bytes);
@@ -86,9 +87,8 @@ device_rank_run<P, T> device_ring_rank(const sharded_case<P, T>& c, int r, Comm&
   auto once = [&] {
     attn.forward(thd_view<const T>(q.get(), n, a.q_heads, a.head_dim),
                  thd_view<const T>(k.get(), n, a.kv_heads, a.head_dim),
-                 thd_view<const T>(v.get(), n, a.kv_heads, a.head_dim),
-                 thd_view<T>(out.get(), n, a.q_heads, a.head_dim), lse.get(), ws.get(), bytes,
-                 stream);
+                 thd_view<const T>(v.get(), n, a.kv_heads, dv),
+                 thd_view<T>(out.get(), n, a.q_heads, dv), lse.get(), ws.get(), bytes, stream);
     if constexpr (requires { comm.wait(stream); })
       comm.wait(stream);
     else
@@ -194,9 +194,9 @@ device_backward_run<P, T> device_backward_rank(const sharded_backward_case<P, T>
   ring_attention<P, Comm, Mask, Schedule> attn(comm, a, c.plan.cu_seqlens());
   attn.prepare_device();
   const std::int64_t n = attn.local_tokens();
-  const int qh = a.q_heads, kvh = a.kv_heads, d = a.head_dim;
+  const int qh = a.q_heads, kvh = a.kv_heads, d = a.qk_dim(), dvw = a.v_dim();
   device_buffer<T> q(c.qs[at]), k(c.ks[at]), v(c.vs[at]), dout(c.douts[at]);
-  device_buffer<T> out(std::vector<T>(c.qs[at].size(), poison<T>()));
+  device_buffer<T> out(std::vector<T>(c.douts[at].size(), poison<T>()));
   device_buffer<float> lse(std::vector<float>(static_cast<std::size_t>(n * qh), -7.0f));
   device_buffer<T> dq(c.qs[at].size()), dk(c.ks[at].size()), dv(c.vs[at].size());
   const std::size_t bytes = std::max(attn.template device_workspace_bytes<T>(),
@@ -211,8 +211,8 @@ device_backward_run<P, T> device_backward_rank(const sharded_backward_case<P, T>
       RINGATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
   };
   attn.forward(thd_view<const T>(q.get(), n, qh, d), thd_view<const T>(k.get(), n, kvh, d),
-               thd_view<const T>(v.get(), n, kvh, d), thd_view<T>(out.get(), n, qh, d), lse.get(),
-               ws.get(), bytes, stream);
+               thd_view<const T>(v.get(), n, kvh, dvw), thd_view<T>(out.get(), n, qh, dvw),
+               lse.get(), ws.get(), bytes, stream);
   join();
   const std::uint64_t before = comm.bytes_sent();
   auto once = [&] {
@@ -220,10 +220,10 @@ device_backward_run<P, T> device_backward_rank(const sharded_backward_case<P, T>
     dk.upload(std::vector<T>(dk.size(), poison<T>()));
     dv.upload(std::vector<T>(dv.size(), poison<T>()));
     attn.backward(thd_view<const T>(q.get(), n, qh, d), thd_view<const T>(k.get(), n, kvh, d),
-                  thd_view<const T>(v.get(), n, kvh, d), thd_view<const T>(out.get(), n, qh, d),
-                  lse.get(), thd_view<const T>(dout.get(), n, qh, d),
+                  thd_view<const T>(v.get(), n, kvh, dvw), thd_view<const T>(out.get(), n, qh, dvw),
+                  lse.get(), thd_view<const T>(dout.get(), n, qh, dvw),
                   thd_view<T>(dq.get(), n, qh, d), thd_view<T>(dk.get(), n, kvh, d),
-                  thd_view<T>(dv.get(), n, kvh, d), ws.get(), bytes, stream);
+                  thd_view<T>(dv.get(), n, kvh, dvw), ws.get(), bytes, stream);
     join();
     return typename sharded_backward_case<P, T>::rank_grads{dq.download(), dk.download(),
                                                             dv.download()};

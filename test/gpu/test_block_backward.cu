@@ -24,16 +24,17 @@ test::block_grads run(const test::block_backward_case<T>& c,
   const attention_arguments& a = c.args;
   test::device_buffer<T> q(c.q), k(c.k), v(c.v), dout(c.dout);
   test::device_buffer<float> lse(c.lse), delta(c.delta);
+  const int dv_width = a.v_dim();
   test::device_buffer<float> dq(std::vector<float>(n * a.q_heads * a.head_dim, 0.0f)),
       dk(std::vector<float>(n * a.kv_heads * a.head_dim, 0.0f)),
-      dv(std::vector<float>(n * a.kv_heads * a.head_dim, 0.0f));
+      dv(std::vector<float>(n * a.kv_heads * dv_width, 0.0f));
   const auto t = c.tokens();
   for (const auto& groups : calls) {
     const device_backward_schedule s(groups, t, t, path);
     block_backward<T>({{q.get(), t, a.q_heads, a.head_dim},
                        {k.get(), t, a.kv_heads, a.head_dim},
-                       {v.get(), t, a.kv_heads, a.head_dim},
-                       {dout.get(), t, a.q_heads, a.head_dim},
+                       {v.get(), t, a.kv_heads, dv_width},
+                       {dout.get(), t, a.q_heads, dv_width},
                        lse.get(),
                        delta.get(),
                        a,
@@ -119,6 +120,52 @@ TEST_CASE_TEMPLATE("CUDA block backward equals the oracle: bands x GQA x head_di
                  : std::string()) +
             " " + std::to_string(worst[i]);
   MESSAGE("largest relative error: ", seen);
+}
+
+// Q/K 192 wide with V 128 (multi-head latent attention): the wgmma kernels only (three
+// warpgroups, P^T kept as 16-bit fragments: dS^T from the rounded P, so bf16 is checked at the
+// tensor-core tolerance as above); every other path refuses the widths before launching.
+TEST_CASE_TEMPLATE("CUDA block backward with head_dim 192 and head_dim_v 128 equals the oracle", T,
+                   __half, __nv_bfloat16) {
+  const auto seed = test::fresh_seed();
+  CAPTURE(seed);
+  std::mt19937_64 rng(seed);
+  const double tol = std::is_same_v<T, __nv_bfloat16> ? 4e-3 : 1e-3;
+  const bool small = std::getenv("RINGATTN_TEST_SMALL") != nullptr;
+  for (int group : {1, 4})
+    for (const band& b : test::test_bands(rng)) {
+      CAPTURE(group);
+      CAPTURE(b.lo);
+      CAPTURE(b.hi);
+      const attention_arguments a{
+          .q_heads = 8, .kv_heads = 8 / group, .head_dim = 192, .head_dim_v = 128};
+      test::block_backward_case<T> c(test::random_cu_seqlens(3, 1, small ? 100 : 300, rng), a, b,
+                                     rng);
+      const auto t = c.tokens();
+      for (backward_path refused : {backward_path::cuda_cores, backward_path::tensor_cores}) {
+        const device_backward_schedule s(c.calls(1)[0], t, t, refused);
+        CHECK(s.supports(192, 128).reason().find("runs only on the wgmma block backward") !=
+              std::string::npos);
+      }
+      if (!backward_path_available(backward_path::wgmma)) continue;
+      const test::block_grads g = run(c, c.calls(1), {backward_path::wgmma, 3});
+      const double e[3] = {test::grad_error(g.dq, c.ref.dq.data),
+                           test::grad_error(g.dk, c.ref.dk.data),
+                           test::grad_error(g.dv, c.ref.dv.data)};
+      MESSAGE("192/128 group ", group, " band [", b.lo, ", ", b.hi, "]: dq ", e[0], ", dk ", e[1],
+              ", dv ", e[2]);
+      CHECK(e[0] < tol);
+      CHECK(e[1] < tol);
+      CHECK(e[2] < tol);
+      const test::block_grads split = run(c, c.calls(3, true), {backward_path::wgmma, 3});
+      CHECK(test::grad_error(split.dq, c.ref.dq.data) < tol);
+      CHECK(test::grad_error(split.dk, c.ref.dk.data) < tol);
+      CHECK(test::grad_error(split.dv, c.ref.dv.data) < tol);
+      const test::block_grads again = run(c, c.calls(3, true), {backward_path::wgmma, 3});
+      CHECK(std::memcmp(again.dk.data(), split.dk.data(), split.dk.size() * 4) == 0);
+      CHECK(std::memcmp(again.dv.data(), split.dv.data(), split.dv.size() * 4) == 0);
+      CHECK(std::memcmp(again.dq.data(), split.dq.data(), split.dq.size() * 4) == 0);
+    }
 }
 
 TEST_CASE("CUDA block backward validates before launching") {

@@ -23,15 +23,18 @@ struct device_case {
   attention_state state;
   explicit device_case(const test::block_case<T>& bc)
       : c(bc), q(bc.q), k(bc.k), v(bc.v),
-        o(std::vector<float>(bc.q.size(), -7.0f)), // poisoned: reset must write every element
+        o(std::vector<float>(out_elements(bc), -7.0f)), // poisoned: reset must write every element
         lse(std::vector<float>(static_cast<std::size_t>(bc.tokens() * bc.args.q_heads), -7.0f)),
         sum(std::vector<float>(static_cast<std::size_t>(bc.tokens() * bc.args.q_heads), -7.0f)),
-        state{o.get(), lse.get(), sum.get(), bc.tokens(), bc.args.q_heads, bc.args.head_dim} {}
+        state{o.get(), lse.get(), sum.get(), bc.tokens(), bc.args.q_heads, bc.args.v_dim()} {}
+  static std::size_t out_elements(const test::block_case<T>& bc) {
+    return static_cast<std::size_t>(bc.tokens() * bc.args.q_heads * bc.args.v_dim());
+  }
   block_forward_args<T> args() const {
     const auto& a = c.args;
     return {{q.get(), c.tokens(), a.q_heads, a.head_dim},
             {k.get(), c.tokens(), a.kv_heads, a.head_dim},
-            {v.get(), c.tokens(), a.kv_heads, a.head_dim},
+            {v.get(), c.tokens(), a.kv_heads, a.v_dim()},
             a,
             state};
   }
@@ -43,7 +46,7 @@ struct device_case {
       forward_path path = forward_path::automatic, merge_path merge = merge_path::automatic) {
     std::vector<device_block_schedule> schedules;
     for (const auto& g : calls)
-      schedules.emplace_back(g, c.tokens(), c.tokens(), c.args.head_dim,
+      schedules.emplace_back(g, c.tokens(), c.tokens(), c.args,
                              schedule_options{.path = path, .merge = merge});
     reset(state, nullptr);
     for (const auto& s : schedules)
@@ -51,11 +54,11 @@ struct device_case {
     RINGATTN_CUDA_CHECK(cudaDeviceSynchronize());
     std::vector<float> so = o.download();
     const std::vector<float> ss = sum.download();
-    const std::size_t d = static_cast<std::size_t>(c.args.head_dim);
+    const std::size_t d = static_cast<std::size_t>(c.args.v_dim());
     for (std::size_t i = 0; i < so.size(); ++i)
       so[i] = ss[i / d] > 0.0f ? so[i] / ss[i / d] : so[i];
-    test::device_buffer<T> out(std::vector<T>(c.q.size(), test::poison<T>()));
-    finalize(state, thd_view<T>(out.get(), c.tokens(), c.args.q_heads, c.args.head_dim), nullptr);
+    test::device_buffer<T> out(std::vector<T>(out_elements(c), test::poison<T>()));
+    finalize(state, thd_view<T>(out.get(), c.tokens(), c.args.q_heads, c.args.v_dim()), nullptr);
     RINGATTN_CUDA_CHECK(cudaDeviceSynchronize());
     return {out.download(), so, lse.download()};
   }
@@ -269,7 +272,22 @@ TEST_CASE("CUDA block forward: which kernel a schedule picks") {
   // head_dim 256 has no wgmma kernel: automatic falls back, an explicit request is refused.
   CHECK(device_block_schedule(groups, 130, 130, 256).path() == forward_path::mma_sync);
   CHECK_THROWS_WITH_AS(device_block_schedule(groups, 130, 130, 256, {forward_path::wgmma}),
-                       "ringattn: the wgmma block kernel takes head_dim 64 or 128 (got 256)",
+                       "ringattn: the wgmma block kernel takes head_dim 64 or 128, or 192 with "
+                       "head_dim_v 128 (got head_dim 256)",
+                       invalid_argument);
+  // Q/K 192 with V 128 runs on the wgmma kernel only; 192 with v as wide on no native kernel.
+  const attention_arguments mla{.q_heads = 4, .kv_heads = 2, .head_dim = 192, .head_dim_v = 128};
+  CHECK_THROWS_WITH_AS(device_block_schedule(groups, 130, 130, mla, {forward_path::mma_sync}),
+                       "ringattn: the mma_sync block kernel takes head_dim 64, 128 or 256 with v "
+                       "as wide (got head_dim 192 with head_dim_v 128)",
+                       invalid_argument);
+  if (forward_path_available(forward_path::wgmma, 192, 128))
+    CHECK(device_block_schedule(groups, 130, 130, mla).path() == forward_path::wgmma);
+  else
+    CHECK_THROWS_AS(device_block_schedule(groups, 130, 130, mla), invalid_argument);
+  CHECK_THROWS_WITH_AS(device_block_schedule(groups, 130, 130, 192),
+                       "ringattn: head_dim 192 has no native CUDA block kernel; the host kernels "
+                       "take any widths and the cuDNN model those cuDNN supports",
                        invalid_argument);
   if (!forward_path_available(forward_path::wgmma, 128))
     CHECK_THROWS_AS(device_block_schedule(groups, 130, 130, 128, {forward_path::wgmma}),
@@ -308,14 +326,16 @@ TEST_CASE("CUDA block forward: merging through the L2 equals reading and rewriti
   const auto seed = test::fresh_seed();
   CAPTURE(seed);
   std::mt19937_64 rng(seed);
-  for (int d : {64, 128})
+  for (int d : {64, 128, 192})
     for (const band& b : {band{}, band{-unbounded, 0}, band{-37, 5}})
       for (int pieces : {1, 2, 3}) {
         CAPTURE(d);
         CAPTURE(b.lo);
         CAPTURE(b.hi);
         CAPTURE(pieces);
-        const attention_arguments a{8, 2, d, 0.0f};
+        // 192: Q/K 192 wide, V and the output 128 (multi-head latent attention).
+        const attention_arguments a{
+            .q_heads = 8, .kv_heads = 2, .head_dim = d, .head_dim_v = d == 192 ? 128 : 0};
         test::block_case<__nv_bfloat16> c(
             test::random_cu_seqlens(3, 1, small_run() ? 200 : 500, rng), a, b, rng);
         device_case<__nv_bfloat16> dc(c);
@@ -336,7 +356,7 @@ TEST_CASE("CUDA block forward: merging through the L2 equals reading and rewriti
                                       : double(std::abs(lse_w[i] - lse_r[i])));
         CHECK(worst < 1e-5);
         const auto ref = c.oracle();
-        thd_view<const __nv_bfloat16> ov(out_r.data(), c.tokens(), a.q_heads, d);
+        thd_view<const __nv_bfloat16> ov(out_r.data(), c.tokens(), a.q_heads, a.v_dim());
         CHECK(test::out_error(ref, [&](auto t, int h, int e) { return to_float(ov(t, h, e)); }) <
               out_tolerance<__nv_bfloat16>);
       }
@@ -440,7 +460,7 @@ TEST_CASE("CUDA block forward rejects bad input before launching anything") {
   device_block_schedule other(c.calls(1)[0], c.tokens(), c.tokens(), 128);
   CHECK_THROWS_WITH_AS(block_forward(dc.args(), other, nullptr),
                        "ringattn: the schedule was made for 130 query and 130 key tokens, head_dim "
-                       "128; the call has 130, 130, 64",
+                       "128, head_dim_v 128; the call has 130, 130, 64, 64",
                        invalid_argument);
   auto bad = c.calls(1)[0];
   bad[0].q_count = 131;

@@ -90,3 +90,34 @@ TEST_CASE_TEMPLATE("device ring with windows, virtual ranks on one GPU, equals t
   check_backward<P, sliding_window>({8, 2, 128, 0.0f, 40, 16});
   check_backward<P, sliding_window, T, all_gather_kv>({8, 8, 128, 0.0f, 7, 70});
 }
+
+TEST_CASE_TEMPLATE("device ring with head_dim 192 and head_dim_v 128 equals the oracle", P,
+                   contiguous, round_robin, zigzag) {
+  const attention_arguments gqa{.q_heads = 8, .kv_heads = 2, .head_dim = 192, .head_dim_v = 128};
+  const attention_arguments mha{.q_heads = 4, .kv_heads = 4, .head_dim = 192, .head_dim_v = 128};
+  if (!forward_path_available(forward_path::wgmma, 192, 128)) {
+    // No sm_90a image for this device: the plan refuses the widths with a sentence.
+    std::mt19937_64 rng(1);
+    test::sharded_case<P, T> c({0, 64}, 1, gqa, mask_kind::causal, rng);
+    in_process_group group(1);
+    const auto errors = test::on_ranks(group, [&](int, in_process_communicator& comm) {
+      ring_attention<P, in_process_communicator, causal> attn(comm, gqa, c.plan.cu_seqlens());
+      attn.prepare_device();
+    });
+    CHECK(test::message(errors[0]).find("runs only on the wgmma block kernel") !=
+          std::string::npos);
+    MESSAGE("no sm_90a device: 192/128 refused at plan time as it should be");
+    return;
+  }
+  for (const attention_arguments& a : {gqa, mha}) {
+    CAPTURE(a.q_heads);
+    CAPTURE(a.kv_heads);
+    test::check_ring_matrix<P, causal>(a, false);
+    test::check_ring_matrix<P, full>(a, false);
+    check_backward<P, causal>(a);
+    check_backward<P, full>(a);
+  }
+  test::check_ring_matrix<P, causal, all_gather_kv>(gqa, false);
+  check_backward<P, causal, T, all_gather_kv>(gqa);
+  check_backward<P, causal, __half>(gqa);
+}

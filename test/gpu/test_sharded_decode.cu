@@ -40,7 +40,7 @@ template <class P>
 std::vector<rank_result> device_step(const test::decode_case<P, T>& c,
                                      const typename test::decode_case<P, T>::step& s, bool repeat) {
   const attention_arguments a = c.args;
-  const int qh = a.q_heads, kvh = a.kv_heads, d = a.head_dim;
+  const int qh = a.q_heads, kvh = a.kv_heads, d = a.head_dim, dv = a.v_dim();
   const std::int64_t n = s.tokens;
   std::vector<rank_result> res(c.ranks);
   std::barrier sync(c.ranks);
@@ -53,7 +53,7 @@ std::vector<rank_result> device_step(const test::decode_case<P, T>& c,
     dec.plan(s.cu_new, sh.cu);
     const std::int64_t m = sh.tokens();
     test::device_buffer<T> q(s.q), k(s.k), v(s.v), kc(sh.k), vc(sh.v);
-    test::device_buffer<T> out(std::vector<T>(n * qh * d, test::poison<T>()));
+    test::device_buffer<T> out(std::vector<T>(n * qh * dv, test::poison<T>()));
     test::device_buffer<float> lse(std::vector<float>(n * qh, -7.0f));
     const std::size_t bytes = dec.device_workspace_bytes<T>();
     test::device_buffer<std::byte> ws(bytes);
@@ -62,8 +62,8 @@ std::vector<rank_result> device_step(const test::decode_case<P, T>& c,
     rank_result& mine = res[r];
     auto once = [&] {
       dec.forward(thd_view<const T>(q.get(), n, qh, d), thd_view<const T>(k.get(), n, kvh, d),
-                  thd_view<const T>(v.get(), n, kvh, d), thd_view<const T>(kc.get(), m, kvh, d),
-                  thd_view<const T>(vc.get(), m, kvh, d), thd_view<T>(out.get(), n, qh, d),
+                  thd_view<const T>(v.get(), n, kvh, dv), thd_view<const T>(kc.get(), m, kvh, d),
+                  thd_view<const T>(vc.get(), m, kvh, dv), thd_view<T>(out.get(), n, qh, dv),
                   lse.get(), ws.get(), bytes, stream);
     };
     const std::uint64_t before = comm.bytes_sent();
@@ -95,17 +95,22 @@ std::vector<rank_result> device_step(const test::decode_case<P, T>& c,
   return res;
 }
 
+// `head_dim_v` 0: q, k and v 128 wide; else q/k 192 and v that wide (the wgmma kernels).
 template <class P>
-void check_device_decode() {
+void check_device_decode(int head_dim_v = 0) {
   const auto seed = test::fresh_seed();
   CAPTURE(seed);
+  CAPTURE(head_dim_v);
   const bool small = std::getenv("RINGATTN_TEST_SMALL") != nullptr;
   for (int group : {1, 4, 8})
     for (int ranks : {1, 2, 3, 4, 8}) {
       CAPTURE(group);
       CAPTURE(ranks);
       std::mt19937_64 rng(seed + static_cast<std::uint64_t>(group * 10 + ranks));
-      const attention_arguments a{8, 8 / group, 128, 0.0f};
+      const attention_arguments a{.q_heads = 8,
+                                  .kv_heads = 8 / group,
+                                  .head_dim = head_dim_v ? 192 : 128,
+                                  .head_dim_v = head_dim_v};
       test::decode_case<P, T> c(test::random_cu_seqlens(3, 1, small ? 120 : 400, rng), ranks, a,
                                 rng);
       for (int step = 0; step < 3; ++step) {
@@ -126,7 +131,7 @@ void check_device_decode() {
           CHECK(res[r].allocations == 0);
         }
         CHECK(res[0].expected == static_cast<std::uint64_t>(ranks - 1) * s.tokens * a.q_heads *
-                                     (a.head_dim + 2) * sizeof(float));
+                                     (a.v_dim() + 2) * sizeof(float));
         CHECK(c.append(s) == s.tokens);
       }
     }
@@ -136,6 +141,8 @@ void check_device_decode() {
 TEST_CASE_TEMPLATE("device sharded decode, virtual ranks on one GPU, equals the oracle", P,
                    contiguous, round_robin, zigzag) {
   check_device_decode<P>();
+  if (forward_path_available(forward_path::wgmma, 192, 128))
+    check_device_decode<P>(128); // multi-head latent attention: q/k 192, v and out 128
 }
 
 TEST_CASE("device sharded decode: host memory on one rank fails on every rank; the next step "

@@ -18,9 +18,9 @@ namespace ringattn {
 
 //! Which CUDA implementation of the block forward runs.
 //! - `mma_sync`: the FlashAttention-2 style kernel (mma.sync m16n8k16; sm_80 and newer; head_dim
-//!   64, 128, 256), shapes from `forward_tuning_for`.
+//!   64, 128, 256 with V as wide), shapes from `forward_tuning_for`.
 //! - `wgmma`: the Hopper kernel (warpgroup MMA; needs code built for sm_90a running on a compute
-//!   capability 9.0 device; head_dim 64 and 128).
+//!   capability 9.0 device; head_dim 64 and 128, and Q/K 192 with V 128).
 //! - `automatic`: `wgmma` where it can run, else `mma_sync`. Resolved once, when a
 //!   `device_block_schedule` is made.
 enum class forward_path { automatic, mma_sync, wgmma };
@@ -77,7 +77,8 @@ inline constexpr forward_tuning forward_tuning_for =
 
 //! Shapes of the Hopper (sm_90a) block-forward kernel (device/forward_sm90.cuh): a producer
 //! warpgroup and two consumer warpgroups of 64 query rows each, K/V tiles of `block_n` keys in
-//! `stages` shared-memory stages. Tuned on an H200 at head_dim 64 and 128 (docs/kernels.md).
+//! `stages` shared-memory stages. Tuned on an H200 at head_dim 64 and 128 (docs/kernels.md);
+//! Q/K 192 with V 128 (multi-head latent attention) fits two stages next to its 48 KB of Q.
 struct sm90_forward_tuning {
   int block_m;   //!< query rows a thread block
   int block_n;   //!< keys a K/V tile
@@ -92,7 +93,7 @@ struct sm90_forward_tuning {
 };
 template <int HeadDim>
 inline constexpr sm90_forward_tuning sm90_forward_tuning_for{
-    128, 128, 384, 168, HeadDim == 64 ? 5 : 3, HeadDim == 128};
+    128, 128, 384, 168, HeadDim == 64 ? 5 : HeadDim == 128 ? 3 : 2, HeadDim == 128};
 
 //! Shapes of the block backward on tensor cores (device/backward_sm80.cuh, backward_sm90.cuh):
 //! 64 key columns (dK/dV) or query rows (dQ) a mma.sync thread block of 4 warps, and the

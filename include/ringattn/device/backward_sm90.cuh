@@ -28,21 +28,24 @@
 RINGATTN_ABI_BEGIN
 namespace kernels {
 
-//! Dynamic shared memory of the Hopper backward kernel with `WG` warpgroups (1, 2: two fixed
-//! [64 WG, D] tiles, two double-buffered [64, D] ones, two double-buffered 64-float vectors; 3: the
-//! larger of its two block kinds), plus 1 KB to align the swizzle atoms.
 //! Stages of Q/dO tiles of the warp-specialised (three-warpgroup) dK/dV blocks.
 inline constexpr int sm90_backward_stages = 3;
-template <class T, int D, int WG>
+//! Dynamic shared memory of the Hopper backward kernel with `WG` warpgroups (1, 2: two fixed
+//! [64 WG, D] tiles, two double-buffered [64, D] ones, two double-buffered 64-float vectors; 3: the
+//! larger of its two block kinds), plus 1 KB to align the swizzle atoms. Q and K are `D` wide,
+//! V and dO `DV` (equal, except 192 and 128 with three warpgroups).
+template <class T, int D, int DV, int WG>
 constexpr int sm90_backward_smem_bytes() {
   constexpr int R = tc_backward_rows, E = static_cast<int>(sizeof(T));
   if constexpr (WG == 3) {
     // dK/dV: K, V of 128 keys and the stages' Q, dO, lse, delta; dQ: Q, dO of 128 rows and the
     // stages' K, V.
-    constexpr int dkdv = 4 * R * D * E + sm90_backward_stages * (2 * R * D * E + 2 * R * 4);
-    constexpr int dq = 4 * R * D * E + sm90_backward_stages * 2 * R * D * E;
+    constexpr int dkdv =
+        2 * R * (D + DV) * E + sm90_backward_stages * (R * (D + DV) * E + 2 * R * 4);
+    constexpr int dq = 2 * R * (D + DV) * E + sm90_backward_stages * R * (D + DV) * E;
     return (dkdv > dq ? dkdv : dq) + 1024;
   } else {
+    static_assert(D == DV, "separate widths run with three warpgroups");
     return (2 * WG + 4) * R * D * E + 4 * R * 4 + 1024;
   }
 }
@@ -75,13 +78,25 @@ __device__ __forceinline__ void product_ss(float (&c)[32], std::uint32_t a, std:
   for (int kk = 0; kk < D / 16; ++kk)
     wgmma_ss<T, 0>(c, k_major<ARows>(a, kk), k_major(b, kk), kk > 0);
 }
-// c += A B over k = 64: A in registers, B's rows the k dimension.
+// c += A B over k = 64: A in registers, B's rows the k dimension; N = 2 * (registers of c). At
+// N = 192 the first two panels of B go as one n128 product and the third as an n64 one: their
+// accumulators are c's first 64 and last 32 registers (8 columns a 4-register group).
 template <class T, int N>
 __device__ __forceinline__ void product_rs(float (&c)[N], const std::uint32_t (&a)[4][4],
                                            std::uint32_t b) {
+  if constexpr (N == 96) {
+    auto& lo = reinterpret_cast<float(&)[64]>(c[0]);
+    auto& hi = reinterpret_cast<float(&)[32]>(c[64]);
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk)
-    wgmma_rs<T, 1>(c, a[kk], n_major(b, kk), 1);
+    for (int kk = 0; kk < 4; ++kk) {
+      wgmma_rs<T, 1>(lo, a[kk], n_major(b, kk), 1);
+      wgmma_rs<T, 1>(hi, a[kk], n_major(b + 2 * R * 128, kk), 1);
+    }
+  } else {
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+      wgmma_rs<T, 1>(c, a[kk], n_major(b, kk), 1);
+  }
 }
 // Adds this warp's 16 rows of an m64nD accumulator to rows [warp_row, ...) of a dense fp32
 // matrix (rows >= valid are skipped).
@@ -139,37 +154,64 @@ struct ws_barriers {
   __device__ __forceinline__ void release(int n) const { mbarrier_arrive(empty0 + 8 * (n % S)); }
 };
 // One step of a dK/dV block's warpgroup: S^T and dP^T of its 64 key rows (`k`, `v`: those rows
-// of the block's [BK, D] K and V tiles; `key0` the first of them in the block) against the
-// step's 64 query rows (`q`, `o`: their Q and dO tiles; `lse` in natural log and `delta` in
+// of the block's [BK, D] K and [BK, DV] V tiles; `key0` the first of them in the block) against
+// the step's 64 query rows (`q`, `o`: their Q and dO tiles; `lse` in natural log and `delta` in
 // shared memory), P^T and dS^T, then dV += P^T dO and dK += dS^T Q. Two product groups are in
 // flight at a time: P^T is computed while dP^T is on the tensor cores, dS^T while dV's product
 // is. Returns with every product done (the step's tiles may be refilled).
-template <class T, int D, int BK, class Step>
-__device__ __forceinline__ void dkdv_step(float (&dk)[D / 2], float (&dv)[D / 2], const Step& st,
+// With Q/K 192 and V 128 the accumulators alone take 160 registers a thread (of 240): P^T is
+// then kept only as its 16-bit fragments (dS^T is computed from them), dP^T is computed after
+// it, lse and delta are read from shared memory where they are used, and dV's and dK's products
+// go out together.
+template <class T, int D, int DV, int BK, class Step>
+__device__ __forceinline__ void dkdv_step(float (&dk)[D / 2], float (&dv)[DV / 2], const Step& st,
                                           int cols, int key0, std::uint32_t k, std::uint32_t v,
                                           std::uint32_t q, std::uint32_t o, const float* lse,
                                           const float* delta, float scale, int warp, int lane) {
   constexpr float log2e = 1.4426950408889634f;
+  constexpr bool lean = D + DV > 256;
   const float scale_log2 = scale * log2e;
   const auto [kb, i0, jl0, rows] = st;
   float s[32], dp[32];
   wgmma_fence();
   product_ss<T, D, BK>(s, k, q); // S^T = K Q^T
   wgmma_commit();
-  product_ss<T, D, BK>(dp, v, o); // dP^T = V dO^T
-  wgmma_commit();
-  wgmma_wait<1>();
+  if constexpr (lean) {
+    wgmma_wait<0>(); // dP^T waits until P^T is packed
+  } else {
+    product_ss<T, DV, BK>(dp, v, o); // dP^T = V dO^T
+    wgmma_commit();
+    wgmma_wait<1>();
+  }
   fence_operands(s);
   // lse (log2 units) and delta of this lane's 16 query columns, 8 t + 2 (lane % 4) + {0, 1}.
-  float lcol[16], dcol[16];
+  float lcol[lean ? 1 : 16], dcol[lean ? 1 : 16];
+  if constexpr (!lean) {
 #pragma unroll
-  for (int t = 0; t < 8; ++t) {
-    const int c = t * 8 + (lane & 3) * 2;
-    const float2 l = *reinterpret_cast<const float2*>(lse + c);
-    const float2 d = *reinterpret_cast<const float2*>(delta + c);
-    lcol[2 * t] = l.x * log2e, lcol[2 * t + 1] = l.y * log2e;
-    dcol[2 * t] = d.x, dcol[2 * t + 1] = d.y;
+    for (int t = 0; t < 8; ++t) {
+      const int c = t * 8 + (lane & 3) * 2;
+      const float2 l = *reinterpret_cast<const float2*>(lse + c);
+      const float2 d = *reinterpret_cast<const float2*>(delta + c);
+      lcol[2 * t] = l.x * log2e, lcol[2 * t + 1] = l.y * log2e;
+      dcol[2 * t] = d.x, dcol[2 * t + 1] = d.y;
+    }
   }
+  auto lse_at = [&](int t, int x) {
+    if constexpr (lean) {
+      const float2 l = *reinterpret_cast<const float2*>(lse + t * 8 + (lane & 3) * 2);
+      return (x ? l.y : l.x) * log2e;
+    } else {
+      return lcol[2 * t + x];
+    }
+  };
+  auto delta_at = [&](int t, int x) {
+    if constexpr (lean) {
+      const float2 d = *reinterpret_cast<const float2*>(delta + t * 8 + (lane & 3) * 2);
+      return x ? d.y : d.x;
+    } else {
+      return dcol[2 * t + x];
+    }
+  };
   // P^T; rows are keys (this warp's 16), columns queries. A tile wholly in the band (its corners
   // are) with no ragged edge needs no predicate; else every score gets one, without branches
   // (`band_window`).
@@ -178,7 +220,7 @@ __device__ __forceinline__ void dkdv_step(float (&dk)[D / 2], float (&dv)[D / 2]
     for (int t = 0; t < 8; ++t)
 #pragma unroll
       for (int e = 0; e < 4; ++e)
-        s[4 * t + e] = fast_exp2(fmaf(s[4 * t + e], scale_log2, -lcol[2 * t + (e & 1)]));
+        s[4 * t + e] = fast_exp2(fmaf(s[4 * t + e], scale_log2, -lse_at(t, e & 1)));
   } else {
     // j - i = (jl0 - i0) + (key - c)
     const band_window bw(kb.mask, jl0 - i0, cols);
@@ -188,30 +230,54 @@ __device__ __forceinline__ void dkdv_step(float (&dk)[D / 2], float (&dv)[D / 2]
       for (int e = 0; e < 4; ++e) {
         const int key = key0 + warp * 16 + fragment_row(lane, e);
         const int c = fragment_col(lane, t, e);
-        const float x = fast_exp2(fmaf(s[4 * t + e], scale_log2, -lcol[2 * t + (e & 1)]));
+        const float x = fast_exp2(fmaf(s[4 * t + e], scale_log2, -lse_at(t, e & 1)));
         s[4 * t + e] = (bw.sees(key, key - c) & (c < rows)) ? x : 0.0f;
       }
   }
   std::uint32_t pa[4][4], da[4][4];
   pack<T>(s, pa);
-  fence_operands(s);
-  fence_operands(pa);
-  wgmma_wait<0>();
-  fence_operands(dp);
-  fence_operands(dv);
-  wgmma_fence();
-  product_rs<T>(dv, pa, o); // dV += P^T dO
-  wgmma_commit();
-  // dS^T (P^T is 0 where the predicate said no).
+  if constexpr (lean) {
+    fence_operands(pa);
+    wgmma_fence();
+    product_ss<T, DV, BK>(dp, v, o); // dP^T = V dO^T
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_operands(dp);
+    // dS^T from P^T's fragments: element e of 8-column tile t is half e % 2 of register
+    // (t % 2) * 2 + e / 2 of fragment t / 2 (pack's layout).
 #pragma unroll
-  for (int t = 0; t < 8; ++t)
+    for (int t = 0; t < 8; ++t)
 #pragma unroll
-    for (int e = 0; e < 4; ++e)
-      dp[4 * t + e] = s[4 * t + e] * (dp[4 * t + e] - dcol[2 * t + (e & 1)]) * scale;
-  pack<T>(dp, da);
-  fence_operands(da);
-  fence_operands(dk);
-  wgmma_fence();
+      for (int e = 0; e < 4; ++e) {
+        const float p = unpack1<T>(pa[t / 2][(t & 1) * 2 + (e >> 1)], e & 1);
+        dp[4 * t + e] = p * (dp[4 * t + e] - delta_at(t, e & 1)) * scale;
+      }
+    pack<T>(dp, da);
+    fence_operands(da);
+    fence_operands(dv);
+    fence_operands(dk);
+    wgmma_fence();
+    product_rs<T>(dv, pa, o); // dV += P^T dO, in one group with dK's product below
+  } else {
+    fence_operands(s);
+    fence_operands(pa);
+    wgmma_wait<0>();
+    fence_operands(dp);
+    fence_operands(dv);
+    wgmma_fence();
+    product_rs<T>(dv, pa, o); // dV += P^T dO
+    wgmma_commit();
+    // dS^T (P^T is 0 where the predicate said no).
+#pragma unroll
+    for (int t = 0; t < 8; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        dp[4 * t + e] = s[4 * t + e] * (dp[4 * t + e] - delta_at(t, e & 1)) * scale;
+    pack<T>(dp, da);
+    fence_operands(da);
+    fence_operands(dk);
+    wgmma_fence();
+  }
   product_rs<T>(dk, da, q); // dK += dS^T Q
   wgmma_commit();
   wgmma_wait<0>();
@@ -289,8 +355,8 @@ __device__ __forceinline__ void dkdv_sm90(const tc_backward_params<T>& tp, std::
     w.advance(load_step, buf ^ 1);
     const std::uint32_t cQ = aQ + buf * tile, cO = aO + buf * tile;
     // This warpgroup's 64 key rows of K and V (rows 64 wg.. of the block's [BK, D] tiles).
-    dkdv_step<T, D, BK>(dk, dv, st, cols, wg * R, aK + wg * (R * 128), aV + wg * (R * 128), cQ, cO,
-                        sL + buf * R, sD + buf * R, p.scale, warp, lane);
+    dkdv_step<T, D, D, BK>(dk, dv, st, cols, wg * R, aK + wg * (R * 128), aV + wg * (R * 128), cQ,
+                           cO, sL + buf * R, sD + buf * R, p.scale, warp, lane);
   }
   cp_async_wait_all(); // (a block with no cover still waits for its K/V copies)
   const std::int64_t stride = static_cast<std::int64_t>(p.kv_heads) * D;
@@ -305,20 +371,22 @@ __device__ __forceinline__ void dkdv_sm90(const tc_backward_params<T>& tp, std::
 //! overwritten. Warpgroups 1 and 2 (240 registers) own 64 key columns each and compute as in
 //! `dkdv_sm90`, but wait only for their step's tiles: no block barrier in the walk, so one
 //! consumer's elementwise work can run while the other's products are on the tensor cores.
-template <class T, int D>
+//! Q and K are `D` wide, V and dO `DV`.
+template <class T, int D, int DV>
 __device__ __forceinline__ void dkdv_sm90_ws(const tc_backward_params<T>& tp, std::int64_t b) {
   using namespace sm90_backward;
   constexpr int BK = 2 * R, S = sm90_backward_stages;
-  constexpr std::uint32_t tile = R * D * sizeof(T), kv_tile = BK * D * sizeof(T),
-                          stage_bytes = 2 * tile;
-  static_assert(sizeof(T) == 2 && (D == 64 || D == 128));
+  constexpr std::uint32_t q_tile = R * D * sizeof(T), o_tile = R * DV * sizeof(T),
+                          k_tile = BK * D * sizeof(T), v_tile = BK * DV * sizeof(T),
+                          stage_bytes = q_tile + o_tile;
+  static_assert(sizeof(T) == 2 && (((D == 64 || D == 128) && DV == D) || (D == 192 && DV == 128)));
   const backward_params<T>& p = tp.b;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   const std::uint32_t raw = smem_address(smem_raw);
   const std::uint32_t pad = (1024u - (raw & 1023u)) & 1023u; // swizzle atoms start 1 KB aligned
   // K, V, then stage s: Q at aS + s * stage_bytes, dO after it; then lse[S][64], delta[S][64].
-  const std::uint32_t aK = raw + pad, aV = aK + kv_tile, aS = aV + kv_tile;
-  float* sL = reinterpret_cast<float*>(smem_raw + pad + 2 * kv_tile + S * stage_bytes);
+  const std::uint32_t aK = raw + pad, aV = aK + k_tile, aS = aV + v_tile;
+  float* sL = reinterpret_cast<float*>(smem_raw + pad + k_tile + v_tile + S * stage_bytes);
   float* sD = sL + S * R;
   const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x >> 7), 0);
   const int kvh = static_cast<int>(b % p.kv_heads);
@@ -331,10 +399,10 @@ __device__ __forceinline__ void dkdv_sm90_ws(const tc_backward_params<T>& tp, st
     // ---- producer: K, V; then step n's tiles into stage n % S once step n - S released it.
     setmaxnreg_dec<24>();
     const int tid = static_cast<int>(threadIdx.x);
-    produce_tile<BK, D>(aK, p.k + kt.begin * p.k_token_stride + kvh * p.k_head_stride,
-                        p.k_token_stride, cols, tid);
-    produce_tile<BK, D>(aV, p.v + kt.begin * p.v_token_stride + kvh * p.v_head_stride,
-                        p.v_token_stride, cols, tid);
+    produce_panels<BK, D>(aK, p.k + kt.begin * p.k_token_stride + kvh * p.k_head_stride,
+                          p.k_token_stride, cols, tid);
+    produce_panels<BK, DV>(aV, p.v + kt.begin * p.v_token_stride + kvh * p.v_head_stride,
+                           p.v_token_stride, cols, tid);
     cp_async_mbarrier_arrive(bars.kept);
     cover_walk<T> w(p, in, kt.begin, cols, kvh);
     for (int n = 0; !w.done(); ++n, w.next()) {
@@ -344,10 +412,10 @@ __device__ __forceinline__ void dkdv_sm90_ws(const tc_backward_params<T>& tp, st
       const std::int64_t row0 = g.q_begin + w.i0;
       const int rows = static_cast<int>(g.q_count - w.i0 < R ? g.q_count - w.i0 : R);
       const std::uint32_t q = aS + stage * stage_bytes;
-      produce_tile<R, D>(q, p.q + row0 * p.q_token_stride + w.h * p.q_head_stride, p.q_token_stride,
-                         rows, tid);
-      produce_tile<R, D>(q + tile, p.dout + row0 * p.do_token_stride + w.h * p.do_head_stride,
-                         p.do_token_stride, rows, tid);
+      produce_panels<R, D>(q, p.q + row0 * p.q_token_stride + w.h * p.q_head_stride,
+                           p.q_token_stride, rows, tid);
+      produce_panels<R, DV>(q + q_tile, p.dout + row0 * p.do_token_stride + w.h * p.do_head_stride,
+                            p.do_token_stride, rows, tid);
       // lse (threads 0..63) and delta (64..127) of the rows; zero past the tile's last row.
       const int r = tid & (R - 1);
       const bool ok = r < rows;
@@ -366,10 +434,13 @@ __device__ __forceinline__ void dkdv_sm90_ws(const tc_backward_params<T>& tp, st
   const int cw = wg - 1; // consumer warpgroup 0 or 1: key columns 64 cw..
   const int tid = static_cast<int>(threadIdx.x & 127), warp = tid >> 5, lane = tid & 31;
   cover_walk<T> w(p, in, kt.begin, cols, kvh);
-  float dk[D / 2], dv[D / 2];
+  float dk[D / 2], dv[DV / 2];
 #pragma unroll
   for (int i = 0; i < D / 2; ++i)
-    dk[i] = dv[i] = 0.0f;
+    dk[i] = 0.0f;
+#pragma unroll
+  for (int i = 0; i < DV / 2; ++i)
+    dv[i] = 0.0f;
   const std::uint32_t myK = aK + cw * (R * 128), myV = aV + cw * (R * 128);
   if (!w.done()) mbarrier_wait(bars.kept, 0);
   // Each step's segment and rows come from global memory: read one step ahead, so the loads are
@@ -382,13 +453,14 @@ __device__ __forceinline__ void dkdv_sm90_ws(const tc_backward_params<T>& tp, st
     const int stage = n % S;
     bars.wait_full(n);
     const std::uint32_t cQ = aS + stage * stage_bytes;
-    dkdv_step<T, D, BK>(dk, dv, st, cols, cw * R, myK, myV, cQ, cQ + tile, sL + stage * R,
-                        sD + stage * R, p.scale, warp, lane);
+    dkdv_step<T, D, DV, BK>(dk, dv, st, cols, cw * R, myK, myV, cQ, cQ + q_tile, sL + stage * R,
+                            sD + stage * R, p.scale, warp, lane);
     bars.release(n); // the step's tiles fully read
   }
-  const std::int64_t stride = static_cast<std::int64_t>(p.kv_heads) * D;
-  add_rows<D>(p.dk + kt.begin * stride + kvh * D, stride, cw * R + warp * 16, cols, dk, lane);
-  add_rows<D>(p.dv + kt.begin * stride + kvh * D, stride, cw * R + warp * 16, cols, dv, lane);
+  const std::int64_t k_stride = static_cast<std::int64_t>(p.kv_heads) * D,
+                     v_stride = static_cast<std::int64_t>(p.kv_heads) * DV;
+  add_rows<D>(p.dk + kt.begin * k_stride + kvh * D, k_stride, cw * R + warp * 16, cols, dk, lane);
+  add_rows<DV>(p.dv + kt.begin * v_stride + kvh * DV, v_stride, cw * R + warp * 16, cols, dv, lane);
 }
 
 namespace sm90_backward {
@@ -408,10 +480,10 @@ __device__ __forceinline__ void dq_rows(const backward_params<T>& p, int h, std:
   }
 }
 // One step of a dQ warpgroup: S and dP of its 64 query rows (`q`, `o`: those rows of the block's
-// [BQ, D] Q and dO tiles; `i` the group-local index of this lane's first row) against K/V tile
-// `it` of the walk (`k`, `v`), dS, then dQ += dS K. P is computed while dP is on the tensor
-// cores. Returns with every product done (the tile may be refilled).
-template <class T, int D, int BQ>
+// [BQ, D] Q and [BQ, DV] dO tiles; `i` the group-local index of this lane's first row) against
+// K/V tile `it` of the walk (`k`, `v`), dS, then dQ += dS K. P is computed while dP is on the
+// tensor cores. Returns with every product done (the tile may be refilled).
+template <class T, int D, int DV, int BQ>
 __device__ __forceinline__ void dq_step(float (&dq)[D / 2], const kv_walk<R>& walk, int it,
                                         std::int64_t i, std::uint32_t q, std::uint32_t o,
                                         std::uint32_t k, std::uint32_t v, const float (&lrow)[2],
@@ -425,7 +497,7 @@ __device__ __forceinline__ void dq_step(float (&dq)[D / 2], const kv_walk<R>& wa
   wgmma_fence();
   product_ss<T, D, BQ>(s, q, k); // S = Q K^T (this warpgroup's rows)
   wgmma_commit();
-  product_ss<T, D, BQ>(dp, o, v); // dP = dO V^T
+  product_ss<T, DV, BQ>(dp, o, v); // dP = dO V^T
   wgmma_commit();
   wgmma_wait<1>();
   fence_operands(s);
@@ -528,8 +600,8 @@ __device__ __forceinline__ void dq_sm90(const tc_backward_params<T>& tp, std::in
     __syncthreads(); // tile `it` landed; every product on the buffer refilled below is done
     if (it + 1 < walk.total) load_kv(it + 1, (it + 1) & 1);
     cp_async_commit();
-    dq_step<T, D, BQ>(dq, walk, it, i0 + x, aQ + wg * (R * 128), aO + wg * (R * 128),
-                      aK + (it & 1) * tile, aV + (it & 1) * tile, lrow, drow, p.scale, lane);
+    dq_step<T, D, D, BQ>(dq, walk, it, i0 + x, aQ + wg * (R * 128), aO + wg * (R * 128),
+                         aK + (it & 1) * tile, aV + (it & 1) * tile, lrow, drow, p.scale, lane);
   }
   cp_async_wait_all();
   const std::int64_t stride = static_cast<std::int64_t>(p.q_heads) * D;
@@ -539,20 +611,21 @@ __device__ __forceinline__ void dq_sm90(const tc_backward_params<T>& tp, std::in
 //! dQ of 128 query rows of one query head, warp-specialised as `dkdv_sm90_ws`: warpgroup 0
 //! copies the rows' Q and dO once and then each K/V tile of the walk into one of
 //! `sm90_backward_stages` stages (`full` / `empty` mbarriers); warpgroups 1 and 2 own 64 rows
-//! each and wait only for their tile.
-template <class T, int D>
+//! each and wait only for their tile. Q and K are `D` wide, V and dO `DV`.
+template <class T, int D, int DV>
 __device__ __forceinline__ void dq_sm90_ws(const tc_backward_params<T>& tp, std::int64_t b) {
   using namespace sm90_backward;
   constexpr int BQ = 2 * R, S = sm90_backward_stages;
-  constexpr std::uint32_t tile = R * D * sizeof(T), q_tile = BQ * D * sizeof(T),
-                          stage_bytes = 2 * tile;
-  static_assert(sizeof(T) == 2 && (D == 64 || D == 128));
+  constexpr std::uint32_t k_tile = R * D * sizeof(T), v_tile = R * DV * sizeof(T),
+                          q_tile = BQ * D * sizeof(T), o_tile = BQ * DV * sizeof(T),
+                          stage_bytes = k_tile + v_tile;
+  static_assert(sizeof(T) == 2 && (((D == 64 || D == 128) && DV == D) || (D == 192 && DV == 128)));
   const backward_params<T>& p = tp.b;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   const std::uint32_t raw = smem_address(smem_raw);
   const std::uint32_t pad = (1024u - (raw & 1023u)) & 1023u;
   // Q, dO, then stage s: K at aS + s * stage_bytes, V after it.
-  const std::uint32_t aQ = raw + pad, aO = aQ + q_tile, aS = aO + q_tile;
+  const std::uint32_t aQ = raw + pad, aO = aQ + q_tile, aS = aO + o_tile;
   const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x >> 7), 0);
   const int h = static_cast<int>(b % p.q_heads), kvh = h / p.group_size;
   const work_tile wt = tp.row_tiles[b / p.q_heads];
@@ -566,10 +639,10 @@ __device__ __forceinline__ void dq_sm90_ws(const tc_backward_params<T>& tp, std:
     // ---- producer: Q, dO; then K/V tile t into stage t % S once tile t - S released it.
     setmaxnreg_dec<24>();
     const int tid = static_cast<int>(threadIdx.x);
-    produce_tile<BQ, D>(aQ, p.q + row0 * p.q_token_stride + h * p.q_head_stride, p.q_token_stride,
-                        rows, tid);
-    produce_tile<BQ, D>(aO, p.dout + row0 * p.do_token_stride + h * p.do_head_stride,
-                        p.do_token_stride, rows, tid);
+    produce_panels<BQ, D>(aQ, p.q + row0 * p.q_token_stride + h * p.q_head_stride, p.q_token_stride,
+                          rows, tid);
+    produce_panels<BQ, DV>(aO, p.dout + row0 * p.do_token_stride + h * p.do_head_stride,
+                           p.do_token_stride, rows, tid);
     cp_async_mbarrier_arrive(bars.kept);
     for (int t = 0; t < walk.total; ++t) {
       const int stage = t % S;
@@ -580,10 +653,10 @@ __device__ __forceinline__ void dq_sm90_ws(const tc_backward_params<T>& tp, std:
       const std::int64_t key0 = walk.begin(second) + j * R;
       const int valid = walk.valid(second, j);
       const std::uint32_t k = aS + stage * stage_bytes;
-      produce_tile<R, D>(k, p.k + key0 * p.k_token_stride + kvh * p.k_head_stride, p.k_token_stride,
-                         valid, tid);
-      produce_tile<R, D>(k + tile, p.v + key0 * p.v_token_stride + kvh * p.v_head_stride,
-                         p.v_token_stride, valid, tid);
+      produce_panels<R, D>(k, p.k + key0 * p.k_token_stride + kvh * p.k_head_stride,
+                           p.k_token_stride, valid, tid);
+      produce_panels<R, DV>(k + k_tile, p.v + key0 * p.v_token_stride + kvh * p.v_head_stride,
+                            p.v_token_stride, valid, tid);
       bars.filled(t);
     }
     cp_async_wait_all();
@@ -605,8 +678,8 @@ __device__ __forceinline__ void dq_sm90_ws(const tc_backward_params<T>& tp, std:
   for (int it = 0; it < walk.total; ++it) {
     bars.wait_full(it);
     const std::uint32_t k = aS + (it % S) * stage_bytes;
-    dq_step<T, D, BQ>(dq, walk, it, i0 + x, aQ + cw * (R * 128), aO + cw * (R * 128), k, k + tile,
-                      lrow, drow, p.scale, lane);
+    dq_step<T, D, DV, BQ>(dq, walk, it, i0 + x, aQ + cw * (R * 128), aO + cw * (R * 128), k,
+                          k + k_tile, lrow, drow, p.scale, lane);
     bars.release(it); // the tile fully read
   }
   const std::int64_t stride = static_cast<std::int64_t>(p.q_heads) * D;
@@ -617,16 +690,25 @@ __device__ __forceinline__ void dq_sm90_ws(const tc_backward_params<T>& tp, std:
 //! blocks are dK/dV blocks, the next row_tile_count * q_heads dQ blocks. One grid, both lists
 //! heaviest first, so the light dQ blocks fill the SMs the dK/dV blocks leave at their tail
 //! instead of a second launch's waves starting behind the first's last block.
-template <class T, int D, int WG>
+//! `Part` 1 or 2: only the dK/dV blocks or only the dQ blocks (the grid then holds those alone).
+//! Separate widths launch the two kinds apart: in one function their register needs add up
+//! (ptxas spills at 192/128), apart neither spills.
+template <class T, int D, int DV, int WG, int Part = 0>
 __global__ void __launch_bounds__(128 * WG, WG == 1 ? 2 : 1)
     backward_sm90_kernel(tc_backward_params<T> tp) {
 #if RINGATTN_WGMMA_ENABLED
-  const std::int64_t b = blockIdx.x, dkdv_blocks = tp.key_tile_count * tp.b.kv_heads;
-  if constexpr (WG == 3) {
+  static_assert(WG == 3 || (D == DV && Part == 0), "separate widths run with three warpgroups");
+  const std::int64_t dkdv_blocks = tp.key_tile_count * tp.b.kv_heads;
+  const std::int64_t b = blockIdx.x + (Part == 2 ? dkdv_blocks : 0);
+  if constexpr (Part == 1) {
+    dkdv_sm90_ws<T, D, DV>(tp, b);
+  } else if constexpr (Part == 2) {
+    dq_sm90_ws<T, D, DV>(tp, b - dkdv_blocks);
+  } else if constexpr (WG == 3) {
     if (b < dkdv_blocks)
-      dkdv_sm90_ws<T, D>(tp, b);
+      dkdv_sm90_ws<T, D, DV>(tp, b);
     else
-      dq_sm90_ws<T, D>(tp, b - dkdv_blocks);
+      dq_sm90_ws<T, D, DV>(tp, b - dkdv_blocks);
   } else if (b < dkdv_blocks) {
     dkdv_sm90<T, D, WG>(tp, b);
   } else {

@@ -78,18 +78,20 @@ inline constexpr bool sm90_split_state = sm90_forward_tuning_for<D>.split_state;
 template <int D>
 inline constexpr int sm90_block_n = sm90_forward_tuning_for<D>.block_n;
 
-//! Dynamic shared memory of one thread block: Q and `sm90_stages` K and V tiles, plus 1 KB to
-//! align the base for the swizzle pattern.
-template <class T, int D>
+//! Dynamic shared memory of one thread block: Q and `sm90_stages` K and V tiles (K `D` wide, V
+//! `DV`), plus 1 KB to align the base for the swizzle pattern.
+template <class T, int D, int DV = D>
 constexpr int sm90_smem_bytes() {
-  return (sm90_block_m + 2 * sm90_stages<D> * sm90_block_n<D>)*D * static_cast<int>(sizeof(T)) +
+  return (sm90_block_m * D + sm90_stages<D> * sm90_block_n<D> * (D + DV)) *
+             static_cast<int>(sizeof(T)) +
          1024;
 }
 
 //! `E` says what the epilogue writes (forward_params.cuh). `Reduce` (with `epilogue::merge` only):
 //! merge_path::reduce, the block's rows added
-//! to the state through the L2 with no old state read (tuning.cuh).
-template <class T, int D, int BN, epilogue E, bool Reduce>
+//! to the state through the L2 with no old state read (tuning.cuh). Q and K are `D` wide, V and
+//! the output `DV` (equal, or 192 and 128).
+template <class T, int D, int DV, int BN, epilogue E, bool Reduce>
 __global__ void __launch_bounds__(sm90_threads, 1) block_forward_sm90_kernel(forward_params<T> p) {
 #if RINGATTN_WGMMA_ENABLED
   static_assert(!Reduce || E == epilogue::merge, "only a plain merge adds through the L2");
@@ -97,10 +99,13 @@ __global__ void __launch_bounds__(sm90_threads, 1) block_forward_sm90_kernel(for
   constexpr bool Merge = E == epilogue::merge || E == epilogue::merge_out;
   constexpr int BM = sm90_block_m, Stages = sm90_stages<D>;
   constexpr int NTiles = BN / 8; // 8-column tiles of S (4 accumulators a thread each)
-  constexpr int DTiles = D / 8;  // 8-column tiles of O
+  constexpr int DTiles = DV / 8; // 8-column tiles of O
   constexpr float neg_inf = -__builtin_huge_valf();
-  static_assert(sizeof(T) == 2 && (BN == 64 || BN == 128) && (D == 64 || D == 128));
-  constexpr std::uint32_t q_bytes = BM * D * 2, kv_bytes = BN * D * 2;
+  static_assert(sizeof(T) == 2 && (BN == 64 || BN == 128));
+  static_assert(((D == 64 || D == 128) && DV == D) || (D == 192 && DV == 128));
+  // A stage holds a K tile, then a V tile.
+  constexpr std::uint32_t q_bytes = BM * D * 2, k_bytes = BN * D * 2, v_bytes = BN * DV * 2,
+                          stage_bytes = k_bytes + v_bytes;
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
   // full[Stages], empty[Stages], then a merge's two: k_free (the consumers are done with the K
@@ -110,7 +115,7 @@ __global__ void __launch_bounds__(sm90_threads, 1) block_forward_sm90_kernel(for
   __shared__ float lse_stage[Merge ? BM : 1], sum_stage[Merge ? BM : 1];
   const std::uint32_t raw = smem_address(smem_raw);
   const std::uint32_t pad = (1024u - (raw & 1023u)) & 1023u; // swizzle atoms start 1 KB aligned
-  const std::uint32_t aQ = raw + pad; // stage s: K at aQ + q_bytes + s * 2 * kv_bytes, then V
+  const std::uint32_t aQ = raw + pad; // stage s: K at aQ + q_bytes + s * stage_bytes, then V
   const std::uint32_t full0 = smem_address(&bars[0]), empty0 = smem_address(&bars[Stages]);
   const std::uint32_t k_free = smem_address(&bars[2 * Stages]), k_full = k_free + 8;
 
@@ -141,8 +146,8 @@ __global__ void __launch_bounds__(sm90_threads, 1) block_forward_sm90_kernel(for
     setmaxnreg_dec<24>();
     if (total > 0) {
       const int tid = static_cast<int>(threadIdx.x);
-      produce_tile<BM, D>(aQ, p.q + (g.q_begin + row0) * p.q_token_stride + h * p.q_head_stride,
-                          p.q_token_stride, rows_valid, tid);
+      produce_panels<BM, D>(aQ, p.q + (g.q_begin + row0) * p.q_token_stride + h * p.q_head_stride,
+                            p.q_token_stride, rows_valid, tid);
       for (int t = 0; t < total; ++t) {
         const int stage = t % Stages;
         if (t >= Stages) mbarrier_wait(empty0 + 8 * stage, ((t / Stages) - 1) & 1);
@@ -151,11 +156,11 @@ __global__ void __launch_bounds__(sm90_threads, 1) block_forward_sm90_kernel(for
         walk.tile(t, b, j);
         const std::int64_t start = walk.begin(b) + j * BN;
         const int valid = walk.valid(b, j);
-        const std::uint32_t k = aQ + q_bytes + stage * 2 * kv_bytes;
-        produce_tile<BN, D>(k, p.k + start * p.k_token_stride + kvh * p.k_head_stride,
-                            p.k_token_stride, valid, tid);
-        produce_tile<BN, D>(k + kv_bytes, p.v + start * p.v_token_stride + kvh * p.v_head_stride,
-                            p.v_token_stride, valid, tid);
+        const std::uint32_t k = aQ + q_bytes + stage * stage_bytes;
+        produce_panels<BN, D>(k, p.k + start * p.k_token_stride + kvh * p.k_head_stride,
+                              p.k_token_stride, valid, tid);
+        produce_panels<BN, DV>(k + k_bytes, p.v + start * p.v_token_stride + kvh * p.v_head_stride,
+                               p.v_token_stride, valid, tid);
         cp_async_mbarrier_arrive(full0 + 8 * stage);
       }
     }
@@ -172,7 +177,7 @@ __global__ void __launch_bounds__(sm90_threads, 1) block_forward_sm90_kernel(for
       {
         const int tid = static_cast<int>(threadIdx.x);
         const int stage = total % Stages;
-        const std::uint32_t s_o = aQ + q_bytes + stage * 2 * kv_bytes;
+        const std::uint32_t s_o = aQ + q_bytes + stage * stage_bytes;
         const std::int64_t row = g.q_begin + row0;
         const float* o = p.state.o_row(row, h);
         const float* lse = p.state.lse + h * p.state.tokens + row;
@@ -180,19 +185,19 @@ __global__ void __launch_bounds__(sm90_threads, 1) block_forward_sm90_kernel(for
         auto free_stage = [&] {
           if (total >= Stages) mbarrier_wait(empty0 + 8 * stage, ((total / Stages) - 1) & 1);
         };
-        if constexpr (sm90_split_state<D>) {
+        if constexpr (sm90_split_state<D> && DV == D) {
           constexpr int half = BM / 2;
-          static_assert(half * D * 4 == kv_bytes, "a consumer's old o fills one K or V tile");
+          static_assert(half * D * 4 == k_bytes, "a consumer's old o fills one K or V tile");
           if (total >= Stages) mbarrier_wait(k_free, 0);
           stage_rows<half, D>(s_o, o, rows_valid, tid);
           stage_lse(smem_address(lse_stage), lse, rows_valid, tid);
           stage_lse(smem_address(sum_stage), sum, rows_valid, tid);
           cp_async_mbarrier_arrive(k_full);
           free_stage();
-          stage_rows<half, D>(s_o + kv_bytes, o + half * D, rows_valid - half, tid);
+          stage_rows<half, D>(s_o + k_bytes, o + half * D, rows_valid - half, tid);
         } else {
           free_stage();
-          stage_rows<BM, D>(s_o, o, rows_valid, tid);
+          stage_rows<BM, DV>(s_o, o, rows_valid, tid);
           stage_lse(smem_address(lse_stage), lse, rows_valid, tid);
           stage_lse(smem_address(sum_stage), sum, rows_valid, tid);
         }
@@ -219,7 +224,7 @@ __global__ void __launch_bounds__(sm90_threads, 1) block_forward_sm90_kernel(for
   }
 
   // Descriptors. Q: this warpgroup's 64 rows of panel kk / 4, k-step kk % 4 (32 bytes) within
-  // it. K: all BN rows, the same k-steps. V: k-step kk is 16 rows (2 KB) down; N = D spans the
+  // it. K: all BN rows, the same k-steps. V: k-step kk is 16 rows (2 KB) down; N = DV spans the
   // panels, BN * 128 bytes apart.
   // A descriptor's address field is bits 0-13 of (address >> 4); every operand lies below 256 KB,
   // so stepping a base descriptor by (bytes >> 4) never carries out of the field.
@@ -228,15 +233,15 @@ __global__ void __launch_bounds__(sm90_threads, 1) block_forward_sm90_kernel(for
   const std::uint64_t v_lbo = sw128_descriptor(0, BN * 128) - sw128_descriptor(0, 16);
   auto q_desc = [&](int kk) { return q_base + (((kk >> 2) * (BM * 128) + (kk & 3) * 32) >> 4); };
   auto k_desc = [&](int stage, int kk) {
-    return kv_base + ((stage * 2 * kv_bytes + (kk >> 2) * (BN * 128) + (kk & 3) * 32) >> 4);
+    return kv_base + ((stage * stage_bytes + (kk >> 2) * (BN * 128) + (kk & 3) * 32) >> 4);
   };
   auto v_desc = [&](int stage, int kk) {
-    return kv_base + v_lbo + ((stage * 2 * kv_bytes + kv_bytes + kk * (16 * 128)) >> 4);
+    return kv_base + v_lbo + ((stage * stage_bytes + k_bytes + kk * (16 * 128)) >> 4);
   };
 
-  float o[D / 2];
+  float o[DV / 2];
 #pragma unroll
-  for (int i = 0; i < D / 2; ++i)
+  for (int i = 0; i < DV / 2; ++i)
     o[i] = 0.0f;
   float m[2] = {neg_inf, neg_inf}, l[2] = {0.0f, 0.0f};
   float s[BN / 2];
@@ -308,7 +313,7 @@ __global__ void __launch_bounds__(sm90_threads, 1) block_forward_sm90_kernel(for
   // half may go there (the producer's merge branch). A predicated arrive, so that the loop body
   // stays one block of straight-line code for the scheduler.
   auto k_read = [&](int it) {
-    if constexpr (Merge && !Reduce && sm90_split_state<D>)
+    if constexpr (Merge && !Reduce && sm90_split_state<D> && DV == D)
       mbarrier_arrive_if(k_free, it == total - Stages);
   };
   auto wait_full = [&](int t) {
@@ -399,23 +404,24 @@ __global__ void __launch_bounds__(sm90_threads, 1) block_forward_sm90_kernel(for
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int local = wrow + (lane >> 2) + r * 8;
-        finish_row<T, D, epilogue::merge>(p, h, g.q_begin + row0 + local, local < rows_valid, m[r],
-                                          l[r], lane,
-                                          [&](int t, int x) { return o[4 * t + 2 * r + x]; });
+        finish_row<T, DV, epilogue::merge>(p, h, g.q_begin + row0 + local, local < rows_valid, m[r],
+                                           l[r], lane,
+                                           [&](int t, int x) { return o[4 * t + 2 * r + x]; });
       }
       return;
     }
     const int stage = total % Stages;
     if (total >= Stages) mbarrier_wait(empty0 + 8 * stage, ((total / Stages) - 1) & 1);
-    const std::uint32_t rows_at = aQ + q_bytes + stage * 2 * kv_bytes + cw * kv_bytes;
-    static_assert(64 * D * 4 == kv_bytes, "a consumer's rows fill one K or V tile");
+    constexpr std::uint32_t rows_bytes = 64 * DV * 4; // a consumer's rows, dense fp32
+    static_assert(2 * rows_bytes <= stage_bytes, "both consumers' rows fit in one stage");
+    const std::uint32_t rows_at = aQ + q_bytes + stage * stage_bytes + cw * rows_bytes;
     // Row-major and dense, as in the state; the 8-column pieces a thread writes in turn are
     // permuted by (row % 4) XOR, so that a warp's eight rows hit four bank groups at a time.
     const int x4 = (lane >> 2) & 3;
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int local = wrow + (lane >> 2) + r * 8;
-      const std::uint32_t row_at = rows_at + (local - cw * 64) * (D * 4) + (lane & 3) * 8;
+      const std::uint32_t row_at = rows_at + (local - cw * 64) * (DV * 4) + (lane & 3) * 8;
 #pragma unroll
       for (int t = 0; t < DTiles; ++t) {
         float v[2];
@@ -436,7 +442,7 @@ __global__ void __launch_bounds__(sm90_threads, 1) block_forward_sm90_kernel(for
     if ((ctid & 127) == 0) {
       const int rows = rows_valid - cw * 64 < 64 ? rows_valid - cw * 64 : 64;
       if (rows > 0) {
-        bulk_reduce_add_f32(p.state.o_row(g.q_begin + row0 + cw * 64, h), rows_at, rows * D * 4);
+        bulk_reduce_add_f32(p.state.o_row(g.q_begin + row0 + cw * 64, h), rows_at, rows * DV * 4);
         bulk_wait_read();
       }
     }
@@ -451,19 +457,19 @@ __global__ void __launch_bounds__(sm90_threads, 1) block_forward_sm90_kernel(for
   float lse_old[2] = {neg_inf, neg_inf}, sum_old[2] = {0.0f, 0.0f};
   if constexpr (Merge) {
     {
-      static_assert(BM * D * 4 <= 2 * kv_bytes, "the old o must fit in one K/V stage");
-      if (sm90_split_state<D> && cw == 0)
+      static_assert(BM * DV * 4 <= stage_bytes, "the old o must fit in one K/V stage");
+      if (sm90_split_state<D> && DV == D && cw == 0)
         mbarrier_wait(k_full, 0); // this warpgroup's rows, in the stage's K half
       else
         wait_full(total);
-      const std::uint32_t s_o = aQ + q_bytes + (total % Stages) * 2 * kv_bytes;
+      const std::uint32_t s_o = aQ + q_bytes + (total % Stages) * stage_bytes;
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
         const int local = wrow + (lane >> 2) + r * 8;
         if (local < rows_valid) {
           lse_old[r] = lse_stage[local];
           sum_old[r] = sum_stage[local];
-          const std::uint32_t row_base = s_o + local * (D * 4) + (lane & 1) * 8;
+          const std::uint32_t row_base = s_o + local * (DV * 4) + (lane & 1) * 8;
 #pragma unroll
           for (int t = 0; t < DTiles; ++t) {
             const int c = 2 * t + ((lane & 3) >> 1);
@@ -484,7 +490,7 @@ __global__ void __launch_bounds__(sm90_threads, 1) block_forward_sm90_kernel(for
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int local = wrow + (lane >> 2) + r * 8;
-    finish_row<T, D, E>(
+    finish_row<T, DV, E>(
         p, h, g.q_begin + row0 + local, local < rows_valid, m[r], l[r], lane,
         [&](int t, int x) { return o[4 * t + 2 * r + x]; },
         [&](int t, int x) { return s[4 * t + 2 * r + x]; }, lse_old[r], sum_old[r]);

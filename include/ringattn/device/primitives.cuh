@@ -80,6 +80,16 @@ __device__ __forceinline__ std::uint32_t pack2(float lo, float hi) {
   }
 }
 
+//! Half `hi` (0: the low one) of a register of two 16-bit elements, as a float.
+template <class T>
+__device__ __forceinline__ float unpack1(std::uint32_t r, int hi) {
+  const auto bits = static_cast<unsigned short>(hi ? r >> 16 : r & 0xffffu);
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    return __uint_as_float(static_cast<std::uint32_t>(bits) << 16);
+  else
+    return __half2float(__ushort_as_half(bits));
+}
+
 //! Element offset of 16-byte chunk `chunk` of row `row` in a [rows, D] shared tile. Chunks are
 //! XOR-swizzled with row % 8 so that the 8 rows an ldmatrix reads hit 8 different bank groups.
 template <int D>

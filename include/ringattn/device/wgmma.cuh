@@ -282,6 +282,19 @@ __device__ __forceinline__ void produce_tile(std::uint32_t s, const T* g, std::i
   }
 }
 
+//! `produce_tile` for every width the kernels take: a 192-wide tile is its first two panels (128
+//! columns) and its third, copied as a 128-wide and a 64-wide tile.
+template <int Rows, int D, class T>
+__device__ __forceinline__ void produce_panels(std::uint32_t s, const T* g, std::int64_t stride,
+                                               int valid, int tid) {
+  if constexpr (D == 192) {
+    produce_tile<Rows, 128>(s, g, stride, valid, tid);
+    produce_tile<Rows, 64>(s + 2 * Rows * 128, g + 128, stride, valid, tid);
+  } else {
+    produce_tile<Rows, D>(s, g, stride, valid, tid);
+  }
+}
+
 } // namespace kernels
 RINGATTN_ABI_END
 

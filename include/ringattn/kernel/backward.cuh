@@ -287,12 +287,34 @@ public:
   bool tensor_cores(int head_dim) const noexcept {
     return path_ != backward_path::cuda_cores && tensor_cores_ok_ && head_dim <= 128;
   }
+  //! The same for q/k `head_dim` and v `head_dim_v` (unequal widths: wgmma or nothing).
+  bool tensor_cores(int head_dim, int head_dim_v) const noexcept {
+    return head_dim == head_dim_v ? tensor_cores(head_dim) : wgmma(head_dim, head_dim_v);
+  }
   //! Warpgroups a thread block of the wgmma kernels.
   int wgmma_warpgroups() const noexcept { return wgmma_warpgroups_; }
   //! Whether calls with this head_dim run the Hopper (wgmma) kernels.
-  bool wgmma(int head_dim) const noexcept {
+  bool wgmma(int head_dim) const noexcept { return wgmma(head_dim, head_dim); }
+  //! The same for q/k `head_dim` and v `head_dim_v` (64/64, 128/128 and 192/128; the last with
+  //! the tuned three warpgroups only).
+  bool wgmma(int head_dim, int head_dim_v) const noexcept {
     return (path_ == backward_path::automatic || path_ == backward_path::wgmma) && wgmma_ok_ &&
-           (head_dim == 64 || head_dim == 128);
+           widths_on_wgmma(head_dim, head_dim_v) &&
+           (head_dim == head_dim_v || wgmma_warpgroups_ == tuned_wgmma_warpgroups);
+  }
+  //! Whether a call of these widths has a kernel under this schedule: unequal widths need the
+  //! wgmma kernels, and equal ones of 192 have none.
+  validation supports(int head_dim, int head_dim_v) const {
+    validation r = validation::ok();
+    if (head_dim != head_dim_v || head_dim == 192)
+      r.require(wgmma(head_dim, head_dim_v), "head_dim ", head_dim, " with head_dim_v ", head_dim_v,
+                widths_on_wgmma(head_dim, head_dim_v)
+                    ? " runs only on the wgmma block backward, which needs code built for sm_90a "
+                      "(CMake CUDA architecture 90a) running on a compute capability 9.0 device "
+                      "and the automatic or wgmma path"
+                    : " has no native CUDA block backward",
+                "; the host kernels take any widths and the cuDNN model those cuDNN supports");
+    return r;
   }
 
   template <class T>
@@ -403,38 +425,61 @@ void launch_tc_pair(void (*dkdv)(kernels::tc_backward_params<T>),
 }
 // `wgmma_warpgroups` 0: the mma.sync kernels (dK/dV, then dQ); 1, 2 or 3: the wgmma kernel with
 // that many warpgroups (both block kinds in one grid).
-template <class T, int D>
+// Q/K `D` wide, V `DV` (unequal: the three-warpgroup wgmma kernel only).
+template <class T, int D, int DV = D>
 void launch_block_backward_tc(const kernels::tc_backward_params<T>& p, int wgmma_warpgroups,
                               cudaStream_t stream) {
-  if (wgmma_warpgroups == 0) {
-    launch_tc_pair<T>(&kernels::dkdv_tc_kernel<T, D>, &kernels::dq_tc_kernel<T, D>,
-                      kernels::tc_backward_threads, kernels::tc_backward_smem_bytes<T, D>(), p,
-                      stream);
-    return;
+  if constexpr (D == DV) {
+    if (wgmma_warpgroups == 0) {
+      launch_tc_pair<T>(&kernels::dkdv_tc_kernel<T, D>, &kernels::dq_tc_kernel<T, D>,
+                        kernels::tc_backward_threads, kernels::tc_backward_smem_bytes<T, D>(), p,
+                        stream);
+      return;
+    }
   }
   const unsigned blocks = sm90_backward_grid(p);
   if (blocks == 0) return;
   constexpr int W = tuned_wgmma_warpgroups;
+  if constexpr (D != DV) {
+    // The dK/dV blocks, then the dQ blocks, in two launches (backward_sm90_kernel's `Part`).
+    constexpr int smem = kernels::sm90_backward_smem_bytes<T, D, DV, W>();
+    auto launch = [&](auto* kernel, std::int64_t count) {
+      static const bool checked = (require_sm90_registers(kernel, "the host kernels"), true);
+      (void)checked;
+      if (count == 0) return;
+      allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem);
+      kernel<<<static_cast<unsigned>(count), 128 * W, smem, stream>>>(p);
+      RINGATTN_CUDA_CHECK_LAUNCH();
+    };
+    launch(&kernels::backward_sm90_kernel<T, D, DV, W, 1>, p.key_tile_count * p.b.kv_heads);
+    launch(&kernels::backward_sm90_kernel<T, D, DV, W, 2>, p.row_tile_count * p.b.q_heads);
+    return;
+  } else {
 #if defined(RINGATTN_EXPERIMENTS)
-  auto kernel = wgmma_warpgroups == 3   ? &kernels::backward_sm90_kernel<T, D, 3>
-                : wgmma_warpgroups == 2 ? &kernels::backward_sm90_kernel<T, D, 2>
-                                        : &kernels::backward_sm90_kernel<T, D, 1>;
-  const int smem = wgmma_warpgroups == 3   ? kernels::sm90_backward_smem_bytes<T, D, 3>()
-                   : wgmma_warpgroups == 2 ? kernels::sm90_backward_smem_bytes<T, D, 2>()
-                                           : kernels::sm90_backward_smem_bytes<T, D, 1>();
+    auto kernel = &kernels::backward_sm90_kernel<T, D, DV, W>;
+    int smem = kernels::sm90_backward_smem_bytes<T, D, DV, W>();
+    if constexpr (D == DV) {
+      if (wgmma_warpgroups != W) {
+        kernel = wgmma_warpgroups == 2 ? &kernels::backward_sm90_kernel<T, D, D, 2>
+                                       : &kernels::backward_sm90_kernel<T, D, D, 1>;
+        smem = wgmma_warpgroups == 2 ? kernels::sm90_backward_smem_bytes<T, D, D, 2>()
+                                     : kernels::sm90_backward_smem_bytes<T, D, D, 1>();
+      }
+    }
 #else
-  auto kernel = &kernels::backward_sm90_kernel<T, D, W>;
-  const int smem = kernels::sm90_backward_smem_bytes<T, D, W>();
+    auto kernel = &kernels::backward_sm90_kernel<T, D, DV, W>;
+    const int smem = kernels::sm90_backward_smem_bytes<T, D, DV, W>();
 #endif
-  if (wgmma_warpgroups == 3) {
-    // As the forward's Hopper kernel (require_sm90_registers), checked once.
-    static const bool checked =
-        (require_sm90_registers(kernel, "backward_path::tensor_cores"), true);
-    (void)checked;
+    if (wgmma_warpgroups == 3) {
+      // As the forward's Hopper kernel (require_sm90_registers), checked once.
+      static const bool checked =
+          (require_sm90_registers(kernel, "backward_path::tensor_cores"), true);
+      (void)checked;
+    }
+    allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem);
+    kernel<<<blocks, 128 * wgmma_warpgroups, smem, stream>>>(p);
+    RINGATTN_CUDA_CHECK_LAUNCH();
   }
-  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem);
-  kernel<<<blocks, 128 * wgmma_warpgroups, smem, stream>>>(p);
-  RINGATTN_CUDA_CHECK_LAUNCH();
 }
 } // namespace detail
 
@@ -458,7 +503,8 @@ requires(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) void blo
   r.require(s.q_tokens() == a.q.tokens && s.kv_tokens() == a.k.tokens, "the schedule was made for ",
             s.q_tokens(), " query and ", s.kv_tokens(), " key tokens, the call has ", a.q.tokens,
             " and ", a.k.tokens);
-  if (r && s.tensor_cores(a.args.head_dim)) {
+  if (r) r.require(s.supports(a.args.qk_dim(), a.args.v_dim()));
+  if (r && s.tensor_cores(a.args.qk_dim(), a.args.v_dim())) {
     r.require(rows_aligned_to(a.q, 16) && rows_aligned_to(a.k, 16) && rows_aligned_to(a.v, 16) &&
                   rows_aligned_to(a.dout, 16),
               "q, k, v and dout must be 16-byte aligned with token and head strides that are "
@@ -469,6 +515,10 @@ requires(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) void blo
   r.require(aligned_to(a.lse, 4) && aligned_to(a.delta, 4), "lse and delta must be 4-byte aligned");
   r.throw_if_invalid();
   if (s.empty()) return;
+  if (a.args.separate_widths()) { // 192/128 on wgmma: `supports` said so
+    detail::launch_block_backward_tc<T, 192, 128>(s.tc_params(a), s.wgmma_warpgroups(), stream);
+    return;
+  }
   if (s.tensor_cores(a.args.head_dim)) {
     const auto p = s.tc_params(a);
     const int wgmma = s.wgmma(a.args.head_dim) ? s.wgmma_warpgroups() : 0;

@@ -46,6 +46,12 @@
 
 namespace ringattn {
 
+//! Whether the Hopper block kernels (forward and backward) are built for q/k width `qk` with v
+//! width `v`: equal widths of 64 or 128, and 192 with 128.
+constexpr bool widths_on_wgmma(int qk, int v) {
+  return (qk == v && (qk == 64 || qk == 128)) || (qk == 192 && v == 128);
+}
+
 //! Options of a `device_block_schedule`.
 struct schedule_options {
   forward_path path = forward_path::automatic;
@@ -106,15 +112,24 @@ inline bool wgmma_available() {
 class device_block_schedule {
 public:
   //! Validates `groups` against the shard sizes and lays out tiles of the kernel's row count for
-  //! `head_dim`, heaviest first (so the longest tiles of a causal block start first).
-  //! Also resolves which kernel runs (`options.path`; the current device is asked once). Throws
-  //! `invalid_argument` for a path that cannot run here.
+  //! `head_dim` (q and k; v as wide), heaviest first (so the longest tiles of a causal block start
+  //! first). Also resolves which kernel runs (`options.path`; the current device is asked once).
+  //! Throws `invalid_argument` for a path that cannot run here.
   device_block_schedule(std::span<const block_group> groups, std::int64_t q_tokens,
                         std::int64_t kv_tokens, int head_dim, schedule_options options = {})
+      : device_block_schedule(groups, q_tokens, kv_tokens, head_dim, head_dim, options) {}
+  //! As above for the widths of `args` (q and k `head_dim`, v and the output `head_dim_v`).
+  device_block_schedule(std::span<const block_group> groups, std::int64_t q_tokens,
+                        std::int64_t kv_tokens, const attention_arguments& args,
+                        schedule_options options = {})
+      : device_block_schedule(groups, q_tokens, kv_tokens, args.qk_dim(), args.v_dim(), options) {}
+  device_block_schedule(std::span<const block_group> groups, std::int64_t q_tokens,
+                        std::int64_t kv_tokens, int head_dim, int head_dim_v,
+                        schedule_options options)
       : groups_(groups.begin(), groups.end()), q_tokens_(q_tokens), kv_tokens_(kv_tokens),
-        head_dim_(head_dim) {
+        head_dim_(head_dim), head_dim_v_(head_dim_v) {
     validate_groups(groups, q_tokens, kv_tokens).throw_if_invalid();
-    path_ = resolve(options.path, head_dim);
+    path_ = resolve(options.path, head_dim, head_dim_v);
     merge_ = options.merge;
     if (merge_ == merge_path::automatic) {
       bool banded = false;
@@ -190,6 +205,7 @@ public:
   std::int64_t q_tokens() const noexcept { return q_tokens_; }
   std::int64_t kv_tokens() const noexcept { return kv_tokens_; }
   int head_dim() const noexcept { return head_dim_; }
+  int head_dim_v() const noexcept { return head_dim_v_; }
   //! Thread blocks per head of one launch.
   std::int64_t tiles() const noexcept { return tile_count_; }
   //! (row tile, KV tile) pairs visited per head: the work of one launch.
@@ -200,7 +216,7 @@ public:
 private:
   std::vector<block_group> groups_;
   std::int64_t q_tokens_, kv_tokens_;
-  int head_dim_;
+  int head_dim_, head_dim_v_;
   forward_path path_ = forward_path::mma_sync;
   merge_path merge_ = merge_path::rewrite;
   int block_m_ = 0;
@@ -209,20 +225,38 @@ private:
   block_group* groups_device_ = nullptr;
   work_tile* tiles_device_ = nullptr;
 
-  static forward_path resolve(forward_path want, int head_dim) {
-    if (want == forward_path::mma_sync) return want;
-    const bool dim_ok = head_dim == 64 || head_dim == 128;
+  static forward_path resolve(forward_path want, int qk, int v) {
+    const bool mma_dims = qk == v && (qk == 64 || qk == 128 || qk == 256);
+    const bool wgmma_dims = widths_on_wgmma(qk, v);
+    const std::string widths =
+        qk == v ? "head_dim " + std::to_string(qk)
+                : "head_dim " + std::to_string(qk) + " with head_dim_v " + std::to_string(v);
+    if (want == forward_path::mma_sync) {
+      if (!mma_dims)
+        throw invalid_argument("ringattn: the mma_sync block kernel takes head_dim 64, 128 or 256 "
+                               "with v as wide (got " +
+                               widths + ")");
+      return want;
+    }
 #if defined(__CUDACC__)
-    const bool here = dim_ok && kernels::wgmma_available();
+    const bool here = wgmma_dims && kernels::wgmma_available();
 #else
     const bool here = false; // the wgmma kernels exist only in CUDA translation units
 #endif
     if (want == forward_path::wgmma && !here)
       throw invalid_argument(
-          dim_ok ? "ringattn: the wgmma block kernel needs code built for sm_90a (CMake CUDA "
-                   "architecture 90a) running on a compute capability 9.0 device"
-                 : "ringattn: the wgmma block kernel takes head_dim 64 or 128 (got " +
-                       std::to_string(head_dim) + ")");
+          wgmma_dims ? "ringattn: the wgmma block kernel needs code built for sm_90a (CMake CUDA "
+                       "architecture 90a) running on a compute capability 9.0 device"
+                     : "ringattn: the wgmma block kernel takes head_dim 64 or 128, or 192 with "
+                       "head_dim_v 128 (got " +
+                           widths + ")");
+    if (!here && !mma_dims)
+      throw invalid_argument(
+          "ringattn: " + widths +
+          (wgmma_dims ? " runs only on the wgmma block kernel, which needs code built for sm_90a "
+                        "(CMake CUDA architecture 90a) running on a compute capability 9.0 device"
+                      : " has no native CUDA block kernel") +
+          "; the host kernels take any widths and the cuDNN model those cuDNN supports");
     return here ? forward_path::wgmma : forward_path::mma_sync;
   }
 };
@@ -233,6 +267,12 @@ private:
 inline bool forward_path_available(forward_path path, int head_dim) {
   if (path != forward_path::wgmma) return true;
   return (head_dim == 64 || head_dim == 128) && kernels::wgmma_available();
+}
+//! The same for q/k `head_dim` and v `head_dim_v` (192 with 128: the wgmma kernel only).
+inline bool forward_path_available(forward_path path, int head_dim, int head_dim_v) {
+  if (head_dim == head_dim_v) return forward_path_available(path, head_dim);
+  return path != forward_path::mma_sync && widths_on_wgmma(head_dim, head_dim_v) &&
+         kernels::wgmma_available();
 }
 #endif
 
@@ -257,10 +297,11 @@ validation validate_device_forward(const block_forward_args<T>& a, const device_
             " kernel for head_dim ", a.args.head_dim, " takes ",
             device_block_schedule::tuned_block_m(a.args.head_dim, s.path()));
   r.require(s.q_tokens() == a.q.tokens && s.kv_tokens() == a.k.tokens &&
-                s.head_dim() == a.args.head_dim,
+                s.head_dim() == a.args.qk_dim() && s.head_dim_v() == a.args.v_dim(),
             "the schedule was made for ", s.q_tokens(), " query and ", s.kv_tokens(),
-            " key tokens, head_dim ", s.head_dim(), "; the call has ", a.q.tokens, ", ", a.k.tokens,
-            ", ", a.args.head_dim);
+            " key tokens, head_dim ", s.head_dim(), ", head_dim_v ", s.head_dim_v(),
+            "; the call has ", a.q.tokens, ", ", a.k.tokens, ", ", a.args.qk_dim(), ", ",
+            a.args.v_dim());
   return r;
 }
 
@@ -280,14 +321,14 @@ void require_sm90_registers(Kernel* kernel, const char* fallback) {
                 " (is -maxrregcount set?); use " + fallback);
 }
 
-template <class T, int D, forward_tuning Tune, kernels::epilogue E>
+template <class T, int D, int DV, forward_tuning Tune, kernels::epilogue E>
 void launch_block_forward(const kernels::forward_params<T>& p, const device_block_schedule& s,
                           cudaStream_t stream) {
   if (s.tiles() == 0 || p.q_heads == 0) return;
   const dim3 grid(static_cast<unsigned>(s.tiles()), static_cast<unsigned>(p.q_heads));
-  if constexpr (D == 64 || D == 128) {
+  if constexpr (D == 64 || D == 128 || D == 192) {
     if (s.path() == forward_path::wgmma) {
-      constexpr int bytes = kernels::sm90_smem_bytes<T, D>();
+      constexpr int bytes = kernels::sm90_smem_bytes<T, D, DV>();
       constexpr int BN = kernels::sm90_block_n<D>;
       auto launch = [&](auto* kernel) {
         static const bool checked =
@@ -300,16 +341,21 @@ void launch_block_forward(const kernels::forward_params<T>& p, const device_bloc
       // Only a plain merge may add through the L2 (merge_path::reduce).
       if constexpr (E == kernels::epilogue::merge)
         if (s.merge() == merge_path::reduce)
-          return launch(&kernels::block_forward_sm90_kernel<T, D, BN, E, true>);
-      return launch(&kernels::block_forward_sm90_kernel<T, D, BN, E, false>);
+          return launch(&kernels::block_forward_sm90_kernel<T, D, DV, BN, E, true>);
+      return launch(&kernels::block_forward_sm90_kernel<T, D, DV, BN, E, false>);
     }
   }
-  constexpr int smem = kernels::forward_smem_bytes<T, D>(Tune);
-  auto* kernel = &kernels::block_forward_kernel<T, D, Tune.warps, Tune.m_tiles, Tune.block_n,
-                                                Tune.q_in_registers, E>;
-  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem);
-  kernel<<<grid, Tune.threads(), smem, stream>>>(p);
-  RINGATTN_CUDA_CHECK_LAUNCH();
+  if constexpr (D != DV || D == 192) {
+    throw error("ringattn: widths " + std::to_string(D) + "/" + std::to_string(DV) +
+                " run only on the wgmma block kernel");
+  } else {
+    constexpr int smem = kernels::forward_smem_bytes<T, D>(Tune);
+    auto* kernel = &kernels::block_forward_kernel<T, D, Tune.warps, Tune.m_tiles, Tune.block_n,
+                                                  Tune.q_in_registers, E>;
+    allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem);
+    kernel<<<grid, Tune.threads(), smem, stream>>>(p);
+    RINGATTN_CUDA_CHECK_LAUNCH();
+  }
 }
 
 template <class T>
@@ -343,10 +389,12 @@ void block_forward(const block_forward_args<T>& a, const device_block_schedule& 
                    float* lse_out, cudaStream_t stream) {
   validate_device_forward(a, s).throw_if_invalid();
   const auto p = forward_params_of(a, s, out, lse_out);
+  if (a.args.separate_widths()) // 192/128: the schedule accepted no other pair
+    return launch_block_forward<T, 192, 128, forward_tuning_for<128>, E>(p, s, stream);
   switch (a.args.head_dim) {
-  case 64: launch_block_forward<T, 64, forward_tuning_for<64>, E>(p, s, stream); break;
-  case 128: launch_block_forward<T, 128, forward_tuning_for<128>, E>(p, s, stream); break;
-  default: launch_block_forward<T, 256, forward_tuning_for<256>, E>(p, s, stream); break;
+  case 64: launch_block_forward<T, 64, 64, forward_tuning_for<64>, E>(p, s, stream); break;
+  case 128: launch_block_forward<T, 128, 128, forward_tuning_for<128>, E>(p, s, stream); break;
+  default: launch_block_forward<T, 256, 256, forward_tuning_for<256>, E>(p, s, stream); break;
   }
 }
 } // namespace detail
@@ -366,8 +414,8 @@ template <class T>
 validation validate_dense_out(const thd_view<T>& out, const block_forward_args<T>& a) {
   validation r = validate_view(out, "out");
   r.require(out.dense() && out.tokens == a.q.tokens && out.heads == a.args.q_heads &&
-                out.head_dim == a.args.head_dim,
-            "out must be a dense [q_tokens, q_heads, head_dim] tensor");
+                out.head_dim == a.args.v_dim(),
+            "out must be a dense [q_tokens, q_heads, head_dim_v] tensor");
   r.require(aligned_to(out.data, 4),
             "out must be 4-byte aligned (the kernels store pairs of elements)");
   return r;
