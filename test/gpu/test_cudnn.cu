@@ -2,13 +2,12 @@
 // every block — every partitioner x {full, causal} x P in {1, 2, 3, 4, 8} virtual ranks x GQA
 // 1 and 4, packed batches of odd lengths, forward and backward against the float64 oracle;
 // fp16 and head_dim 64; the all-gather schedule; repeatability; the backward with cuDNN's atomic dQ
-// (the same matrix, no bitwise repeat); one rank over one sequence (cuDNN writes the outputs
-// directly); a one-rank ring captured in a CUDA graph and replayed bit for bit; bad views refused
-// before anything runs.
-// Tolerances (bf16): forward 8e-3 relative L2 on O and 2e-3 absolute on LSE, as the native
-// kernels; backward 1e-2 relative L2 on each of dQ, dK, dV (each block's gradients pass through
-// bf16 once before the fp32 sums: the errors against the native path are printed). Both
-// directions repeat bit for bit.
+// (the same matrix, no bitwise repeat); windows (cuDNN's diagonal band); one rank over one
+// sequence (cuDNN writes the outputs directly); a one-rank ring captured in a CUDA graph and
+// replayed bit for bit; bad views refused before anything runs. Tolerances (bf16): forward 8e-3
+// relative L2 on O and 2e-3 absolute on LSE, as the native kernels; backward 1e-2 relative L2 on
+// each of dQ, dK, dV (each block's gradients pass through bf16 once before the fp32 sums: the
+// errors against the native path are printed). Both directions repeat bit for bit.
 #include "device_ring.cuh"
 
 #include <ringattn/cudnn.cuh>
@@ -95,6 +94,37 @@ TEST_CASE("cuDNN block kernel on the all-gather schedule equals the oracle") {
     check_backward<zigzag, cudnn_causal, causal, T, all_gather_kv>(a, true);
     check_backward<round_robin, cudnn_full, full, T, all_gather_kv>(a, true);
   }
+}
+
+TEST_CASE_TEMPLATE("cuDNN block kernel with windows: device ring equals the oracle", P, contiguous,
+                   round_robin, zigzag) {
+  // A window's band pieces run as cuDNN's top-left diagonal band: a causal window shorter than a
+  // shard, a two-sided one, one wider than every sequence; forward and backward.
+  using causal_win = cudnn_kernel<causal_window_mask, T>;
+  using sliding_win = cudnn_kernel<sliding_window_mask, T>;
+  const attention_arguments short_causal{8, 2, 128, 0.0f, 24, 0};
+  const attention_arguments two_sided{8, 2, 128, 0.0f, 40, 16};
+  const attention_arguments wide{8, 8, 128, 0.0f, 5000, 3};
+  check_forward<P, causal_win>(short_causal);
+  check_forward<P, sliding_win>(two_sided);
+  check_forward<P, sliding_win>(wide);
+  check_backward<P, causal_win, causal_window>(short_causal, true);
+  check_backward<P, sliding_win, sliding_window>(two_sided, true);
+}
+
+TEST_CASE("cuDNN block kernel: v narrower than q and k is refused at plan time") {
+  const attention_arguments mla{.q_heads = 4, .kv_heads = 4, .head_dim = 192, .head_dim_v = 128};
+  std::mt19937_64 rng(5);
+  test::sharded_case<contiguous, T> c({0, 100}, 1, mla, mask_kind::causal, rng);
+  in_process_group group(1);
+  const auto errors = test::on_ranks(group, [&](int, in_process_communicator& comm) {
+    ring_attention<contiguous, in_process_communicator, cudnn_causal> attn(comm, mla,
+                                                                           c.plan.cu_seqlens());
+    attn.prepare_device();
+  });
+  CHECK(test::message(errors[0]) ==
+        "ringattn: the cuDNN block kernel takes v as wide as q and k (head_dim 192, head_dim_v "
+        "128); separate widths run on the native kernels (sm_90a) and the host kernels");
 }
 
 TEST_CASE("cuDNN block kernel: fp16 and head_dim 64") {

@@ -4,7 +4,8 @@
 //! cuDNN's fused attention (SDPA), the host path being the host twin.
 //!
 //! Plan time (`prepare_device`): each step's groups become pieces (kernel/pieces.cuh), one cuDNN
-//! call per mask that occurs, each with its graph built and planned once (cudnn/graphs.cuh, a
+//! call per mask that occurs (a window's band pieces: one per band, cuDNN's top-left diagonal
+//! band), each with its graph built and planned once (cudnn/graphs.cuh, a
 //! cache shared by every functor of the same call shape) and its index tables in device memory.
 //! The backward's graphs are built there too, so no call builds anything.
 //!
@@ -24,8 +25,9 @@
 //! x query heads x 2 bytes per call) or `cudnn_atomic` (cuDNN's atomic dQ accumulation, as
 //! PyTorch's default: workspace linear in the rows, faster, dQ not bitwise repeatable).
 //!
-//! Requirements: q, k, v (forward) and q, out, dout (backward) dense `[tokens, heads, head_dim]`;
-//! the element type of every call is `T`. Needs `ringattn::cudnn` (cudnn-frontend and cuDNN 9).
+//! Requirements: q, k, v (forward) and q, out, dout (backward) dense `[tokens, heads, head_dim]`,
+//! v as wide as q; the element type of every call is `T`. Needs `ringattn::cudnn` (cudnn-frontend
+//! and cuDNN 9; windows: cuDNN 9.7 or later, whose SDPA takes a left diagonal bound).
 //!
 //! \code
 //! using kernel = ringattn::cudnn_kernel<ringattn::causal_mask, __nv_bfloat16>; // deterministic
@@ -68,6 +70,12 @@ public:
   cudnn_step(bool backward, bool deterministic, dtype type, std::span<const block_group> groups,
              std::int64_t q_tokens, std::int64_t kv_tokens, const attention_arguments& args)
       : backward_(backward), q_tokens_(q_tokens), args_(args) {
+    if (args.separate_widths())
+      throw invalid_argument(
+          "ringattn: the cuDNN block kernel takes v as wide as q and k (head_dim " +
+          std::to_string(args.head_dim) + ", head_dim_v " + std::to_string(args.v_dim()) +
+          "); separate widths run on the native kernels (sm_90a) and the host "
+          "kernels");
     const std::vector<piece_call> calls = calls_of(pieces_of(groups));
     if (calls.empty()) return;
     int device = 0;
@@ -93,13 +101,16 @@ public:
       k.batch = static_cast<std::int64_t>(c.pieces.size());
       // One piece of at least a tile each way runs dense (PyTorch's layout); anything else
       // packed, under the padding mask (cuDNN refuses some tiny dense shapes, 1 x 1 among them).
-      k.packed = k.batch > 1 || c.max_q < 64 || c.max_kv < 64;
+      // A band always runs packed: cuDNN takes a left bound with more queries than keys only
+      // under the padding mask.
+      k.packed = k.batch > 1 || c.max_q < 64 || c.max_kv < 64 || c.mask == piece_mask::band;
       const attention_piece& p0 = c.pieces.front();
       k.q_begin = p0.q_begin, k.kv_begin = p0.kv_begin;
       k.whole = !k.packed && p0.q_begin == 0 && p0.q_count == q_tokens;
       k.whole_kv = k.whole && p0.kv_begin == 0 && p0.kv_count == kv_tokens;
       sdpa_shape s;
       s.backward = backward, s.type = type, s.packed = k.packed, s.mask = c.mask;
+      if (c.mask == piece_mask::band) s.band_lo = c.lo, s.band_hi = c.hi;
       s.batch = k.batch, s.q_heads = args.q_heads, s.kv_heads = args.kv_heads;
       s.head_dim = args.head_dim, s.scale = static_cast<float>(args.scale());
       s.deterministic = backward && deterministic, s.device = device;
@@ -381,10 +392,6 @@ struct cudnn_kernel : host_reference<Mask> {
   static_assert(cudnn_backward_algorithm<Algorithm>,
                 "ringattn::cudnn_kernel<Mask, T, Algorithm>: Algorithm must be "
                 "ringattn::cudnn_deterministic or ringattn::cudnn_atomic");
-  static_assert(!has_window(Mask::kind),
-                "ringattn::cudnn_kernel<Mask, T, Algorithm>: the cuDNN model takes full_mask and "
-                "causal_mask; windows run on the native kernels (ringattn::sliding_window, "
-                "ringattn::causal_window)");
   using element_type = T;
   using backward_algorithm = Algorithm;
   //! `prepare_device` plans the backward with the forward: cuDNN builds nothing during a call.

@@ -60,6 +60,8 @@ struct sdpa_shape {
   dtype type = dtype::bf16;
   bool packed = false; //!< ragged pieces under a padding mask
   piece_mask mask = piece_mask::full;
+  //! A `band` mask's bounds (attention_piece::lo, hi; 0 for the other masks).
+  std::int64_t band_lo = 0, band_hi = 0;
   std::int64_t batch = 1, s_q = 0, s_kv = 0; //!< packed: padded maxima
   std::int64_t total_q = 0, total_kv = 0;    //!< packed: the packed rows (workspace bounds)
   int q_heads = 0, kv_heads = 0, head_dim = 0;
@@ -70,9 +72,9 @@ struct sdpa_shape {
   auto tie() const {
     std::uint32_t scale_bits = 0;
     std::memcpy(&scale_bits, &scale, sizeof scale_bits);
-    return std::tuple(backward, static_cast<int>(type), packed, static_cast<int>(mask), batch, s_q,
-                      s_kv, total_q, total_kv, q_heads, kv_heads, head_dim, scale_bits,
-                      deterministic, device);
+    return std::tuple(backward, static_cast<int>(type), packed, static_cast<int>(mask), band_lo,
+                      band_hi, batch, s_q, s_kv, total_q, total_kv, q_heads, kv_heads, head_dim,
+                      scale_bits, deterministic, device);
   }
   friend bool operator<(const sdpa_shape& a, const sdpa_shape& b) { return a.tie() < b.tie(); }
 
@@ -82,6 +84,13 @@ struct sdpa_shape {
       << (packed ? "packed, " : "") << batch << " x [" << s_q << " queries, " << s_kv << " keys], "
       << q_heads << '/' << kv_heads << " heads, head_dim " << head_dim << ", " << to_string(mask)
       << " mask";
+    if (mask == piece_mask::band) {
+      s << " [";
+      if (band_lo > -unbounded) s << band_lo;
+      s << ", ";
+      if (band_hi < unbounded) s << band_hi;
+      s << ']';
+    }
     return s.str();
   }
 };
@@ -167,6 +176,14 @@ inline std::shared_ptr<fe::graph::Graph> make_sdpa_graph(const sdpa_shape& s) {
         a.set_causal_mask(true);
       else
         a.set_causal_mask_bottom_right(true);
+    }
+    if (s.mask == piece_mask::band) {
+      // Top-left diagonal band: row i sees keys j with 1 - left <= j - i <= right. A band
+      // piece's lo <= 0 <= hi, so left >= 1 and right >= 0; an unbounded right side is the
+      // widest band the keys allow.
+      a.set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT);
+      if (s.band_lo > -unbounded) a.set_diagonal_band_left_bound(static_cast<int>(1 - s.band_lo));
+      a.set_diagonal_band_right_bound(static_cast<int>(s.band_hi < unbounded ? s.band_hi : s.s_kv));
     }
     if (s.packed) a.set_padding_mask(true).set_seq_len_q(seq_q).set_seq_len_kv(seq_kv);
   };
