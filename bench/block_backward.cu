@@ -71,6 +71,49 @@ BENCHMARK(block_backward)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond)
     ->MinTime(0.2);
+
+// Multi-head latent attention's widths (q and k 192, v and the output 128) on the Hopper kernels:
+// the forward (block_forward_plain) or the whole backward as above, 8K tokens, 32 query heads
+// with 32 or 8 kv heads. FLOPs 2 s^2 h (192 + 128) for the forward (half of it causal), 2.5x
+// that for the backward. PyTorch SDPA at the same shapes: `bench/baselines/sdpa_baseline.py
+// OUT.json --widths`, same device run.
+// range: tokens, kv_heads, causal, backward
+void block_mla(benchmark::State& state) {
+  if (!ringattn::bench::require_gpu(state)) return;
+  const std::int64_t s = state.range(0);
+  const int q_heads = 32, kv_heads = static_cast<int>(state.range(1));
+  const bool causal = state.range(2) != 0, backward = state.range(3) != 0;
+  if (!ringattn::forward_path_available(ringattn::forward_path::wgmma, 192, 128)) {
+    state.SkipWithError("192/128 runs on the wgmma kernels: an sm_90a image on a compute "
+                        "capability 9.0 GPU");
+    return;
+  }
+  const ringattn::bench::single_gpu_attention<T> attention(s, q_heads, kv_heads, 192, causal, {},
+                                                           128);
+  attention.forward(nullptr);
+  RINGATTN_CUDA_CHECK(cudaDeviceSynchronize());
+  ringattn::bench::gpu_timer timer;
+  timer.time(
+      state,
+      [&](cudaStream_t stream) {
+        if (backward)
+          attention.backward(stream);
+        else
+          attention.forward(stream);
+      },
+      1);
+  // attention_forward_flops counts 4 s^2 h d: d = (192 + 128) / 2.
+  const double forward = ringattn::bench::attention_forward_flops(1, q_heads, s, s, 160, causal);
+  ringattn::bench::report_flops(state, backward ? 2.5 * forward : forward);
+  state.SetLabel(std::string("192/128 wgmma ") + (backward ? "backward" : "forward") +
+                 (causal ? " causal" : " full"));
+}
+BENCHMARK(block_mla)
+    ->ArgNames({"tokens", "kv_heads", "causal", "backward"})
+    ->ArgsProduct({{8192}, {32, 8}, {0, 1}, {0, 1}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->MinTime(0.2);
 } // namespace
 
 int main(int argc, char** argv) { return ringattn::bench::run_benchmarks(argc, argv); }

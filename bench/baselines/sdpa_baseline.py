@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch SDPA baseline (cuDNN and flash backends) at the block benchmarks' shapes.
 
-usage: sdpa_baseline.py OUT.json [--backward | --ring | --decode]
+usage: sdpa_baseline.py OUT.json [--backward | --ring | --decode | --widths]
 
 Forward (default): bench_block_forward's shapes. --backward: bench_block_backward's shapes (bf16,
 32 q heads with 32 and 8 kv heads, head_dim 128, 2K, 8K and 32K tokens, full and causal); the time
@@ -11,7 +11,9 @@ of the backward alone is that of forward + backward minus that of the forward (m
 forward's), cuDNN only. --decode: bench_sharded_decode's step on one GPU over the whole cache: 32
 sequences of one new token each against 32768 cached tokens each (1M in all; the new token sees
 the cache and itself), 32:8 heads, head_dim 128, every backend that takes it (the default choice,
-cuDNN, flash, efficient). Run in the same job as our benchmark so ratios compare one machine
+cuDNN, flash, efficient). --widths: bench_block_backward's block_mla shapes (q and k 192 wide, v
+128, 8K tokens, 32:32 and 32:8 heads), forward and backward, every backend that takes them. Run in
+the same job as our benchmark so ratios compare one machine
 state. Writes JSON (list of records) to OUT.json.
 """
 import json
@@ -137,6 +139,51 @@ def decode(path):
                        device=torch.cuda.get_device_name(), results=out), f, indent=1)
 
 
+def widths(path):
+    """bench_block_backward's block_mla shapes: q and k 192 wide, v 128, 8K tokens, 32 q heads with
+    32 and 8 kv heads, full and causal; forward, and backward as forward + backward minus forward."""
+    out = []
+    torch.manual_seed(0)
+    backends = ((SDPBackend.CUDNN_ATTENTION, "cudnn"), (SDPBackend.FLASH_ATTENTION, "flash"),
+                (SDPBackend.EFFICIENT_ATTENTION, "efficient"))
+    s = 8192
+    for backend, name in backends:
+        for kvh in (32, 8):
+            for causal in (False, True):
+                rec = dict(backend=name, tokens=s, kv_heads=kvh, head_dim=192, head_dim_v=128,
+                           causal=causal)
+                q = torch.randn(1, 32, s, 192, device="cuda", dtype=torch.bfloat16,
+                                requires_grad=True)
+                k = torch.randn(1, kvh, s, 192, device="cuda", dtype=torch.bfloat16,
+                                requires_grad=True)
+                v = torch.randn(1, kvh, s, 128, device="cuda", dtype=torch.bfloat16,
+                                requires_grad=True)
+                dout = torch.randn(1, 32, s, 128, device="cuda", dtype=torch.bfloat16)
+                try:
+                    with sdpa_kernel(backend):
+                        fwd = lambda: F.scaled_dot_product_attention(
+                            q, k, v, is_causal=causal, enable_gqa=kvh != 32)
+                        ms_fwd = time_ms(lambda: fwd().detach())
+                        ms_both = time_ms(lambda: fwd().backward(dout))
+                except RuntimeError as e:
+                    rec["error"] = str(e)[:200]
+                    out.append(rec)
+                    print(f"{name:9s} kvh={kvh:2d} causal={causal!s:5s} refused: {rec['error']}",
+                          flush=True)
+                    continue
+                flops = 2 * 32 * s * s * (192 + 128) / (2 if causal else 1)
+                rec.update(ms_forward=ms_fwd, ms_backward=ms_both - ms_fwd,
+                           tflops_forward=flops / ms_fwd / 1e9,
+                           tflops_backward=2.5 * flops / (ms_both - ms_fwd) / 1e9)
+                out.append(rec)
+                print(f"{name:9s} 192/128 s={s} kvh={kvh:2d} causal={causal!s:5s} forward "
+                      f"{ms_fwd:8.3f} ms backward {ms_both - ms_fwd:8.3f} ms", flush=True)
+                del q, k, v, dout
+    with open(path, "w") as f:
+        json.dump(dict(torch=torch.__version__, cudnn=torch.backends.cudnn.version(),
+                       device=torch.cuda.get_device_name(), results=out), f, indent=1)
+
+
 def main(path):
     out = []
     torch.manual_seed(0)
@@ -186,5 +233,7 @@ if __name__ == "__main__":
         ring(sys.argv[1])
     elif "--decode" in sys.argv[2:]:
         decode(sys.argv[1])
+    elif "--widths" in sys.argv[2:]:
+        widths(sys.argv[1])
     else:
         main(sys.argv[1])

@@ -85,6 +85,7 @@ if [ -x $BUILD/bench/bench_block_backward ]; then
 fi
 python3 bench/baselines/sdpa_baseline.py "$OUT/sdpa.json" 2>&1 | tail -50
 python3 bench/baselines/sdpa_baseline.py "$OUT/sdpa_backward.json" --backward 2>&1 | tail -20
+python3 bench/baselines/sdpa_baseline.py "$OUT/sdpa_widths.json" --widths 2>&1 | tail -12
 if grep -q '"schedules/' "$OUT/ring_forward.json" 2>/dev/null; then
   # The ring against the all-gather schedule (its rows of the same run).
   python3 bench/scripts/report_schedules.py "$OUT/ring_forward.json"
