@@ -25,9 +25,10 @@
 //! x query heads x 2 bytes per call) or `cudnn_atomic` (cuDNN's atomic dQ accumulation, as
 //! PyTorch's default: workspace linear in the rows, faster, dQ not bitwise repeatable).
 //!
-//! Requirements: q, k, v (forward) and q, out, dout (backward) dense `[tokens, heads, head_dim]`,
-//! v as wide as q; the element type of every call is `T`. Needs `ringattn::cudnn` (cudnn-frontend
-//! and cuDNN 9; windows: cuDNN 9.7 or later, whose SDPA takes a left diagonal bound).
+//! Requirements: q, k, v (forward) and q, out, dout (backward) dense `[tokens, heads, width]`
+//! (v, out and dout `head_dim_v` wide; cuDNN takes 192/128); the element type of every call is
+//! `T`. Needs `ringattn::cudnn` (cudnn-frontend and cuDNN 9; windows: cuDNN 9.7 or later, whose
+//! SDPA takes a left diagonal bound).
 //!
 //! \code
 //! using kernel = ringattn::cudnn_kernel<ringattn::causal_mask, __nv_bfloat16>; // deterministic
@@ -70,17 +71,11 @@ public:
   cudnn_step(bool backward, bool deterministic, dtype type, std::span<const block_group> groups,
              std::int64_t q_tokens, std::int64_t kv_tokens, const attention_arguments& args)
       : backward_(backward), q_tokens_(q_tokens), args_(args) {
-    if (args.separate_widths())
-      throw invalid_argument(
-          "ringattn: the cuDNN block kernel takes v as wide as q and k (head_dim " +
-          std::to_string(args.head_dim) + ", head_dim_v " + std::to_string(args.v_dim()) +
-          "); separate widths run on the native kernels (sm_90a) and the host "
-          "kernels");
     const std::vector<piece_call> calls = calls_of(pieces_of(groups));
     if (calls.empty()) return;
     int device = 0;
     RINGATTN_CUDA_CHECK(cudaGetDevice(&device));
-    const std::int64_t qh = args.q_heads, kvh = args.kv_heads, d = args.head_dim;
+    const std::int64_t qh = args.q_heads, kvh = args.kv_heads, d = args.qk_dim(), dv = args.v_dim();
     std::vector<std::int64_t> i64;
     std::vector<std::int32_t> i32;
     auto put64 = [&](const std::vector<std::int64_t>& x) {
@@ -112,7 +107,8 @@ public:
       s.backward = backward, s.type = type, s.packed = k.packed, s.mask = c.mask;
       if (c.mask == piece_mask::band) s.band_lo = c.lo, s.band_hi = c.hi;
       s.batch = k.batch, s.q_heads = args.q_heads, s.kv_heads = args.kv_heads;
-      s.head_dim = args.head_dim, s.scale = static_cast<float>(args.scale());
+      s.head_dim = args.qk_dim(), s.head_dim_v = args.v_dim();
+      s.scale = static_cast<float>(args.scale());
       s.deterministic = backward && deterministic, s.device = device;
       if (k.packed) {
         // Padded maxima and packed totals rounded up so that ranks and steps of nearly equal
@@ -123,24 +119,31 @@ public:
         // atomic dQ accumulation is right only where dQ's rows are Q's.
         s.total_q = up(backward ? q_tokens : c.q_rows, 256), s.total_kv = up(c.kv_rows, 256);
         std::vector<std::int32_t> seq_q, seq_kv;
-        std::vector<std::int64_t> q_off, kv_off, o_off, stats_off, dkv_off;
+        // Element offsets of each piece's rows: Q (and the backward's dQ) at the shard's rows, K
+        // and V at the block's, O (the forward's packed output) and stats packed, the
+        // backward's O and dO at the shard's rows, dK and dV packed. V, O, dO and dV are dv wide.
+        std::vector<std::int64_t> q_off, kv_off, v_off, o_off, o_in_off, stats_off, dkv_off, dv_off;
         std::int64_t pq = 0, pk = 0;
         for (const attention_piece& p : c.pieces) {
           seq_q.push_back(static_cast<std::int32_t>(p.q_count));
           seq_kv.push_back(static_cast<std::int32_t>(p.kv_count));
           q_off.push_back(p.q_begin * qh * d), kv_off.push_back(p.kv_begin * kvh * d);
+          v_off.push_back(p.kv_begin * kvh * dv), o_in_off.push_back(p.q_begin * qh * dv);
           const std::int64_t at = backward ? p.q_begin : pq;
-          o_off.push_back(at * qh * d), stats_off.push_back(at * qh),
-              dkv_off.push_back(pk * kvh * d);
+          // The backward's "O" offsets are dQ's (`dq_offset`): q's width.
+          o_off.push_back(at * qh * (backward ? d : dv)), stats_off.push_back(at * qh),
+              dkv_off.push_back(pk * kvh * d), dv_off.push_back(pk * kvh * dv);
           pq += p.q_count, pk += p.kv_count;
         }
         q_off.push_back(q_tokens * qh * d), kv_off.push_back(kv_off.back());
+        v_off.push_back(v_off.back()), o_in_off.push_back(q_tokens * qh * dv);
         const std::int64_t end = backward ? q_tokens : pq;
-        o_off.push_back(end * qh * d), stats_off.push_back(end * qh),
-            dkv_off.push_back(pk * kvh * d);
+        o_off.push_back(end * qh * (backward ? d : dv)), stats_off.push_back(end * qh),
+            dkv_off.push_back(pk * kvh * d), dv_off.push_back(pk * kvh * dv);
         k.seq_q = put32(seq_q), k.seq_kv = put32(seq_kv);
         k.q_off = put64(q_off), k.kv_off = put64(kv_off), k.o_off = put64(o_off);
         k.stats_off = put64(stats_off), k.dkv_off = put64(dkv_off);
+        k.v_off = put64(v_off), k.o_in_off = put64(o_in_off), k.dv_off = put64(dv_off);
       } else {
         s.s_q = p0.q_count, s.s_kv = p0.kv_count;
       }
@@ -210,7 +213,9 @@ public:
 
   template <class T>
   void backward(const block_backward_args<T>& a, cudaStream_t stream) const {
-    const std::int64_t qh = args_.q_heads, kvh = args_.kv_heads, d = args_.head_dim;
+    const std::int64_t qh = args_.q_heads, kvh = args_.kv_heads, d = args_.qk_dim(),
+                       dvw = args_.v_dim();
+    const bool widths = dvw != d;
     for (const call& k : calls_) {
       const scratch_layout l = layout(k);
       std::byte* s = a.scratch;
@@ -222,24 +227,33 @@ public:
                  k.packed ? qh : 1, k.packed ? 1 : k.q_rows, stream);
       const std::int64_t qo = k.packed ? 0 : k.q_begin * qh * d;
       const std::int64_t ko = k.packed ? 0 : k.kv_begin * kvh * d;
+      const std::int64_t oo = k.packed ? 0 : k.q_begin * qh * dvw;
+      const std::int64_t vo = k.packed ? 0 : k.kv_begin * kvh * dvw;
       void* q = const_cast<T*>(a.q.data + qo);
       void* kk = const_cast<T*>(a.k.data + ko);
-      void* v = const_cast<T*>(a.v.data + ko);
-      void* o = const_cast<T*>(a.out.data + qo);
-      void* dout = const_cast<T*>(a.dout.data + qo);
+      void* v = const_cast<T*>(a.v.data + vo);
+      void* o = const_cast<T*>(a.out.data + oo);
+      void* dout = const_cast<T*>(a.dout.data + oo);
       if (k.packed) {
-        void* ptrs[] = {q,          kk,         v,         o,          stats,
-                        k.p_seq_q,  k.p_seq_kv, k.p_q_off, k.p_kv_off, k.p_stats_off,
-                        dout,       dq,         dk,        dv,         k.p_o_off,
-                        k.p_dkv_off};
-        run_sdpa(*k.graph, stream, ptrs, 16, s);
+        // In uid order (graphs.cuh); separate widths add V's, O/dO's and dV's offsets.
+        void* ptrs[] = {q,          kk,
+                        v,          o,
+                        stats,      k.p_seq_q,
+                        k.p_seq_kv, k.p_q_off,
+                        k.p_kv_off, k.p_stats_off,
+                        dout,       dq,
+                        dk,         dv,
+                        k.p_o_off,  k.p_dkv_off,
+                        k.p_v_off,  k.p_o_in_off,
+                        k.p_dv_off};
+        run_sdpa(*k.graph, stream, ptrs, widths ? 19 : 16, s);
       } else {
         void* ptrs[] = {q, kk, v, o, stats, dout, dq, dk, dv};
         run_sdpa(*k.graph, stream, ptrs, 9, s);
       }
       add_rows<T>(a.grad.dq, dq, qh * d, k.q_reduce.bound, stream);
       add_rows<T>(a.grad.dk, dk, kvh * d, k.kv_reduce.bound, stream);
-      add_rows<T>(a.grad.dv, dv, kvh * d, k.kv_reduce.bound, stream);
+      add_rows<T>(a.grad.dv, dv, kvh * dvw, k.kv_reduce.bound, stream);
     }
   }
 
@@ -293,10 +307,11 @@ private:
     bool packed = false, whole = false, whole_kv = false;
     std::int64_t batch = 1, q_rows = 0, kv_rows = 0, q_begin = 0, kv_begin = 0, stats_rows = 0;
     std::size_t seq_q = 0, seq_kv = 0, q_off = 0, kv_off = 0, o_off = 0, stats_off = 0, dkv_off = 0,
-                rows = 0;
+                v_off = 0, o_in_off = 0, dv_off = 0, rows = 0;
     reduce_at q_reduce, kv_reduce;
     void *p_seq_q = nullptr, *p_seq_kv = nullptr, *p_q_off = nullptr, *p_kv_off = nullptr,
-         *p_o_off = nullptr, *p_stats_off = nullptr, *p_dkv_off = nullptr;
+         *p_o_off = nullptr, *p_stats_off = nullptr, *p_dkv_off = nullptr, *p_v_off = nullptr,
+         *p_o_in_off = nullptr, *p_dv_off = nullptr;
     const std::int32_t* rows_ptr = nullptr;
     void bind(const device_tables& t) {
       std::int64_t* w = t.at<std::int64_t>(0);
@@ -304,6 +319,7 @@ private:
       if (packed) {
         p_seq_q = n + seq_q, p_seq_kv = n + seq_kv, p_q_off = w + q_off, p_kv_off = w + kv_off;
         p_o_off = w + o_off, p_stats_off = w + stats_off, p_dkv_off = w + dkv_off;
+        p_v_off = w + v_off, p_o_in_off = w + o_in_off, p_dv_off = w + dv_off;
       }
       rows_ptr = n + rows;
       for (reduce_at* r : {&q_reduce, &kv_reduce})
@@ -314,10 +330,12 @@ private:
     std::size_t first = 0, second = 0, third = 0, stats = 0, total = 0;
   };
   scratch_layout layout(const call& k) const {
-    const std::size_t qh = static_cast<std::size_t>(args_.q_heads);
-    const std::size_t row = qh * static_cast<std::size_t>(args_.head_dim) * elem_;
-    const std::size_t kv_row =
-        static_cast<std::size_t>(args_.kv_heads) * static_cast<std::size_t>(args_.head_dim) * elem_;
+    const std::size_t qh = static_cast<std::size_t>(args_.q_heads),
+                      kvh = static_cast<std::size_t>(args_.kv_heads);
+    const std::size_t row = qh * static_cast<std::size_t>(args_.qk_dim()) * elem_;
+    const std::size_t o_row = qh * static_cast<std::size_t>(args_.v_dim()) * elem_;
+    const std::size_t kv_row = kvh * static_cast<std::size_t>(args_.qk_dim()) * elem_;
+    const std::size_t v_row = kvh * static_cast<std::size_t>(args_.v_dim()) * elem_;
     const auto q_rows = static_cast<std::size_t>(k.q_rows);
     const auto kv_rows = static_cast<std::size_t>(k.kv_rows);
     scratch_layout l;
@@ -327,10 +345,10 @@ private:
       const auto q_tokens = static_cast<std::size_t>(q_tokens_);
       l.second = l.first + align256(q_tokens * row);
       l.third = l.second + align256(kv_rows * kv_row);
-      l.stats = l.third + align256(kv_rows * kv_row);
+      l.stats = l.third + align256(kv_rows * v_row);
       l.total = l.stats + align256(static_cast<std::size_t>(k.stats_rows) * qh * sizeof(float));
     } else {
-      l.stats = l.first + align256(q_rows * row);
+      l.stats = l.first + align256(q_rows * o_row);
       l.total = l.stats + align256(q_rows * qh * sizeof(float));
     }
     return l;
@@ -338,16 +356,19 @@ private:
   template <class T>
   void run_forward(const call& k, const block_forward_args<T>& a, T* o, float* stats,
                    std::byte* workspace, cudaStream_t stream) const {
-    const std::int64_t qh = args_.q_heads, kvh = args_.kv_heads, d = args_.head_dim;
+    const std::int64_t qh = args_.q_heads, kvh = args_.kv_heads, d = args_.qk_dim(),
+                       dv = args_.v_dim();
     const std::int64_t qo = k.packed ? 0 : k.q_begin * qh * d;
     const std::int64_t ko = k.packed ? 0 : k.kv_begin * kvh * d;
+    const std::int64_t vo = k.packed ? 0 : k.kv_begin * kvh * dv;
     void* q = const_cast<T*>(a.q.data + qo);
     void* kk = const_cast<T*>(a.k.data + ko);
-    void* v = const_cast<T*>(a.v.data + ko);
+    void* v = const_cast<T*>(a.v.data + vo);
     if (k.packed) {
-      void* ptrs[] = {q,          kk,        v,          o,         stats,        k.p_seq_q,
-                      k.p_seq_kv, k.p_q_off, k.p_kv_off, k.p_o_off, k.p_stats_off};
-      run_sdpa(*k.graph, stream, ptrs, 11, workspace);
+      // In uid order (graphs.cuh); separate widths add V's offsets.
+      void* ptrs[] = {q,          kk,        v,          o,         stats,         k.p_seq_q,
+                      k.p_seq_kv, k.p_q_off, k.p_kv_off, k.p_o_off, k.p_stats_off, k.p_v_off};
+      run_sdpa(*k.graph, stream, ptrs, dv != d ? 12 : 11, workspace);
     } else {
       void* ptrs[] = {q, kk, v, o, stats};
       run_sdpa(*k.graph, stream, ptrs, 5, workspace);

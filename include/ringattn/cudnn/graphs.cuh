@@ -4,7 +4,7 @@
 //! backward graphs of one call shape, built and planned once and kept in a process-wide cache
 //! shared by every functor of that shape on a device.
 //!
-//! Two layouts. *Dense*: one piece, `[1, heads, rows, head_dim]` at a pointer offset, no mask
+//! Two layouts. *Dense*: one piece, `[1, heads, rows, width]` at a pointer offset, no mask
 //! beyond the piece's own (its stats `[heads, rows]`, the library's lse layout). *Packed*: B
 //! pieces under a padding mask with per-piece lengths and ragged offsets (element offsets, int64):
 //! inputs at their rows in the shard and the block, outputs packed one piece after another, stats
@@ -65,6 +65,7 @@ struct sdpa_shape {
   std::int64_t batch = 1, s_q = 0, s_kv = 0; //!< packed: padded maxima
   std::int64_t total_q = 0, total_kv = 0;    //!< packed: the packed rows (workspace bounds)
   int q_heads = 0, kv_heads = 0, head_dim = 0;
+  int head_dim_v = 0; //!< v, O, dO, dV (head_dim_v != head_dim: more ragged offsets)
   float scale = 0.0f;
   bool deterministic = false;
   int device = 0;
@@ -74,7 +75,7 @@ struct sdpa_shape {
     std::memcpy(&scale_bits, &scale, sizeof scale_bits);
     return std::tuple(backward, static_cast<int>(type), packed, static_cast<int>(mask), band_lo,
                       band_hi, batch, s_q, s_kv, total_q, total_kv, q_heads, kv_heads, head_dim,
-                      scale_bits, deterministic, device);
+                      head_dim_v, scale_bits, deterministic, device);
   }
   friend bool operator<(const sdpa_shape& a, const sdpa_shape& b) { return a.tie() < b.tie(); }
 
@@ -82,8 +83,9 @@ struct sdpa_shape {
     std::ostringstream s;
     s << (backward ? "backward" : "forward") << ' ' << to_string(type) << ", "
       << (packed ? "packed, " : "") << batch << " x [" << s_q << " queries, " << s_kv << " keys], "
-      << q_heads << '/' << kv_heads << " heads, head_dim " << head_dim << ", " << to_string(mask)
-      << " mask";
+      << q_heads << '/' << kv_heads << " heads, head_dim " << head_dim;
+    if (head_dim_v != head_dim) s << " (v " << head_dim_v << ")";
+    s << ", " << to_string(mask) << " mask";
     if (mask == piece_mask::band) {
       s << " [";
       if (band_lo > -unbounded) s << band_lo;
@@ -114,7 +116,11 @@ enum : std::int64_t {
   dk,
   dv,
   dq_offset,
-  dkv_offset
+  dkv_offset,
+  // Separate widths only: V's, the backward's O and dO's, and dV's ragged offsets.
+  v_offset,
+  o_in_offset,
+  dv_offset
 };
 }
 
@@ -135,14 +141,17 @@ inline std::shared_ptr<fe::graph::Graph> make_sdpa_graph(const sdpa_shape& s) {
   g->set_io_data_type(s.type == dtype::bf16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::HALF)
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
       .set_compute_data_type(fe::DataType_t::FLOAT);
-  const std::int64_t b = s.batch, qh = s.q_heads, kvh = s.kv_heads, d = s.head_dim;
-  // Token-major rows: [b, h, s, d] with strides (s * h * d, d, h * d, 1).
-  auto rows = [&](const char* name, std::int64_t uid, std::int64_t heads, std::int64_t len) {
+  const std::int64_t b = s.batch, qh = s.q_heads, kvh = s.kv_heads, d = s.head_dim,
+                     dw = s.head_dim_v != 0 ? s.head_dim_v : s.head_dim; // v's width
+  const bool widths = dw != d; // V, O, dO, dV with ragged offsets of their own
+  // Token-major rows: [b, h, s, w] with strides (s * h * w, w, h * w, 1).
+  auto rows = [&](const char* name, std::int64_t uid, std::int64_t heads, std::int64_t len,
+                  std::int64_t w) {
     return g->tensor(Tensor_attributes()
                          .set_name(name)
                          .set_uid(uid)
-                         .set_dim({b, heads, len, d})
-                         .set_stride({len * heads * d, d, heads * d, 1}));
+                         .set_dim({b, heads, len, w})
+                         .set_stride({len * heads * w, w, heads * w, 1}));
   };
   auto index = [&](const char* name, std::int64_t uid, std::int64_t n, fe::DataType_t t) {
     return g->tensor(Tensor_attributes()
@@ -152,9 +161,9 @@ inline std::shared_ptr<fe::graph::Graph> make_sdpa_graph(const sdpa_shape& s) {
                          .set_stride({1, 1, 1, 1})
                          .set_data_type(t));
   };
-  auto q = rows("Q", sdpa_uid::q, qh, s.s_q);
-  auto k = rows("K", sdpa_uid::k, kvh, s.s_kv);
-  auto v = rows("V", sdpa_uid::v, kvh, s.s_kv);
+  auto q = rows("Q", sdpa_uid::q, qh, s.s_q, d);
+  auto k = rows("K", sdpa_uid::k, kvh, s.s_kv, d);
+  auto v = rows("V", sdpa_uid::v, kvh, s.s_kv, dw);
   std::shared_ptr<Tensor_attributes> seq_q, seq_kv, q_off, kv_off;
   if (s.packed) {
     seq_q = index("seq_q", sdpa_uid::seq_q, b, fe::DataType_t::INT32);
@@ -163,7 +172,8 @@ inline std::shared_ptr<fe::graph::Graph> make_sdpa_graph(const sdpa_shape& s) {
     kv_off = index("kv_offset", sdpa_uid::kv_offset, b + 1, fe::DataType_t::INT64);
     q->set_ragged_offset(q_off);
     k->set_ragged_offset(kv_off);
-    v->set_ragged_offset(kv_off);
+    v->set_ragged_offset(
+        widths ? index("v_offset", sdpa_uid::v_offset, b + 1, fe::DataType_t::INT64) : kv_off);
   }
   const std::vector<std::int64_t> stats_dim{b, qh, s.s_q, 1};
   const std::vector<std::int64_t> stats_stride =
@@ -194,8 +204,8 @@ inline std::shared_ptr<fe::graph::Graph> make_sdpa_graph(const sdpa_shape& s) {
     auto [o, stats] = g->sdpa(q, k, v, a);
     o->set_output(true)
         .set_uid(sdpa_uid::o)
-        .set_dim({b, qh, s.s_q, d})
-        .set_stride({s.s_q * qh * d, d, qh * d, 1});
+        .set_dim({b, qh, s.s_q, dw})
+        .set_stride({s.s_q * qh * dw, dw, qh * dw, 1});
     stats->set_output(true)
         .set_uid(sdpa_uid::stats)
         .set_data_type(fe::DataType_t::FLOAT)
@@ -209,21 +219,23 @@ inline std::shared_ptr<fe::graph::Graph> make_sdpa_graph(const sdpa_shape& s) {
     }
     return g;
   }
-  auto o = rows("O", sdpa_uid::o, qh, s.s_q);
+  auto o = rows("O", sdpa_uid::o, qh, s.s_q, dw);
   auto stats = g->tensor(Tensor_attributes()
                              .set_name("stats")
                              .set_uid(sdpa_uid::stats)
                              .set_dim(stats_dim)
                              .set_stride(stats_stride)
                              .set_data_type(fe::DataType_t::FLOAT));
-  auto dout = rows("dO", sdpa_uid::dout, qh, s.s_q);
+  auto dout = rows("dO", sdpa_uid::dout, qh, s.s_q, dw);
   auto a = fe::graph::SDPA_backward_attributes().set_name("sdpa_backward").set_attn_scale(s.scale);
   mask(a);
   if (s.deterministic) a.set_deterministic_algorithm(true);
   std::shared_ptr<Tensor_attributes> dq_off, dkv_off;
   if (s.packed) {
-    o->set_ragged_offset(q_off);
-    dout->set_ragged_offset(q_off);
+    const auto o_in =
+        widths ? index("o_in_offset", sdpa_uid::o_in_offset, b + 1, fe::DataType_t::INT64) : q_off;
+    o->set_ragged_offset(o_in);
+    dout->set_ragged_offset(o_in);
     stats->set_ragged_offset(
         index("stats_offset", sdpa_uid::stats_offset, b + 1, fe::DataType_t::INT64));
     dq_off = index("dq_offset", sdpa_uid::dq_offset, b + 1, fe::DataType_t::INT64);
@@ -241,12 +253,13 @@ inline std::shared_ptr<fe::graph::Graph> make_sdpa_graph(const sdpa_shape& s) {
       .set_stride({s.s_kv * kvh * d, d, kvh * d, 1});
   dv->set_output(true)
       .set_uid(sdpa_uid::dv)
-      .set_dim({b, kvh, s.s_kv, d})
-      .set_stride({s.s_kv * kvh * d, d, kvh * d, 1});
+      .set_dim({b, kvh, s.s_kv, dw})
+      .set_stride({s.s_kv * kvh * dw, dw, kvh * dw, 1});
   if (s.packed) {
     dq->set_ragged_offset(dq_off);
     dk->set_ragged_offset(dkv_off);
-    dv->set_ragged_offset(dkv_off);
+    dv->set_ragged_offset(
+        widths ? index("dv_offset", sdpa_uid::dv_offset, b + 1, fe::DataType_t::INT64) : dkv_off);
   }
   return g;
 }
