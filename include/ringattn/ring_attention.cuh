@@ -53,6 +53,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <type_traits>
 #include <utility>
 
@@ -190,6 +191,22 @@ public:
                  Schedule::template host_backward<BlockKernel, Communicator, T>(
                      comm_, schedule_, args_, q, k, v, out, lse, dout, dq, dk, dv, workspace);
                });
+  }
+
+  //! Stands in for a call that this rank's caller refused before reaching the ring (its own
+  //! checks of the arguments failed, or an allocation did): collective like the call it replaces
+  //! (`backward` and `device` name it, T its element type), so that the peers' call fails naming
+  //! this rank and `reason` instead of waiting for it. Over in-process and MPI communicators
+  //! every rank throws `invalid_argument` and the communicator stays usable; over NCCL the
+  //! communicator is aborted, as for any rejected call. Throws `invalid_argument` with `reason`.
+  template <element T>
+  [[noreturn]] void refuse(bool backward, bool device, const std::string& reason) {
+    validation no = validation::ok();
+    no.require(false, reason);
+    const call kind = device ? (backward ? call::backward : call::forward)
+                             : (backward ? call::backward_host : call::forward_host);
+    guarded<T>(no, kind, [] {});
+    throw invalid_argument("ringattn: " + reason); // not reached: the gate throws first
   }
 
   //! Device path, plan time: on the current device, the communication stream, the events, the

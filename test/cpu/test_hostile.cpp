@@ -321,6 +321,37 @@ TEST_CASE("after a call one rank rejected, a valid retry runs on every rank") {
   CHECK(relative_error(c, parts) < 4e-3);
 }
 
+TEST_CASE("a call its caller refused fails on every rank naming the reason; the next call runs") {
+  std::mt19937_64 rng(test::fresh_seed());
+  const std::vector<std::int32_t> cu{0, 77, 200};
+  const attention_arguments args{4, 2, 64, 0.0f};
+  test::sharded_case<zigzag, T> c(cu, 3, args, mask_kind::causal, rng);
+  const auto ref = c.oracle();
+  in_process_group group(3, std::chrono::seconds(30));
+  std::vector<std::string> first(3);
+  std::vector<test::sharded_case<zigzag, T>::error_parts> parts(3);
+  const auto start = clock_type::now();
+  const auto errors = test::on_ranks(group, [&](int r, in_process_communicator& comm) {
+    ring_attention<zigzag, in_process_communicator, causal> attn(comm, args, cu);
+    try {
+      if (r == 1)
+        attn.refuse<T>(/*backward=*/false, /*device=*/false, "k is on another device");
+      else
+        (void)c.forward_rank(attn, r);
+    } catch (const invalid_argument& e) {
+      first[static_cast<std::size_t>(r)] = e.what();
+    }
+    parts[static_cast<std::size_t>(r)] = c.rank_error(r, c.forward_rank(attn, r), ref);
+  });
+  CHECK(clock_type::now() - start < std::chrono::seconds(10)); // nobody waited for rank 1
+  CHECK(first[1] == "ringattn: k is on another device");
+  for (std::size_t r : {0u, 2u})
+    CHECK(first[r] == "ringattn: rank 1 rejected call 1 (forward_host): k is on another device");
+  for (const auto& e : errors)
+    CHECK(test::message(e) == "");
+  CHECK(relative_error(c, parts) < 4e-3);
+}
+
 // The recovery contract (docs/reliability.md): a timeout breaks the group for good. A late rank's
 // data is never taken by a later call, and every later call, exchange or all-gather of any rank
 // fails at once asking for a new group, instead of reading a stale offer or a dead frame.
