@@ -1,0 +1,28 @@
+// A build without the device path (no CUDA compiler, or RINGATTN_TORCH_DEVICE=OFF): the device
+// factories say so.
+#include "session.hpp"
+
+#include <ringattn/error.cuh>
+
+namespace ringattn_torch {
+
+namespace {
+[[noreturn]] void no_device() {
+  throw ringattn::invalid_argument(
+      "ringattn: this build of ringattn_torch has the host path only (built without the CUDA "
+      "kernels); CUDA tensors need a build with RINGATTN_TORCH_DEVICE=ON");
+}
+} // namespace
+
+bool has_device_path() { return false; }
+std::vector<std::uint8_t> nccl_unique_id() { no_device(); }
+std::shared_ptr<endpoint> make_nccl_endpoint(std::span<const std::uint8_t>, int, int, int,
+                                             std::int64_t) {
+  no_device();
+}
+std::unique_ptr<session> make_virtual_device_session(const layout&, int, int) { no_device(); }
+std::unique_ptr<session> make_device_session(const layout&, std::shared_ptr<endpoint>) {
+  no_device();
+}
+
+} // namespace ringattn_torch

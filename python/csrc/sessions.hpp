@@ -1,0 +1,398 @@
+#pragma once
+// The session models behind session.hpp: a rank of a communicator the process keeps
+// (`endpoint_session`) and every rank of an in-process group (`virtual_session`), each for one
+// Partitioner x BlockKernel x Schedule, and the dispatch from a layout's kinds to those types.
+// The device halves of the models compile only under nvcc.
+#include "session.hpp"
+
+#include <ringattn/comm/in_process.cuh>
+#include <ringattn/partition/contiguous.cuh>
+#include <ringattn/partition/round_robin.cuh>
+#include <ringattn/partition/zigzag.cuh>
+#include <ringattn/ring_attention.cuh>
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <exception>
+#include <memory>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace ringattn_torch::detail {
+
+inline constexpr std::size_t share_alignment = 256;
+
+inline std::size_t aligned(std::size_t bytes) {
+  return (bytes + share_alignment - 1) / share_alignment * share_alignment;
+}
+
+template <class T>
+ringattn::thd_view<T> as_view(const view& v) {
+  return ringattn::thd_view<T>(static_cast<T*>(v.data), v.tokens, v.heads, v.dim, v.token_stride,
+                               v.head_stride);
+}
+
+//! Calls `f(T{})` with T the element type named by `type`.
+template <class F>
+decltype(auto) with_element(element_type type, F&& f) {
+  switch (type) {
+  case element_type::f16: return f(__half{});
+  case element_type::bf16: return f(__nv_bfloat16{});
+  case element_type::f32: break;
+  }
+  return f(float{});
+}
+
+inline void check_io_count(std::size_t got, int want) {
+  if (got != static_cast<std::size_t>(want))
+    throw ringattn::invalid_argument("ringattn: a call of this session takes the tensors of " +
+                                     std::to_string(want) + " rank(s), got " + std::to_string(got));
+}
+
+//! Runs `body(i)` for i in [0, n) on n threads; returns after all have ended and rethrows the
+//! most telling failure (an invalid argument before a communication error, lowest rank first).
+template <class Body>
+void on_threads(int n, Body&& body) {
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
+  std::vector<std::thread> threads;
+  threads.reserve(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i)
+    threads.emplace_back([&, i] {
+      try {
+        body(i);
+      } catch (...) {
+        errors[static_cast<std::size_t>(i)] = std::current_exception();
+      }
+    });
+  for (auto& t : threads)
+    t.join();
+  std::exception_ptr first, first_argument;
+  for (const auto& e : errors) {
+    if (!e) continue;
+    if (!first) first = e;
+    if (!first_argument) {
+      try {
+        std::rethrow_exception(e);
+      } catch (const ringattn::invalid_argument&) {
+        first_argument = e;
+      } catch (...) {
+      }
+    }
+  }
+  if (first_argument) std::rethrow_exception(first_argument);
+  if (first) std::rethrow_exception(first);
+}
+
+[[noreturn]] inline void no_fp32_on_device() {
+  throw ringattn::invalid_argument(
+      "ringattn: the device path takes fp16 or bf16 tensors (got fp32)");
+}
+
+//! The two call paths of one ring object, with the workspace sizes per element type.
+template <class Ring, bool Device>
+struct ring_calls {
+  template <class T>
+  static std::size_t workspace(const Ring& ring, bool backward) {
+    if constexpr (Device) {
+      if constexpr (std::is_same_v<T, float>)
+        return 0;
+      else
+        return backward ? ring.template device_backward_workspace_bytes<T>()
+                        : ring.template device_workspace_bytes<T>();
+    } else {
+      return backward ? ring.template host_backward_workspace_bytes<T>()
+                      : ring.template host_workspace_bytes<T>();
+    }
+  }
+
+  template <class T>
+  static void forward(Ring& ring, const forward_io& io, std::byte* ws, std::size_t bytes,
+                      [[maybe_unused]] cudaStream_t stream) {
+    using ringattn::thd_view;
+    if constexpr (Device) {
+#if defined(__CUDACC__)
+      if constexpr (std::is_same_v<T, float>)
+        no_fp32_on_device();
+      else
+        ring.template forward<T>(as_view<const T>(io.q), as_view<const T>(io.k),
+                                 as_view<const T>(io.v), as_view<T>(io.out), io.lse, ws, bytes,
+                                 stream);
+#else
+      static_assert(!Device, "the device path is compiled by nvcc");
+#endif
+    } else {
+      ring.template forward_host<T>(as_view<const T>(io.q), as_view<const T>(io.k),
+                                    as_view<const T>(io.v), as_view<T>(io.out), io.lse,
+                                    std::span<std::byte>(ws, bytes));
+    }
+  }
+
+  template <class T>
+  static void backward(Ring& ring, const backward_io& io, std::byte* ws, std::size_t bytes,
+                       [[maybe_unused]] cudaStream_t stream) {
+    if constexpr (Device) {
+#if defined(__CUDACC__)
+      if constexpr (std::is_same_v<T, float>)
+        no_fp32_on_device();
+      else
+        ring.template backward<T>(as_view<const T>(io.q), as_view<const T>(io.k),
+                                  as_view<const T>(io.v), as_view<const T>(io.out), io.lse,
+                                  as_view<const T>(io.dout), as_view<T>(io.dq), as_view<T>(io.dk),
+                                  as_view<T>(io.dv), ws, bytes, stream);
+#else
+      static_assert(!Device, "the device path is compiled by nvcc");
+#endif
+    } else {
+      ring.template backward_host<T>(
+          as_view<const T>(io.q), as_view<const T>(io.k), as_view<const T>(io.v),
+          as_view<const T>(io.out), io.lse, as_view<const T>(io.dout), as_view<T>(io.dq),
+          as_view<T>(io.dk), as_view<T>(io.dv), std::span<std::byte>(ws, bytes));
+    }
+  }
+};
+
+//! A communicator the process keeps, as an endpoint: `Impl` holds it as `comm`.
+template <class Communicator>
+class endpoint_of : public endpoint {
+public:
+  template <class... Args>
+  explicit endpoint_of(Args&&... args) : comm(std::forward<Args>(args)...) {}
+  int rank() const override { return comm.rank(); }
+  int size() const override { return comm.size(); }
+  int device() const override {
+    if constexpr (requires { comm.device(); })
+      return comm.device();
+    else
+      return -1;
+  }
+  std::uint64_t bytes_sent() const override { return comm.bytes_sent(); }
+
+  Communicator comm;
+};
+
+//! One rank of an endpoint's communicator: one ring object.
+template <class Partitioner, class Communicator, class Kernel, class Schedule, bool Device>
+class endpoint_session final : public session {
+  using ring_type = ringattn::ring_attention<Partitioner, Communicator, Kernel, Schedule>;
+  using calls = ring_calls<ring_type, Device>;
+
+public:
+  endpoint_session(const layout& l, std::shared_ptr<endpoint_of<Communicator>> ep)
+      : ep_(std::move(ep)), ring_(ep_->comm, l.args, l.cu_seqlens) {
+    if constexpr (Device) ring_.prepare_device();
+  }
+  int ranks_here() const override { return 1; }
+  int size() const override { return ring_.size(); }
+  int first_rank() const override { return ring_.rank(); }
+  std::int64_t local_tokens(int) const override { return ring_.local_tokens(); }
+  int device() const override { return Device ? ep_->device() : -1; }
+  std::size_t workspace_bytes(element_type type, bool backward) const override {
+    return with_element(type,
+                        [&]<class T>(T) { return calls::template workspace<T>(ring_, backward); });
+  }
+  std::uint64_t bytes_sent() const override { return ep_->bytes_sent(); }
+  void forward(element_type type, std::span<const forward_io> io, void* ws, std::size_t bytes,
+               void* stream) override {
+    check_io_count(io.size(), 1);
+    with_element(type, [&]<class T>(T) {
+      calls::template forward<T>(ring_, io[0], static_cast<std::byte*>(ws), bytes,
+                                 static_cast<cudaStream_t>(stream));
+    });
+  }
+  void backward(element_type type, std::span<const backward_io> io, void* ws, std::size_t bytes,
+                void* stream) override {
+    check_io_count(io.size(), 1);
+    with_element(type, [&]<class T>(T) {
+      calls::template backward<T>(ring_, io[0], static_cast<std::byte*>(ws), bytes,
+                                  static_cast<cudaStream_t>(stream));
+    });
+  }
+  [[noreturn]] void refuse(element_type type, bool backward, const std::string& reason) override {
+    with_element(type, [&]<class T>(T) {
+      if constexpr (Device && std::is_same_v<T, float>)
+        ring_.template refuse<__nv_bfloat16>(backward, Device, reason);
+      else
+        ring_.template refuse<T>(backward, Device, reason);
+    });
+    throw ringattn::invalid_argument("ringattn: " + reason);
+  }
+
+private:
+  std::shared_ptr<endpoint_of<Communicator>> ep_;
+  ring_type ring_;
+};
+
+//! Every rank of an in-process group, each ring object used from its own thread; on the device,
+//! each rank has its own stream, joined to the caller's stream by events (no host wait).
+template <class Partitioner, class Kernel, class Schedule, bool Device>
+class virtual_session final : public session {
+  using comm_type = ringattn::in_process_communicator;
+  using ring_type = ringattn::ring_attention<Partitioner, comm_type, Kernel, Schedule>;
+  using calls = ring_calls<ring_type, Device>;
+
+public:
+  virtual_session(const layout& l, int ranks, int device)
+      : group_(ranks), device_(Device ? device : -1) {
+    comms_.reserve(static_cast<std::size_t>(ranks));
+    for (int r = 0; r < ranks; ++r)
+      comms_.push_back(group_.communicator(r));
+    rings_.resize(static_cast<std::size_t>(ranks));
+    on_threads(ranks, [&](int r) {
+      if constexpr (Device) RINGATTN_CUDA_CHECK(cudaSetDevice(device_));
+      auto ring =
+          std::make_unique<ring_type>(comms_[static_cast<std::size_t>(r)], l.args, l.cu_seqlens);
+      if constexpr (Device) ring->prepare_device();
+      rings_[static_cast<std::size_t>(r)] = std::move(ring);
+    });
+    if constexpr (Device) {
+      RINGATTN_CUDA_CHECK(cudaSetDevice(device_));
+      RINGATTN_CUDA_CHECK(cudaEventCreateWithFlags(&start_, cudaEventDisableTiming));
+      streams_.assign(static_cast<std::size_t>(ranks), nullptr);
+      done_.assign(static_cast<std::size_t>(ranks), nullptr);
+      for (int r = 0; r < ranks; ++r) {
+        RINGATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&streams_[static_cast<std::size_t>(r)],
+                                                      cudaStreamNonBlocking));
+        RINGATTN_CUDA_CHECK(
+            cudaEventCreateWithFlags(&done_[static_cast<std::size_t>(r)], cudaEventDisableTiming));
+      }
+    }
+  }
+  ~virtual_session() override {
+    if constexpr (Device) {
+      int current = -1;
+      const bool switched = cudaGetDevice(&current) == cudaSuccess && current != device_ &&
+                            cudaSetDevice(device_) == cudaSuccess;
+      for (auto s : streams_)
+        if (s) cudaStreamDestroy(s);
+      for (auto e : done_)
+        if (e) cudaEventDestroy(e);
+      if (start_) cudaEventDestroy(start_);
+      if (switched) cudaSetDevice(current);
+    }
+  }
+  virtual_session(const virtual_session&) = delete;
+  virtual_session& operator=(const virtual_session&) = delete;
+
+  int ranks_here() const override { return static_cast<int>(rings_.size()); }
+  int size() const override { return ranks_here(); }
+  int first_rank() const override { return 0; }
+  std::int64_t local_tokens(int i) const override {
+    return rings_.at(static_cast<std::size_t>(i))->local_tokens();
+  }
+  int device() const override { return device_; }
+  std::size_t workspace_bytes(element_type type, bool backward) const override {
+    std::size_t total = 0;
+    for (int r = 0; r < ranks_here(); ++r)
+      total += share(type, backward, r);
+    return total;
+  }
+  std::uint64_t bytes_sent() const override {
+    std::uint64_t total = 0;
+    for (const auto& c : comms_)
+      total += c.bytes_sent();
+    return total;
+  }
+  void forward(element_type type, std::span<const forward_io> io, void* ws, std::size_t bytes,
+               void* stream) override {
+    run(type, io, ws, bytes, stream, false);
+  }
+  void backward(element_type type, std::span<const backward_io> io, void* ws, std::size_t bytes,
+                void* stream) override {
+    run(type, io, ws, bytes, stream, true);
+  }
+  // Every rank is in this call: nobody waits for a refused one.
+  [[noreturn]] void refuse(element_type, bool, const std::string& reason) override {
+    throw ringattn::invalid_argument("ringattn: " + reason);
+  }
+
+private:
+  std::size_t share(element_type type, bool backward, int r) const {
+    return aligned(with_element(type, [&]<class T>(T) {
+      return calls::template workspace<T>(*rings_[static_cast<std::size_t>(r)], backward);
+    }));
+  }
+
+  template <class IO>
+  void run(element_type type, std::span<const IO> io, void* ws, std::size_t bytes, void* stream,
+           bool backward) {
+    const int ranks = ranks_here();
+    check_io_count(io.size(), ranks);
+    // Each rank's share of the workspace, back to back; a short workspace is the ring's own
+    // error (each share is checked by its rank's validation).
+    std::vector<std::pair<std::byte*, std::size_t>> shares;
+    std::size_t offset = 0;
+    for (int r = 0; r < ranks; ++r) {
+      const std::size_t want = share(type, backward, r);
+      const std::size_t have = offset < bytes ? std::min(want, bytes - offset) : 0;
+      shares.emplace_back(static_cast<std::byte*>(ws) + std::min(offset, bytes), have);
+      offset += want;
+    }
+    [[maybe_unused]] const auto caller = static_cast<cudaStream_t>(stream);
+    if constexpr (Device) {
+      RINGATTN_CUDA_CHECK(cudaSetDevice(device_));
+      RINGATTN_CUDA_CHECK(cudaEventRecord(start_, caller));
+    }
+    on_threads(ranks, [&](int r) {
+      const auto at = static_cast<std::size_t>(r);
+      cudaStream_t s = nullptr;
+      if constexpr (Device) {
+        RINGATTN_CUDA_CHECK(cudaSetDevice(device_));
+        s = streams_[at];
+        RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(s, start_, 0));
+      }
+      with_element(type, [&]<class T>(T) {
+        if constexpr (std::is_same_v<IO, forward_io>)
+          calls::template forward<T>(*rings_[at], io[at], shares[at].first, shares[at].second, s);
+        else
+          calls::template backward<T>(*rings_[at], io[at], shares[at].first, shares[at].second, s);
+      });
+      if constexpr (Device) RINGATTN_CUDA_CHECK(cudaEventRecord(done_[at], s));
+    });
+    if constexpr (Device)
+      for (auto e : done_)
+        RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(caller, e, 0));
+  }
+
+  ringattn::in_process_group group_;
+  std::vector<comm_type> comms_;
+  std::vector<std::unique_ptr<ring_type>> rings_;
+  int device_ = -1;
+  cudaEvent_t start_ = nullptr;
+  std::vector<cudaStream_t> streams_;
+  std::vector<cudaEvent_t> done_;
+};
+
+//! Calls `f.template operator()<Partitioner, Kernel, Schedule>()` for the layout's kinds, with
+//! Kernel restricted to `Kernels...` (a translation unit instantiates its share of masks).
+template <class... Kernels, class F>
+std::unique_ptr<session> dispatch(const layout& l, F&& f) {
+  auto with_schedule = [&]<class P, class K>() -> std::unique_ptr<session> {
+    if (l.schedule == schedule_kind::all_gather)
+      return f.template operator()<P, K, ringattn::all_gather_kv>();
+    return f.template operator()<P, K, ringattn::ring_pass>();
+  };
+  auto with_partitioner = [&]<class K>() -> std::unique_ptr<session> {
+    switch (l.partitioner) {
+    case partitioner_kind::contiguous:
+      return with_schedule.template operator()<ringattn::contiguous, K>();
+    case partitioner_kind::round_robin:
+      return with_schedule.template operator()<ringattn::round_robin, K>();
+    case partitioner_kind::zigzag: break;
+    }
+    return with_schedule.template operator()<ringattn::zigzag, K>();
+  };
+  std::unique_ptr<session> made;
+  const bool found =
+      ((Kernels::mask == l.mask ? (made = with_partitioner.template operator()<Kernels>(), true)
+                                : false) ||
+       ...);
+  if (!found)
+    throw ringattn::invalid_argument(std::string("ringattn: this build has no ring for mask ") +
+                                     ringattn::to_string(l.mask));
+  return made;
+}
+
+} // namespace ringattn_torch::detail

@@ -1,0 +1,25 @@
+"""Loads the extension's library (its custom classes and ops live in torch.ops.ringattn)."""
+
+import pathlib
+
+import torch
+
+_HERE = pathlib.Path(__file__).resolve().parent
+
+
+def _load():
+    found = sorted(_HERE.glob("_C*.so"))
+    if not found:
+        raise ImportError(
+            f"ringattn_torch: the compiled library (_C*.so) is missing from {_HERE}; install the "
+            "package with `pip install --no-build-isolation ./python` from the repository")
+    torch.ops.load_library(str(found[0]))
+    return torch.ops.ringattn
+
+
+ops = _load()
+
+
+def has_device_path() -> bool:
+    """Whether this build has the CUDA kernels and NCCL (else CPU tensors only)."""
+    return bool(ops.has_device_path())

@@ -1,0 +1,304 @@
+"""Ring attention on tensors, with autograd: over a torch.distributed process group (one rank per
+process; CUDA tensors over an NCCL communicator made from the group, CPU tensors over the group's
+CPU backend) or over virtual ranks (every rank a thread of this process, on one device)."""
+
+import collections
+import threading
+from typing import Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+
+from ._library import ops
+from .layout import CuSeqlens, check_partitioner, cu_seqlens_list, token_indices
+
+MASKS = ("full", "causal", "sliding_window", "causal_window")
+SCHEDULES = ("ring", "all_gather")
+
+#: Planned rings kept per communicator (least recently used dropped first).
+PLANS_PER_COMMUNICATOR = 32
+
+
+def _window(mask: str, window: Optional[Sequence[int]]) -> Tuple[int, int]:
+    if mask not in MASKS:
+        raise ValueError(f"ringattn: unknown mask '{mask}' (one of {', '.join(MASKS)})")
+    if window is None:
+        return (-1, -1)
+    if isinstance(window, int):
+        return (int(window), 0 if mask == "causal_window" else int(window))
+    left, right = window
+    return (int(left), int(right))
+
+
+def _stream(device: torch.device) -> int:
+    return torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+
+
+def _device_scope(device: torch.device):
+    if device.type == "cuda":
+        return torch.cuda.device(device)
+    return _Nothing()
+
+
+class _Nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _layout_key(q, k, v, cu, partitioner, mask, schedule, window, softmax_scale):
+    dims = (q.size(1), k.size(1), q.size(2), v.size(2))
+    return (partitioner, mask, schedule, dims, window, float(softmax_scale or 0.0), cu)
+
+
+def _make_session(endpoint, virtual_ranks, device_index, key):
+    partitioner, mask, schedule, dims, window, scale, cu = key
+    return ops.session(endpoint, virtual_ranks, device_index, partitioner, mask, schedule,
+                       list(dims), list(window), scale, list(cu))
+
+
+class _Communicator:
+    """This process's end of a ring's communicator, kept across calls, with its planned rings.
+    A failed call drops it (and its rings): the next call plans afresh, on every rank alike."""
+
+    def __init__(self, make_endpoint):
+        self._make_endpoint = make_endpoint
+        self._endpoint = None
+        self._plans = collections.OrderedDict()
+
+    def session(self, key, device_index):
+        plan = self._plans.get(key)
+        if plan is not None:
+            self._plans.move_to_end(key)
+            return plan
+        if self._endpoint is None:
+            self._endpoint = self._make_endpoint()
+        plan = _make_session(self._endpoint, 0, device_index, key)
+        self._plans[key] = plan
+        while len(self._plans) > PLANS_PER_COMMUNICATOR:
+            self._plans.popitem(last=False)
+        return plan
+
+    def drop(self):
+        self._plans.clear()
+        self._endpoint = None
+
+
+_lock = threading.Lock()
+_communicators = {}
+_virtual_plans = collections.OrderedDict()
+
+
+def _group_communicator(group, device: torch.device, timeout: float) -> _Communicator:
+    rank, size = dist.get_rank(group), dist.get_world_size(group)
+    timeout_ms = int(timeout * 1000)
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+
+        def make_endpoint():
+            # The NCCL unique id travels through the group itself.
+            with torch.cuda.device(index):
+                box = [ops.nccl_unique_id().tolist() if rank == 0 else None]
+                dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0), group=group)
+                uid = torch.tensor(box[0], dtype=torch.uint8)
+                return ops.nccl_endpoint(uid, size, rank, index, timeout_ms)
+    else:
+        def make_endpoint():
+            return ops.group_endpoint(group.group_name, timeout_ms)
+    key = (group.group_name, str(device), timeout_ms)
+    with _lock:
+        comm = _communicators.get(key)
+        if comm is None:
+            comm = _communicators[key] = _Communicator(make_endpoint)
+    return comm
+
+
+class _GroupRunner:
+    """One rank of a process group: its shards in, its shards out."""
+
+    def __init__(self, communicator: _Communicator, session, device: torch.device):
+        self.communicator, self.session, self.device = communicator, session, device
+
+    def _guarded(self, call):
+        try:
+            with _device_scope(self.device):
+                return call()
+        except Exception:
+            self.communicator.drop()
+            raise
+
+    def forward(self, q, k, v):
+        outs, lses = self._guarded(
+            lambda: self.session.forward([q], [k], [v], None, None, _stream(self.device)))
+        return outs[0], lses[0]
+
+    def backward(self, q, k, v, out, lse, dout):
+        dq, dk, dv = self._guarded(lambda: self.session.backward(
+            [q], [k], [v], [out], [lse], [dout], None, None, None, _stream(self.device)))
+        return dq[0], dk[0], dv[0]
+
+
+class _VirtualRunner:
+    """Every rank as a thread of this process: the full packed batch in, sharded by the
+    partitioner for the ranks, their outputs put back in the batch's order."""
+
+    def __init__(self, session, indices, device: torch.device):
+        self.session, self.device = session, device
+        self.indices = [i.to(device) for i in indices]
+        self.all = torch.cat(self.indices)
+
+    def _split(self, x, dim=0):
+        return [x.index_select(dim, i) for i in self.indices]
+
+    def forward(self, q, k, v):
+        with _device_scope(self.device):
+            outs, lses = self.session.forward(self._split(q), self._split(k), self._split(v),
+                                              None, None, _stream(self.device))
+        out = torch.empty(q.size(0), q.size(1), v.size(2), dtype=q.dtype, device=q.device)
+        out.index_copy_(0, self.all, torch.cat(outs))
+        lse = torch.empty(q.size(1), q.size(0), dtype=torch.float32, device=q.device)
+        lse.index_copy_(1, self.all, torch.cat(lses, 1))
+        return out, lse
+
+    def backward(self, q, k, v, out, lse, dout):
+        with _device_scope(self.device):
+            dqs, dks, dvs = self.session.backward(
+                self._split(q), self._split(k), self._split(v), self._split(out),
+                [l.contiguous() for l in self._split(lse, 1)], self._split(dout), None, None,
+                None, _stream(self.device))
+        grads = []
+        for parts, like in ((dqs, q), (dks, k), (dvs, v)):
+            g = torch.empty_like(like, memory_format=torch.contiguous_format)
+            g.index_copy_(0, self.all, torch.cat(parts))
+            grads.append(g)
+        return tuple(grads)
+
+
+class RingAttentionFunction(torch.autograd.Function):
+    """out, lse = RingAttentionFunction.apply(q, k, v, runner): the ring's forward, and its
+    backward through the library's backward. lse is not differentiable."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, runner):
+        out, lse = runner.forward(q, k, v)
+        ctx.runner = runner
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        if dout is None:
+            dout = torch.zeros_like(out)
+        dq, dk, dv = ctx.runner.backward(q, k, v, out, lse, _unit_last_stride(dout))
+        return dq, dk, dv, None
+
+
+def _unit_last_stride(x: torch.Tensor) -> torch.Tensor:
+    return x if x.dim() == 3 and (x.size(2) <= 1 or x.stride(2) == 1) else x.contiguous()
+
+
+def _check_tensors(q, k, v):
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"ringattn: {name} must be a tensor")
+        if t.dim() != 3:
+            raise ValueError(f"ringattn: {name} must be [tokens, heads, dim] (got "
+                             f"{t.dim()} dimensions)")
+
+
+def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: CuSeqlens, *,
+                   group: Optional[dist.ProcessGroup] = None, partitioner: str = "zigzag",
+                   mask: str = "causal", window: Optional[Sequence[int]] = None,
+                   softmax_scale: Optional[float] = None, schedule: str = "ring",
+                   timeout: float = 60.0) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Context-parallel attention of this rank's shards, with autograd.
+
+    q: [local tokens, q_heads, head_dim], k: [local tokens, kv_heads, head_dim],
+    v: [local tokens, kv_heads, head_dim_v]: this rank's shard of the packed batch under
+    `partitioner` (`shard` makes it). `cu_seqlens`: the *global* packed layout (batch + 1
+    offsets, the same on every rank; a list or CPU tensor: a CUDA tensor is read back).
+    `group`: the process group of the ring (default: the default group, or a ring of one rank
+    where torch.distributed is not initialized). CUDA tensors (fp16, bf16) run the device path
+    over an NCCL communicator made from the group, on the current stream; CPU tensors (fp16,
+    bf16, fp32) run the host path over the group's CPU backend (gloo). `mask`: full, causal,
+    sliding_window, causal_window (with `window` = (left, right), -1 unbounded). `schedule`:
+    ring (K/V pass around the ring) or all_gather. Returns out [local tokens, q_heads,
+    head_dim_v] and lse [q_heads, local tokens] (fp32, natural log, not differentiable).
+    Collective: every rank of the group calls it with the same layout."""
+    _check_tensors(q, k, v)
+    check_partitioner(partitioner)
+    if schedule not in SCHEDULES:
+        raise ValueError(f"ringattn: unknown schedule '{schedule}' (one of "
+                         f"{', '.join(SCHEDULES)})")
+    key = _layout_key(q, k, v, cu_seqlens_list(cu_seqlens), partitioner, mask, schedule,
+                      _window(mask, window), softmax_scale)
+    device = q.device
+    if group is None and not (dist.is_available() and dist.is_initialized()):
+        return RingAttentionFunction.apply(q, k, v, _virtual_runner(key, 1, device))
+    if group is None:
+        group = dist.group.WORLD
+    comm = _group_communicator(group, device, timeout)
+    index = device.index if device.type == "cuda" and device.index is not None else (
+        torch.cuda.current_device() if device.type == "cuda" else -1)
+    try:
+        with _device_scope(device):
+            session = comm.session(key, index)
+    except Exception:
+        comm.drop()
+        raise
+    return RingAttentionFunction.apply(q, k, v, _GroupRunner(comm, session, device))
+
+
+def _virtual_runner(key, ranks: int, device: torch.device) -> _VirtualRunner:
+    index = -1
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+    full_key = (key, ranks, index)
+    with _lock:
+        plan = _virtual_plans.get(full_key)
+        if plan is not None:
+            _virtual_plans.move_to_end(full_key)
+    if plan is None:
+        partitioner, cu = key[0], key[-1]
+        with _device_scope(device):
+            session = _make_session(None, ranks, index, key)
+        indices = [token_indices(cu, partitioner, rank=r, ranks=ranks) for r in range(ranks)]
+        plan = (session, indices)
+        with _lock:
+            _virtual_plans[full_key] = plan
+            while len(_virtual_plans) > PLANS_PER_COMMUNICATOR:
+                _virtual_plans.popitem(last=False)
+    return _VirtualRunner(plan[0], plan[1], device)
+
+
+def virtual_ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                           cu_seqlens: CuSeqlens, ranks: int, *, partitioner: str = "zigzag",
+                           mask: str = "causal", window: Optional[Sequence[int]] = None,
+                           softmax_scale: Optional[float] = None,
+                           schedule: str = "ring") -> Tuple[torch.Tensor, torch.Tensor]:
+    """The whole ring in this process: `ranks` virtual ranks (threads, on q's device) over the
+    full packed batch `q`, `k`, `v` ([tokens, heads, dim]), each rank attending to its shard
+    under `partitioner` as a ring of `ranks` processes would. Returns out and lse of the whole
+    batch in its own order, with autograd. For testing a layout on one device, and for the
+    host path on CPU tensors."""
+    _check_tensors(q, k, v)
+    check_partitioner(partitioner)
+    if schedule not in SCHEDULES:
+        raise ValueError(f"ringattn: unknown schedule '{schedule}' (one of "
+                         f"{', '.join(SCHEDULES)})")
+    if not isinstance(ranks, int) or ranks < 1:
+        raise ValueError(f"ringattn: ranks must be a positive int (got {ranks!r})")
+    cu = cu_seqlens_list(cu_seqlens)
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.device != q.device:
+            raise ValueError(f"ringattn: {name} is on {t.device} but q is on {q.device}")
+        if cu and t.size(0) != cu[-1]:
+            raise ValueError(f"ringattn: {name} has {t.size(0)} tokens but cu_seqlens holds "
+                             f"{cu[-1]} (the whole packed batch)")
+    key = _layout_key(q, k, v, cu, partitioner, mask, schedule, _window(mask, window),
+                      softmax_scale)
+    return RingAttentionFunction.apply(q, k, v, _virtual_runner(key, ranks, q.device))

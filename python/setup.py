@@ -1,0 +1,49 @@
+"""Builds the extension's library with CMake against the Torch package of the PyTorch that runs
+the build (install with `pip install --no-build-isolation ./python`, so that it is this one).
+
+CMake options come from the environment: RINGATTN_TORCH_DEVICE=OFF builds the host path alone,
+RINGATTN_TORCH_CUDA_ARCHITECTURES picks the GPU architectures (default "80;90a"), CMAKE_ARGS
+passes anything else, MAX_JOBS bounds the parallel build.
+"""
+
+import os
+import pathlib
+import shlex
+import shutil
+import subprocess
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+HERE = pathlib.Path(__file__).resolve().parent
+
+
+class CMakeExtension(Extension):
+    def __init__(self, name):
+        super().__init__(name, sources=[])
+
+
+class CMakeBuild(build_ext):
+    def build_extension(self, ext):
+        import torch
+
+        output = pathlib.Path(self.get_ext_fullpath(ext.name)).resolve()
+        build = pathlib.Path(self.build_temp).resolve() / "cmake"
+        args = [
+            "cmake", "-S", str(HERE), "-B", str(build),
+            f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}",
+            f"-DRINGATTN_TORCH_OUTPUT={output}",
+            f"-DCMAKE_BUILD_TYPE={os.environ.get('CMAKE_BUILD_TYPE', 'Release')}",
+        ]
+        if shutil.which("ninja"):
+            args += ["-G", "Ninja"]
+        for option in ("RINGATTN_TORCH_DEVICE", "RINGATTN_TORCH_CUDA_ARCHITECTURES"):
+            if option in os.environ:
+                args.append(f"-D{option}={os.environ[option]}")
+        args += shlex.split(os.environ.get("CMAKE_ARGS", ""))
+        subprocess.check_call(args)
+        jobs = os.environ.get("MAX_JOBS", str(os.cpu_count() or 1))
+        subprocess.check_call(["cmake", "--build", str(build), "-j", jobs])
+
+
+setup(ext_modules=[CMakeExtension("ringattn_torch._C")], cmdclass={"build_ext": CMakeBuild})

@@ -1,0 +1,118 @@
+"""The device path on CUDA tensors: virtual ranks on one GPU and a rank of an NCCL process group,
+forward and backward against the float64 reference on the gathered sequence, streams, outputs
+written in place, and refusals."""
+
+import itertools
+import os
+import tempfile
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import ringattn_torch as ra
+from reference import (TOLERANCE, check_against_reference, inputs, random_cu_seqlens,
+                       window_of)
+
+pytestmark = pytest.mark.gpu
+
+
+def _case(seed, dtype, q_heads=8, kv_heads=2, dim=128, dim_v=None, batch=3, longest=300):
+    g = torch.Generator().manual_seed(seed)
+    cu = random_cu_seqlens(g, batch=batch, shortest=1, longest=longest)
+    return cu, inputs(cu, q_heads, kv_heads, dim, dim_v or dim, dtype, "cuda", g)
+
+
+@pytest.mark.parametrize("partitioner,mask", list(itertools.product(ra.PARTITIONERS, ra.MASKS)))
+@pytest.mark.parametrize("ranks", [1, 2, 4])
+def test_virtual_ranks_bf16_every_partitioner_and_mask(partitioner, mask, ranks):
+    cu, (q, k, v) = _case(hash((partitioner, mask, ranks)) % 2**31, torch.bfloat16)
+    window = window_of(mask)
+    run = lambda q, k, v: ra.virtual_ring_attention(q, k, v, cu, ranks, partitioner=partitioner,
+                                                    mask=mask, window=window)
+    check_against_reference(run, q, k, v, cu, mask, window, TOLERANCE[torch.bfloat16])
+
+
+@pytest.mark.parametrize("heads", [(8, 8), (8, 2), (8, 1)])
+@pytest.mark.parametrize("schedule", ra.SCHEDULES)
+@pytest.mark.parametrize("dim", [64, 128])
+def test_virtual_ranks_fp16_gqa_schedules_widths(heads, schedule, dim):
+    cu, (q, k, v) = _case(17, torch.float16, heads[0], heads[1], dim)
+    run = lambda q, k, v: ra.virtual_ring_attention(q, k, v, cu, 3, partitioner="zigzag",
+                                                    mask="causal", schedule=schedule)
+    check_against_reference(run, q, k, v, cu, "causal", (-1, -1), TOLERANCE[torch.float16])
+
+
+def test_separate_widths_192_128():
+    cu, (q, k, v) = _case(23, torch.bfloat16, 8, 2, 192, 128)
+    run = lambda q, k, v: ra.virtual_ring_attention(q, k, v, cu, 2, mask="causal")
+    check_against_reference(run, q, k, v, cu, "causal", (-1, -1), TOLERANCE[torch.bfloat16])
+
+
+def test_runs_on_the_current_stream():
+    cu, (q, k, v) = _case(29, torch.bfloat16)
+    want, want_lse = ra.virtual_ring_attention(q, k, v, cu, 2)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        got, got_lse = ra.virtual_ring_attention(q, k, v, cu, 2)
+    torch.cuda.current_stream().wait_stream(side)
+    assert torch.equal(got, want) and torch.equal(got_lse, want_lse)
+
+
+def test_outputs_written_in_place_are_all_written():
+    cu, (q, k, v) = _case(31, torch.bfloat16)
+    session = ra._library.ops.session(None, 2, torch.cuda.current_device(), "zigzag", "causal",
+                                      "ring", [8, 2, 128, 128], [-1, -1], 0.0, cu)
+    idx = [ra.token_indices(cu, "zigzag", rank=r, ranks=2).cuda() for r in range(2)]
+    shards = lambda x: [x[i] for i in idx]
+    out = [torch.full((i.numel(), 8, 128), float("nan"), dtype=q.dtype, device="cuda")
+           for i in idx]
+    lse = [torch.full((8, i.numel()), float("nan"), device="cuda") for i in idx]
+    session.forward(shards(q), shards(k), shards(v), out, lse,
+                    torch.cuda.current_stream().cuda_stream)
+    assert not any(torch.isnan(t).any() for t in out + lse)
+    full, full_lse = ra.virtual_ring_attention(q, k, v, cu, 2)
+    for r, i in enumerate(idx):
+        assert torch.equal(out[r], full[i]) and torch.equal(lse[r], full_lse[:, i])
+
+
+def test_device_refusals():
+    cu, (q, k, v) = _case(37, torch.bfloat16)
+    with pytest.raises(ValueError, match="float16 or bfloat16"):
+        ra.virtual_ring_attention(q.float(), k.float(), v.float(), cu, 2)
+    with pytest.raises(ValueError, match="k is on cpu but q is on cuda"):
+        ra.virtual_ring_attention(q, k.cpu(), v, cu, 2)
+    out, _ = ra.virtual_ring_attention(q, k, v, cu, 2)
+    assert torch.isfinite(out).all()
+
+
+@pytest.fixture
+def nccl_group_of_one():
+    with tempfile.TemporaryDirectory() as d:
+        torch.cuda.set_device(0)
+        dist.init_process_group("nccl", init_method=f"file://{os.path.join(d, 's')}", rank=0,
+                                world_size=1, device_id=torch.device("cuda", 0))
+        try:
+            yield dist.group.WORLD
+        finally:
+            dist.destroy_process_group()
+
+
+def test_nccl_group_of_one_rank(nccl_group_of_one):
+    for partitioner, mask in [("zigzag", "causal"), ("contiguous", "full"),
+                              ("round_robin", "sliding_window")]:
+        cu, (q, k, v) = _case(41, torch.bfloat16)
+        window = window_of(mask)
+        run = lambda q, k, v: ra.ring_attention(q, k, v, cu, group=nccl_group_of_one,
+                                                partitioner=partitioner, mask=mask, window=window)
+        check_against_reference(run, q, k, v, cu, mask, window, TOLERANCE[torch.bfloat16])
+    # Refused calls (fp32 on the device path; a tensor on another device), each followed by the
+    # ring again, over a new NCCL communicator.
+    with pytest.raises(ValueError, match="float16 or bfloat16"):
+        ra.ring_attention(q.float(), k.float(), v.float(), cu, group=nccl_group_of_one)
+    with pytest.raises(ValueError, match="k is on cpu but this ring runs on cuda:0"):
+        ra.ring_attention(q, k.cpu(), v, cu, group=nccl_group_of_one)
+    out, _ = ra.ring_attention(q, k, v, cu, group=nccl_group_of_one)
+    want, _ = ra.virtual_ring_attention(q, k, v, cu, 1)
+    assert torch.equal(out, want)

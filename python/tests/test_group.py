@@ -1,0 +1,115 @@
+"""The host path over a torch.distributed process group (gloo), one rank per process: sharded
+forward and backward against the float64 reference on the gathered sequence, plans kept per
+layout, and a refusal on one rank reaching every rank."""
+
+import os
+import tempfile
+import traceback
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import ringattn_torch as ra
+from reference import TOLERANCE, attention, inputs, random_cu_seqlens, rel, window_of
+
+
+def _worker(rank, ranks, store, body, errors):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
+                                world_size=ranks)
+        try:
+            body(rank, ranks)
+        finally:
+            dist.destroy_process_group()
+    except BaseException:
+        errors.put((rank, traceback.format_exc()))
+
+
+def run_ranks(ranks, body):
+    ctx = mp.get_context("spawn")
+    errors = ctx.Queue()
+    with tempfile.TemporaryDirectory() as d:
+        store = os.path.join(d, "store")
+        procs = [ctx.Process(target=_worker, args=(r, ranks, store, body, errors))
+                 for r in range(ranks)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout=300)
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                pytest.fail("a rank did not finish within 300 s")
+    failures = []
+    while not errors.empty():
+        failures.append(errors.get())
+    assert not failures, "\n".join(f"rank {r}:\n{t}" for r, t in sorted(failures))
+
+
+def _sharded_case(rank, ranks, partitioner, mask, dtype, schedule="ring"):
+    g = torch.Generator().manual_seed(1234)  # the same full batch on every rank
+    cu = random_cu_seqlens(g, batch=3, shortest=1, longest=50)
+    q, k, v = inputs(cu, 4, 2, 64, 64, dtype, "cpu", g)
+    dout = torch.randn(q.shape, generator=g).to(dtype)
+    window = window_of(mask)
+    mine = [ra.shard(x, cu, partitioner).clone().requires_grad_() for x in (q, k, v)]
+    out, lse = ra.ring_attention(*mine, cu, partitioner=partitioner, mask=mask, window=window,
+                                 schedule=schedule)
+    out.backward(ra.shard(dout, cu, partitioner))
+    full_out = ra.unshard(out.detach(), cu, partitioner)
+    full_lse = ra.unshard(lse, cu, partitioner, dim=1)
+    grads = [ra.unshard(t.grad, cu, partitioner) for t in mine]
+    r = [t.double().requires_grad_() for t in (q, k, v)]
+    ref_out, ref_lse = attention(*r, cu, mask, window)
+    ref_out.backward(dout.double())
+    bound_out, bound_lse, bound_grad = TOLERANCE[dtype]
+    errors = (rel(full_out, ref_out), float((full_lse.double() - ref_lse.detach()).abs().max()),
+              *(rel(a, b.grad) for a, b in zip(grads, r)))
+    assert errors[0] < bound_out and errors[1] < bound_lse, errors
+    assert max(errors[2:]) < bound_grad, errors
+
+
+def _matrix(rank, ranks):
+    for partitioner in ra.PARTITIONERS:
+        for mask in ra.MASKS:
+            _sharded_case(rank, ranks, partitioner, mask, torch.float32)
+    _sharded_case(rank, ranks, "zigzag", "causal", torch.bfloat16, schedule="all_gather")
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_group_every_partitioner_and_mask(ranks):
+    run_ranks(ranks, _matrix)
+
+
+def _plans_and_refusals(rank, ranks):
+    from ringattn_torch import attention as impl
+    cu = [0, 30, 61]
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (ra.shard(x, cu) for x in inputs(cu, 2, 2, 64, 64, torch.float32, "cpu", g))
+    first, _ = ra.ring_attention(q, k, v, cu)
+    again, _ = ra.ring_attention(q, k, v, cu)
+    assert torch.equal(first, again)  # deterministic, and the plan was kept
+    (comm,) = impl._communicators.values()
+    assert len(comm._plans) == 1
+    # Rank 1 passes float64 tensors: refused there, and every other rank's call fails naming it.
+    bad = q.double() if rank == 1 else q
+    with pytest.raises(ValueError) as e:
+        ra.ring_attention(bad, k if rank != 1 else k.double(), v if rank != 1 else v.double(), cu)
+    if rank == 1:
+        assert "dtype" in str(e.value)
+    else:
+        assert "rank 1 rejected" in str(e.value) and "dtype" in str(e.value)
+    # Shards that do not match cu_seqlens, on every rank: the ring's own sentence.
+    with pytest.raises(ValueError, match=r"q is \[.*\] but rank .*'s shard is"):
+        ra.ring_attention(q[:-1], k[:-1], v[:-1], cu)
+    # And the ring runs again afterwards, with the same result.
+    after, _ = ra.ring_attention(q, k, v, cu)
+    assert torch.equal(after, first)
+
+
+def test_group_plans_kept_and_refusals_reach_every_rank():
+    run_ranks(3, _plans_and_refusals)

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The PyTorch extension's tests: builds python/ with CMake against the Torch package of a PyTorch,
+# installs it there with pip, and runs pytest python/tests (GPU tests report "skipped" without a
+# GPU). The PyTorch is $RINGATTN_TORCH_PYTHON's, else python3's where it imports torch, else
+# PyPI's torch 2.11 in a virtual environment under build/torch-venv (made once, then reused).
+# PyTorch's CPU-only wheels are not on PyPI, so that one is the standard wheel: its CUDA build
+# runs CPU tensors on a machine without a GPU, which is what the host-path tests need.
+# Usage: scripts/test_torch.sh [pytest arguments]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/common.sh
+require_nvcc torch
+
+py=${RINGATTN_TORCH_PYTHON:-}
+if [ -z "$py" ] && python3 -c "import torch" >/dev/null 2>&1; then py=python3; fi
+if [ -z "$py" ]; then
+  venv=build/torch-venv
+  if [ ! -x "$venv/bin/python" ]; then
+    python3 -m venv "$venv" 2>/dev/null || { apt_install torch python3-venv && python3 -m venv "$venv"; }
+  fi
+  py=$venv/bin/python
+  "$py" -c "import torch, pytest, setuptools" >/dev/null 2>&1 ||
+    "$py" -m pip install --quiet "torch==2.11.0" numpy pytest "setuptools>=70.1,<82"
+fi
+echo "torch: $("$py" -c 'import torch; print(torch.__version__, torch.__file__)')"
+# The host compiler CMake finds by default; GPU architectures from the environment (default
+# 80;90a; the tests build sm_90a alone, which is what runs them on a Hopper GPU).
+export RINGATTN_TORCH_CUDA_ARCHITECTURES=${RINGATTN_TORCH_CUDA_ARCHITECTURES:-90a}
+"$py" -m pip install --quiet --no-build-isolation --no-deps ./python
+"$py" -m pytest -q -rs python/tests "$@"
