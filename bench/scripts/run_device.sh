@@ -49,6 +49,14 @@ else
   echo "ctest exit $?"; tail -25 "$OUT/ctest.log"
 fi
 
+# The PyTorch extension: built against python3's PyTorch, its tests (GPU ones included), and the
+# training example against single-GPU SDPA.
+if [ "${RINGATTN_SKIP_TESTS:-0}" != 1 ] && python3 -c "import torch" >/dev/null 2>&1; then
+  bash scripts/test_torch.sh > "$OUT/torch_tests.log" 2>&1
+  echo "torch extension tests exit $?"; tail -3 "$OUT/torch_tests.log"
+  torchrun --nproc-per-node 1 examples/06_torch_training/train.py --steps 30 --check 2>&1 | tail -1
+fi
+
 gpu_exe=$BUILD/test/ringattn_test_gpu
 [ "${RINGATTN_SKIP_TESTS:-0}" = 1 ] || for tool in memcheck racecheck synccheck; do
   echo "== compute-sanitizer --tool $tool" >> "$OUT/sanitizer.log"
@@ -103,4 +111,9 @@ if grep -q '"cudnn_block' "$OUT/ring_forward.json" 2>/dev/null; then
   python3 bench/baselines/sdpa_baseline.py "$OUT/sdpa_ring.json" --ring 2>&1 | tail -4
   python3 bench/scripts/report_cudnn.py "$OUT/ring_forward.json" "$OUT/sdpa.json" \
     "$OUT/sdpa_backward.json" "$OUT/sdpa_ring.json" --bundle "$OUT/cudnn.json"
+fi
+if python3 -c "import ringattn_torch" >/dev/null 2>&1; then
+  # The extension on one rank against SDPA and PyTorch context parallel, same job.
+  torchrun --nproc-per-node 1 bench/torch_extension.py "$OUT/torch_extension.json" 2>&1 | tail -2
+  python3 bench/scripts/report_torch_extension.py "$OUT/torch_extension.json"
 fi
