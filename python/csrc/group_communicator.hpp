@@ -149,7 +149,7 @@ private:
 
 namespace ringattn_torch {
 class endpoint;
-//! This rank's end of `group` (its CPU backend) as a host endpoint for `make_host_session`.
+//! This rank's end of `group` (its CPU backend) as a host endpoint for `make_host_plan`.
 std::shared_ptr<endpoint> make_group_endpoint(c10::intrusive_ptr<c10d::ProcessGroup> group,
                                               std::int64_t timeout_ms);
 } // namespace ringattn_torch

@@ -1,8 +1,8 @@
 // The host path of the extension: virtual ranks on CPU threads and a rank of a process group's
 // CPU backend, for every partitioner x mask x schedule; the layout helpers.
 #include "group_communicator.hpp"
-#include "session.hpp"
-#include "sessions.hpp"
+#include "plan.hpp"
+#include "plans.hpp"
 
 #include <ringattn/partition/plan.cuh>
 
@@ -29,34 +29,34 @@ std::shared_ptr<endpoint> make_group_endpoint(c10::intrusive_ptr<c10d::ProcessGr
   return std::make_shared<group_endpoint>(std::move(group), std::chrono::milliseconds(timeout_ms));
 }
 
-std::unique_ptr<session> make_virtual_host_session(const layout& l, int ranks) {
+std::unique_ptr<plan> make_virtual_host_plan(const layout& l, int ranks) {
   return detail::dispatch<ringattn::full, ringattn::causal, ringattn::sliding_window,
                           ringattn::causal_window>(
-      l, [&]<class P, class K, class S>() -> std::unique_ptr<session> {
-        return std::make_unique<detail::virtual_session<P, K, S, false>>(l, ranks, -1);
+      l, [&]<class P, class K, class S>() -> std::unique_ptr<plan> {
+        return std::make_unique<detail::virtual_plan<P, K, S, false>>(l, ranks, -1);
       });
 }
 
-std::unique_ptr<session> make_host_session(const layout& l, std::shared_ptr<endpoint> ep) {
+std::unique_ptr<plan> make_host_plan(const layout& l, std::shared_ptr<endpoint> ep) {
   auto group = std::dynamic_pointer_cast<group_endpoint>(ep);
   if (!group)
     throw ringattn::invalid_argument(
         "ringattn: CPU tensors run over a process group's CPU backend; this endpoint is not one");
   return detail::dispatch<ringattn::full, ringattn::causal, ringattn::sliding_window,
                           ringattn::causal_window>(
-      l, [&]<class P, class K, class S>() -> std::unique_ptr<session> {
-        return std::make_unique<detail::endpoint_session<P, group_communicator, K, S, false>>(
-            l, group);
+      l, [&]<class P, class K, class S>() -> std::unique_ptr<plan> {
+        return std::make_unique<detail::endpoint_plan<P, group_communicator, K, S, false>>(l,
+                                                                                           group);
       });
 }
 
 std::vector<std::int64_t> token_indices(partitioner_kind p, std::span<const std::int32_t> cu,
                                         int ranks, int rank) {
   return with_partitioner(p, [&]<class P>(P) {
-    const ringattn::partition_plan<P> plan(cu, ranks);
-    std::vector<std::int64_t> out(static_cast<std::size_t>(plan.local_tokens(rank)));
+    const ringattn::partition_plan<P> partition(cu, ranks);
+    std::vector<std::int64_t> out(static_cast<std::size_t>(partition.local_tokens(rank)));
     for (std::size_t i = 0; i < out.size(); ++i)
-      out[i] = plan.global_token(rank, static_cast<std::int64_t>(i));
+      out[i] = partition.global_token(rank, static_cast<std::int64_t>(i));
     return out;
   });
 }
@@ -64,8 +64,8 @@ std::vector<std::int64_t> token_indices(partitioner_kind p, std::span<const std:
 std::vector<std::int32_t> position_ids(partitioner_kind p, std::span<const std::int32_t> cu,
                                        int ranks, int rank) {
   return with_partitioner(p, [&]<class P>(P) {
-    const ringattn::partition_plan<P> plan(cu, ranks);
-    return plan.position_ids(rank);
+    const ringattn::partition_plan<P> partition(cu, ranks);
+    return partition.position_ids(rank);
   });
 }
 

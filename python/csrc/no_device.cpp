@@ -1,6 +1,6 @@
 // A build without the device path (no CUDA compiler, or RINGATTN_TORCH_DEVICE=OFF): the device
 // factories say so.
-#include "session.hpp"
+#include "plan.hpp"
 
 #include <ringattn/error.cuh>
 
@@ -20,9 +20,7 @@ std::shared_ptr<endpoint> make_nccl_endpoint(std::span<const std::uint8_t>, int,
                                              std::int64_t) {
   no_device();
 }
-std::unique_ptr<session> make_virtual_device_session(const layout&, int, int) { no_device(); }
-std::unique_ptr<session> make_device_session(const layout&, std::shared_ptr<endpoint>) {
-  no_device();
-}
+std::unique_ptr<plan> make_virtual_device_plan(const layout&, int, int) { no_device(); }
+std::unique_ptr<plan> make_device_plan(const layout&, std::shared_ptr<endpoint>) { no_device(); }
 
 } // namespace ringattn_torch

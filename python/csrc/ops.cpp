@@ -1,10 +1,10 @@
 // The PyTorch face of the extension: custom classes `ringattn.Endpoint` (this rank's end of a
-// communicator kept across rings) and `ringattn.Session` (a planned ring), and the layout helpers,
+// communicator kept across rings) and `ringattn.Plan` (a planned ring), and the layout helpers,
 // registered with TORCH_LIBRARY so that the library needs libtorch only (no Python headers).
 // Arguments are checked here (tensor kinds, devices, ranks) and by the ring (shapes, layout) before
 // any work is enqueued; the ring's invalid_argument reaches Python as ValueError.
 #include "group_communicator.hpp"
-#include "session.hpp"
+#include "plan.hpp"
 
 #include <ringattn/error.cuh>
 
@@ -119,8 +119,8 @@ struct Endpoint : torch::CustomClassHolder {
 };
 
 //! A planned ring for the ranks this process runs (one, or every virtual rank).
-struct Session : torch::CustomClassHolder {
-  explicit Session(std::unique_ptr<session> s) : impl(std::move(s)) {}
+struct Plan : torch::CustomClassHolder {
+  explicit Plan(std::unique_ptr<plan> s) : impl(std::move(s)) {}
 
   std::int64_t ranks_here() const { return impl->ranks_here(); }
   std::int64_t size() const { return impl->size(); }
@@ -203,7 +203,7 @@ struct Session : torch::CustomClassHolder {
     return {dqs, dks, dvs};
   }
 
-  std::unique_ptr<session> impl;
+  std::unique_ptr<plan> impl;
 
 private:
   //! Runs the bindings' checks and allocations (`body`, given the element type); where they
@@ -324,22 +324,22 @@ at::Tensor nccl_unique_id_op() {
   return t;
 }
 
-c10::intrusive_ptr<Session>
-session_op(const std::optional<c10::intrusive_ptr<Endpoint>>& ep, std::int64_t virtual_ranks,
-           std::int64_t device, const std::string& partitioner, const std::string& mask,
-           const std::string& schedule, const std::vector<std::int64_t>& dims,
-           const std::vector<std::int64_t>& window, double softmax_scale,
-           const std::vector<std::int64_t>& cu_seqlens) {
+c10::intrusive_ptr<Plan> plan_op(const std::optional<c10::intrusive_ptr<Endpoint>>& ep,
+                                 std::int64_t virtual_ranks, std::int64_t device,
+                                 const std::string& partitioner, const std::string& mask,
+                                 const std::string& schedule, const std::vector<std::int64_t>& dims,
+                                 const std::vector<std::int64_t>& window, double softmax_scale,
+                                 const std::vector<std::int64_t>& cu_seqlens) {
   const layout l = layout_of(partitioner, mask, schedule, dims, window, softmax_scale, cu_seqlens);
-  return c10::make_intrusive<Session>(translated([&]() -> std::unique_ptr<session> {
+  return c10::make_intrusive<Plan>(translated([&]() -> std::unique_ptr<plan> {
     if (ep) {
       const auto& e = (*ep)->impl;
-      return e->device() >= 0 ? make_device_session(l, e) : make_host_session(l, e);
+      return e->device() >= 0 ? make_device_plan(l, e) : make_host_plan(l, e);
     }
     if (virtual_ranks < 1) bad("virtual_ranks must be at least 1");
-    return device >= 0 ? make_virtual_device_session(l, static_cast<int>(virtual_ranks),
-                                                     static_cast<int>(device))
-                       : make_virtual_host_session(l, static_cast<int>(virtual_ranks));
+    return device >= 0 ? make_virtual_device_plan(l, static_cast<int>(virtual_ranks),
+                                                  static_cast<int>(device))
+                       : make_virtual_host_plan(l, static_cast<int>(virtual_ranks));
   }));
 }
 
@@ -382,19 +382,19 @@ TORCH_LIBRARY(ringattn, m) {
       .def("size", &Endpoint::size)
       .def("device", &Endpoint::device)
       .def("bytes_sent", &Endpoint::bytes_sent);
-  m.class_<Session>("Session")
-      .def("ranks_here", &Session::ranks_here)
-      .def("size", &Session::size)
-      .def("first_rank", &Session::first_rank)
-      .def("device", &Session::device)
-      .def("bytes_sent", &Session::bytes_sent)
-      .def("local_tokens", &Session::local_tokens)
-      .def("forward", &Session::forward)
-      .def("backward", &Session::backward);
+  m.class_<Plan>("Plan")
+      .def("ranks_here", &Plan::ranks_here)
+      .def("size", &Plan::size)
+      .def("first_rank", &Plan::first_rank)
+      .def("device", &Plan::device)
+      .def("bytes_sent", &Plan::bytes_sent)
+      .def("local_tokens", &Plan::local_tokens)
+      .def("forward", &Plan::forward)
+      .def("backward", &Plan::backward);
   m.def("nccl_unique_id", &nccl_unique_id_op);
   m.def("nccl_endpoint", &nccl_endpoint_op);
   m.def("group_endpoint", &group_endpoint_op);
-  m.def("session", &session_op);
+  m.def("plan", &plan_op);
   m.def("token_indices", &token_indices_op);
   m.def("position_ids", &position_ids_op);
   m.def("has_device_path", &has_device_path_op);

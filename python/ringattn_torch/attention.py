@@ -53,9 +53,9 @@ def _layout_key(q, k, v, cu, partitioner, mask, schedule, window, softmax_scale)
     return (partitioner, mask, schedule, dims, window, float(softmax_scale or 0.0), cu)
 
 
-def _make_session(endpoint, virtual_ranks, device_index, key):
+def _make_plan(endpoint, virtual_ranks, device_index, key):
     partitioner, mask, schedule, dims, window, scale, cu = key
-    return ops.session(endpoint, virtual_ranks, device_index, partitioner, mask, schedule,
+    return ops.plan(endpoint, virtual_ranks, device_index, partitioner, mask, schedule,
                        list(dims), list(window), scale, list(cu))
 
 
@@ -68,14 +68,14 @@ class _Communicator:
         self._endpoint = None
         self._plans = collections.OrderedDict()
 
-    def session(self, key, device_index):
+    def plan(self, key, device_index):
         plan = self._plans.get(key)
         if plan is not None:
             self._plans.move_to_end(key)
             return plan
         if self._endpoint is None:
             self._endpoint = self._make_endpoint()
-        plan = _make_session(self._endpoint, 0, device_index, key)
+        plan = _make_plan(self._endpoint, 0, device_index, key)
         self._plans[key] = plan
         while len(self._plans) > PLANS_PER_COMMUNICATOR:
             self._plans.popitem(last=False)
@@ -118,8 +118,8 @@ def _group_communicator(group, device: torch.device, timeout: float) -> _Communi
 class _GroupRunner:
     """One rank of a process group: its shards in, its shards out."""
 
-    def __init__(self, communicator: _Communicator, session, device: torch.device):
-        self.communicator, self.session, self.device = communicator, session, device
+    def __init__(self, communicator: _Communicator, plan, device: torch.device):
+        self.communicator, self.plan, self.device = communicator, plan, device
 
     def _guarded(self, call):
         try:
@@ -131,11 +131,11 @@ class _GroupRunner:
 
     def forward(self, q, k, v):
         outs, lses = self._guarded(
-            lambda: self.session.forward([q], [k], [v], None, None, _stream(self.device)))
+            lambda: self.plan.forward([q], [k], [v], None, None, _stream(self.device)))
         return outs[0], lses[0]
 
     def backward(self, q, k, v, out, lse, dout):
-        dq, dk, dv = self._guarded(lambda: self.session.backward(
+        dq, dk, dv = self._guarded(lambda: self.plan.backward(
             [q], [k], [v], [out], [lse], [dout], None, None, None, _stream(self.device)))
         return dq[0], dk[0], dv[0]
 
@@ -144,8 +144,8 @@ class _VirtualRunner:
     """Every rank as a thread of this process: the full packed batch in, sharded by the
     partitioner for the ranks, their outputs put back in the batch's order."""
 
-    def __init__(self, session, indices, device: torch.device):
-        self.session, self.device = session, device
+    def __init__(self, plan, indices, device: torch.device):
+        self.plan, self.device = plan, device
         self.indices = [i.to(device) for i in indices]
         self.all = torch.cat(self.indices)
 
@@ -154,7 +154,7 @@ class _VirtualRunner:
 
     def forward(self, q, k, v):
         with _device_scope(self.device):
-            outs, lses = self.session.forward(self._split(q), self._split(k), self._split(v),
+            outs, lses = self.plan.forward(self._split(q), self._split(k), self._split(v),
                                               None, None, _stream(self.device))
         out = torch.empty(q.size(0), q.size(1), v.size(2), dtype=q.dtype, device=q.device)
         out.index_copy_(0, self.all, torch.cat(outs))
@@ -164,7 +164,7 @@ class _VirtualRunner:
 
     def backward(self, q, k, v, out, lse, dout):
         with _device_scope(self.device):
-            dqs, dks, dvs = self.session.backward(
+            dqs, dks, dvs = self.plan.backward(
                 self._split(q), self._split(k), self._split(v), self._split(out),
                 [l.contiguous() for l in self._split(lse, 1)], self._split(dout), None, None,
                 None, _stream(self.device))
@@ -246,11 +246,11 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
         torch.cuda.current_device() if device.type == "cuda" else -1)
     try:
         with _device_scope(device):
-            session = comm.session(key, index)
+            plan = comm.plan(key, index)
     except Exception:
         comm.drop()
         raise
-    return RingAttentionFunction.apply(q, k, v, _GroupRunner(comm, session, device))
+    return RingAttentionFunction.apply(q, k, v, _GroupRunner(comm, plan, device))
 
 
 def _virtual_runner(key, ranks: int, device: torch.device) -> _VirtualRunner:
@@ -259,20 +259,20 @@ def _virtual_runner(key, ranks: int, device: torch.device) -> _VirtualRunner:
         index = device.index if device.index is not None else torch.cuda.current_device()
     full_key = (key, ranks, index)
     with _lock:
-        plan = _virtual_plans.get(full_key)
-        if plan is not None:
+        entry = _virtual_plans.get(full_key)
+        if entry is not None:
             _virtual_plans.move_to_end(full_key)
-    if plan is None:
+    if entry is None:
         partitioner, cu = key[0], key[-1]
         with _device_scope(device):
-            session = _make_session(None, ranks, index, key)
+            plan = _make_plan(None, ranks, index, key)
         indices = [token_indices(cu, partitioner, rank=r, ranks=ranks) for r in range(ranks)]
-        plan = (session, indices)
+        entry = (plan, indices)
         with _lock:
-            _virtual_plans[full_key] = plan
+            _virtual_plans[full_key] = entry
             while len(_virtual_plans) > PLANS_PER_COMMUNICATOR:
                 _virtual_plans.popitem(last=False)
-    return _VirtualRunner(plan[0], plan[1], device)
+    return _VirtualRunner(entry[0], entry[1], device)
 
 
 def virtual_ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -4,6 +4,9 @@ written in place, and refusals."""
 
 import itertools
 import os
+import pathlib
+import subprocess
+import sys
 import tempfile
 
 import pytest
@@ -25,12 +28,13 @@ def _case(seed, dtype, q_heads=8, kv_heads=2, dim=128, dim_v=None, batch=3, long
 
 @pytest.mark.parametrize("partitioner,mask", list(itertools.product(ra.PARTITIONERS, ra.MASKS)))
 @pytest.mark.parametrize("ranks", [1, 2, 4])
-def test_virtual_ranks_bf16_every_partitioner_and_mask(partitioner, mask, ranks):
-    cu, (q, k, v) = _case(hash((partitioner, mask, ranks)) % 2**31, torch.bfloat16)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_virtual_ranks_every_partitioner_and_mask(partitioner, mask, ranks, dtype):
+    cu, (q, k, v) = _case(hash((partitioner, mask, ranks)) % 2**31, dtype)
     window = window_of(mask)
     run = lambda q, k, v: ra.virtual_ring_attention(q, k, v, cu, ranks, partitioner=partitioner,
                                                     mask=mask, window=window)
-    check_against_reference(run, q, k, v, cu, mask, window, TOLERANCE[torch.bfloat16])
+    check_against_reference(run, q, k, v, cu, mask, window, TOLERANCE[dtype])
 
 
 @pytest.mark.parametrize("heads", [(8, 8), (8, 2), (8, 1)])
@@ -62,14 +66,14 @@ def test_runs_on_the_current_stream():
 
 def test_outputs_written_in_place_are_all_written():
     cu, (q, k, v) = _case(31, torch.bfloat16)
-    session = ra._library.ops.session(None, 2, torch.cuda.current_device(), "zigzag", "causal",
+    plan = ra._library.ops.plan(None, 2, torch.cuda.current_device(), "zigzag", "causal",
                                       "ring", [8, 2, 128, 128], [-1, -1], 0.0, cu)
     idx = [ra.token_indices(cu, "zigzag", rank=r, ranks=2).cuda() for r in range(2)]
     shards = lambda x: [x[i] for i in idx]
     out = [torch.full((i.numel(), 8, 128), float("nan"), dtype=q.dtype, device="cuda")
            for i in idx]
     lse = [torch.full((8, i.numel()), float("nan"), device="cuda") for i in idx]
-    session.forward(shards(q), shards(k), shards(v), out, lse,
+    plan.forward(shards(q), shards(k), shards(v), out, lse,
                     torch.cuda.current_stream().cuda_stream)
     assert not any(torch.isnan(t).any() for t in out + lse)
     full, full_lse = ra.virtual_ring_attention(q, k, v, cu, 2)
@@ -116,3 +120,14 @@ def test_nccl_group_of_one_rank(nccl_group_of_one):
     out, _ = ra.ring_attention(q, k, v, cu, group=nccl_group_of_one)
     want, _ = ra.virtual_ring_attention(q, k, v, cu, 1)
     assert torch.equal(out, want)
+
+
+def test_training_example_follows_single_gpu_sdpa():
+    """examples/06_torch_training under torchrun with one rank: the ring's loss curve against the
+    same model's with single-GPU SDPA (--check: within 1e-2 relative at every step)."""
+    root = pathlib.Path(__file__).resolve().parents[2]
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1",
+                          str(root / "examples/06_torch_training/train.py"), "--steps", "20",
+                          "--check"], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    assert "largest relative gap between the loss curves" in run.stdout

@@ -79,13 +79,13 @@ def test_outputs_are_written_in_place_where_given():
     g = torch.Generator().manual_seed(11)
     cu = [0, 40]
     q, k, v = inputs(cu, 2, 2, 64, 64, torch.float32, "cpu", g)
-    session = ra._library.ops.session(None, 2, -1, "contiguous", "causal", "ring",
+    plan = ra._library.ops.plan(None, 2, -1, "contiguous", "causal", "ring",
                                       [2, 2, 64, 64], [-1, -1], 0.0, cu)
     idx = [ra.token_indices(cu, "contiguous", rank=r, ranks=2) for r in range(2)]
     shards = lambda x: [x[i] for i in idx]
     out = [torch.full((20, 2, 64), float("nan")) for _ in range(2)]
     lse = [torch.full((2, 20), float("nan")) for _ in range(2)]
-    got_out, got_lse = session.forward(shards(q), shards(k), shards(v), out, lse, 0)
+    got_out, got_lse = plan.forward(shards(q), shards(k), shards(v), out, lse, 0)
     assert all(a is b for a, b in zip(got_out, out)) or all(
         a.data_ptr() == b.data_ptr() for a, b in zip(got_out, out))
     assert not any(torch.isnan(t).any() for t in out + lse)

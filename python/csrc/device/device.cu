@@ -1,5 +1,5 @@
-// The device path of the extension: NCCL endpoints and the sessions on CUDA devices, by mask.
-#include "device_sessions.cuh"
+// The device path of the extension: NCCL endpoints and the plans on CUDA devices, by mask.
+#include "device_plans.cuh"
 
 #include <ringattn/comm/nccl_error.cuh>
 #include <ringattn/cuda_check.cuh>
@@ -11,7 +11,7 @@ namespace ringattn_torch {
 
 namespace {
 template <class F>
-std::unique_ptr<session> by_mask(ringattn::mask_kind m, F&& f) {
+std::unique_ptr<plan> by_mask(ringattn::mask_kind m, F&& f) {
   switch (m) {
   case ringattn::mask_kind::full: return f(ringattn::full{});
   case ringattn::mask_kind::causal: return f(ringattn::causal{});
@@ -60,19 +60,18 @@ std::shared_ptr<endpoint> make_nccl_endpoint(std::span<const std::uint8_t> id_by
                                                  std::chrono::milliseconds(timeout_ms));
 }
 
-std::unique_ptr<session> make_virtual_device_session(const layout& l, int ranks, int device) {
+std::unique_ptr<plan> make_virtual_device_plan(const layout& l, int ranks, int device) {
   device_scope scope(device);
-  return by_mask(l.mask,
-                 [&]<class K>(K) { return device::virtual_session_for<K>(l, ranks, device); });
+  return by_mask(l.mask, [&]<class K>(K) { return device::virtual_plan_for<K>(l, ranks, device); });
 }
 
-std::unique_ptr<session> make_device_session(const layout& l, std::shared_ptr<endpoint> ep) {
+std::unique_ptr<plan> make_device_plan(const layout& l, std::shared_ptr<endpoint> ep) {
   auto nccl = std::dynamic_pointer_cast<device::nccl_endpoint>(ep);
   if (!nccl)
     throw ringattn::invalid_argument(
         "ringattn: CUDA tensors run over an NCCL endpoint; this endpoint is not one");
   device_scope scope(nccl->device());
-  return by_mask(l.mask, [&]<class K>(K) { return device::rank_session_for<K>(l, nccl); });
+  return by_mask(l.mask, [&]<class K>(K) { return device::rank_plan_for<K>(l, nccl); });
 }
 
 } // namespace ringattn_torch

@@ -1,5 +1,5 @@
 #pragma once
-// The extension's view of a ring: one `session` is a planned `ring_attention` (or, for virtual
+// The extension's view of a ring: one `plan` is a planned `ring_attention` (or, for virtual
 // ranks, one per rank of an in-process group) behind a small virtual interface, so that the
 // PyTorch bindings (compiled against torch's headers) and the ring's instantiations (compiled by
 // nvcc where they run on the GPU) meet through plain pointers and shapes only.
@@ -19,7 +19,7 @@ enum class partitioner_kind { contiguous, round_robin, zigzag };
 enum class schedule_kind { ring, all_gather };
 enum class element_type { f16, bf16, f32 };
 
-//! What a session is planned for: the policies by kind, the arguments and the global layout.
+//! What a plan is planned for: the policies by kind, the arguments and the global layout.
 struct layout {
   partitioner_kind partitioner = partitioner_kind::zigzag;
   ringattn::mask_kind mask = ringattn::mask_kind::causal;
@@ -54,17 +54,17 @@ struct backward_io {
 //! A planned ring for the ranks this process drives: one (a rank of a process group) or all of
 //! them (virtual ranks of an in-process group). Calls take one io per rank here and one workspace
 //! of `workspace_bytes` that holds every rank's share.
-class session {
+class plan {
 public:
-  virtual ~session() = default;
-  //! Ranks this session runs: 1, or the size of a virtual group.
+  virtual ~plan() = default;
+  //! Ranks this plan runs: 1, or the size of a virtual group.
   virtual int ranks_here() const = 0;
-  //! The group's size and the first rank this session runs.
+  //! The group's size and the first rank this plan runs.
   virtual int size() const = 0;
   virtual int first_rank() const = 0;
   //! Tokens of the shard of the i-th rank here.
   virtual std::int64_t local_tokens(int i) const = 0;
-  //! CUDA device the session runs on, or -1 for the host path.
+  //! CUDA device the plan runs on, or -1 for the host path.
   virtual int device() const = 0;
   //! Bytes of the workspace a forward (`backward` false) or backward takes, all ranks here.
   virtual std::size_t workspace_bytes(element_type type, bool backward) const = 0;
@@ -81,7 +81,7 @@ public:
   [[noreturn]] virtual void refuse(element_type type, bool backward, const std::string& reason) = 0;
 };
 
-//! One rank's end of a communicator the process keeps across sessions (a process group's NCCL
+//! One rank's end of a communicator the process keeps across plans (a process group's NCCL
 //! communicator, or its CPU backend).
 class endpoint {
 public:
@@ -97,13 +97,13 @@ public:
 // library's sentence when the layout cannot be planned or the ranks disagree.
 
 //! All `ranks` ranks as threads of this process on the host (CPU tensors).
-std::unique_ptr<session> make_virtual_host_session(const layout& l, int ranks);
+std::unique_ptr<plan> make_virtual_host_plan(const layout& l, int ranks);
 //! All `ranks` ranks as threads of this process on CUDA device `device`.
-std::unique_ptr<session> make_virtual_device_session(const layout& l, int ranks, int device);
+std::unique_ptr<plan> make_virtual_device_plan(const layout& l, int ranks, int device);
 //! This rank of `ep` (an NCCL endpoint) on its device. Collective over the endpoint's ranks.
-std::unique_ptr<session> make_device_session(const layout& l, std::shared_ptr<endpoint> ep);
+std::unique_ptr<plan> make_device_plan(const layout& l, std::shared_ptr<endpoint> ep);
 //! This rank of `ep` (a host endpoint) on the host. Collective over the endpoint's ranks.
-std::unique_ptr<session> make_host_session(const layout& l, std::shared_ptr<endpoint> ep);
+std::unique_ptr<plan> make_host_plan(const layout& l, std::shared_ptr<endpoint> ep);
 
 //! The NCCL unique id's bytes (ncclGetUniqueId), to be shared through a process group.
 std::vector<std::uint8_t> nccl_unique_id();

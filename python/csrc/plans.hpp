@@ -1,9 +1,9 @@
 #pragma once
-// The session models behind session.hpp: a rank of a communicator the process keeps
-// (`endpoint_session`) and every rank of an in-process group (`virtual_session`), each for one
+// The plan models behind plan.hpp: a rank of a communicator the process keeps
+// (`endpoint_plan`) and every rank of an in-process group (`virtual_plan`), each for one
 // Partitioner x BlockKernel x Schedule, and the dispatch from a layout's kinds to those types.
 // The device halves of the models compile only under nvcc.
-#include "session.hpp"
+#include "plan.hpp"
 
 #include <ringattn/comm/in_process.cuh>
 #include <ringattn/partition/contiguous.cuh>
@@ -48,7 +48,7 @@ decltype(auto) with_element(element_type type, F&& f) {
 
 inline void check_io_count(std::size_t got, int want) {
   if (got != static_cast<std::size_t>(want))
-    throw ringattn::invalid_argument("ringattn: a call of this session takes the tensors of " +
+    throw ringattn::invalid_argument("ringattn: a call of this plan takes the tensors of " +
                                      std::to_string(want) + " rank(s), got " + std::to_string(got));
 }
 
@@ -175,12 +175,12 @@ public:
 
 //! One rank of an endpoint's communicator: one ring object.
 template <class Partitioner, class Communicator, class Kernel, class Schedule, bool Device>
-class endpoint_session final : public session {
+class endpoint_plan final : public plan {
   using ring_type = ringattn::ring_attention<Partitioner, Communicator, Kernel, Schedule>;
   using calls = ring_calls<ring_type, Device>;
 
 public:
-  endpoint_session(const layout& l, std::shared_ptr<endpoint_of<Communicator>> ep)
+  endpoint_plan(const layout& l, std::shared_ptr<endpoint_of<Communicator>> ep)
       : ep_(std::move(ep)), ring_(ep_->comm, l.args, l.cu_seqlens) {
     if constexpr (Device) ring_.prepare_device();
   }
@@ -228,13 +228,13 @@ private:
 //! Every rank of an in-process group, each ring object used from its own thread; on the device,
 //! each rank has its own stream, joined to the caller's stream by events (no host wait).
 template <class Partitioner, class Kernel, class Schedule, bool Device>
-class virtual_session final : public session {
+class virtual_plan final : public plan {
   using comm_type = ringattn::in_process_communicator;
   using ring_type = ringattn::ring_attention<Partitioner, comm_type, Kernel, Schedule>;
   using calls = ring_calls<ring_type, Device>;
 
 public:
-  virtual_session(const layout& l, int ranks, int device)
+  virtual_plan(const layout& l, int ranks, int device)
       : group_(ranks), device_(Device ? device : -1) {
     comms_.reserve(static_cast<std::size_t>(ranks));
     for (int r = 0; r < ranks; ++r)
@@ -260,7 +260,7 @@ public:
       }
     }
   }
-  ~virtual_session() override {
+  ~virtual_plan() override {
     if constexpr (Device) {
       int current = -1;
       const bool switched = cudaGetDevice(&current) == cudaSuccess && current != device_ &&
@@ -273,8 +273,8 @@ public:
       if (switched) cudaSetDevice(current);
     }
   }
-  virtual_session(const virtual_session&) = delete;
-  virtual_session& operator=(const virtual_session&) = delete;
+  virtual_plan(const virtual_plan&) = delete;
+  virtual_plan& operator=(const virtual_plan&) = delete;
 
   int ranks_here() const override { return static_cast<int>(rings_.size()); }
   int size() const override { return ranks_here(); }
@@ -368,13 +368,13 @@ private:
 //! Calls `f.template operator()<Partitioner, Kernel, Schedule>()` for the layout's kinds, with
 //! Kernel restricted to `Kernels...` (a translation unit instantiates its share of masks).
 template <class... Kernels, class F>
-std::unique_ptr<session> dispatch(const layout& l, F&& f) {
-  auto with_schedule = [&]<class P, class K>() -> std::unique_ptr<session> {
+std::unique_ptr<plan> dispatch(const layout& l, F&& f) {
+  auto with_schedule = [&]<class P, class K>() -> std::unique_ptr<plan> {
     if (l.schedule == schedule_kind::all_gather)
       return f.template operator()<P, K, ringattn::all_gather_kv>();
     return f.template operator()<P, K, ringattn::ring_pass>();
   };
-  auto with_partitioner = [&]<class K>() -> std::unique_ptr<session> {
+  auto with_partitioner = [&]<class K>() -> std::unique_ptr<plan> {
     switch (l.partitioner) {
     case partitioner_kind::contiguous:
       return with_schedule.template operator()<ringattn::contiguous, K>();
@@ -384,7 +384,7 @@ std::unique_ptr<session> dispatch(const layout& l, F&& f) {
     }
     return with_schedule.template operator()<ringattn::zigzag, K>();
   };
-  std::unique_ptr<session> made;
+  std::unique_ptr<plan> made;
   const bool found =
       ((Kernels::mask == l.mask ? (made = with_partitioner.template operator()<Kernels>(), true)
                                 : false) ||
