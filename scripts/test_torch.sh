@@ -19,9 +19,14 @@ if [ -z "$py" ]; then
     python3 -m venv "$venv" 2>/dev/null || { apt_install torch python3-venv && python3 -m venv "$venv"; }
   fi
   py=$venv/bin/python
-  "$py" -c "import torch, pytest, setuptools" >/dev/null 2>&1 ||
-    "$py" -m pip install --quiet "torch==2.11.0" numpy pytest "setuptools>=70.1,<82"
+  "$py" -c "import torch" >/dev/null 2>&1 || "$py" -m pip install --quiet "torch==2.11.0" numpy
 fi
+# What the build and the tests need beside PyTorch: pytest, and a setuptools that builds wheels.
+"$py" -c "import pytest" >/dev/null 2>&1 || "$py" -m pip install --quiet pytest
+"$py" - <<'PY' || "$py" -m pip install --quiet "setuptools>=70.1,<82"
+import sys, setuptools
+sys.exit(tuple(int(x) for x in setuptools.__version__.split(".")[:2]) < (70, 1))
+PY
 echo "torch: $("$py" -c 'import torch; print(torch.__version__, torch.__file__)')"
 # The host compiler CMake finds by default; GPU architectures from the environment (default
 # 80;90a; the tests build sm_90a alone, which is what runs them on a Hopper GPU).
