@@ -343,30 +343,31 @@ c10::intrusive_ptr<Plan> plan_op(const std::optional<c10::intrusive_ptr<Endpoint
   }));
 }
 
+//! A per-token layout answer (`of`: token_indices or position_ids) for rank `rank` of `ranks`, as
+//! an int64 CPU tensor.
+template <class Of>
+at::Tensor layout_tensor(Of of, const std::string& partitioner,
+                         const std::vector<std::int64_t>& cu_seqlens, std::int64_t ranks,
+                         std::int64_t rank) {
+  const auto cu = cu_seqlens_of(cu_seqlens);
+  const auto values = translated([&] {
+    return of(partitioner_of(partitioner), cu, static_cast<int>(ranks), static_cast<int>(rank));
+  });
+  at::Tensor t = at::empty({static_cast<std::int64_t>(values.size())}, at::kLong);
+  std::copy(values.begin(), values.end(), t.data_ptr<std::int64_t>());
+  return t;
+}
+
 at::Tensor token_indices_op(const std::string& partitioner,
                             const std::vector<std::int64_t>& cu_seqlens, std::int64_t ranks,
                             std::int64_t rank) {
-  const auto cu = cu_seqlens_of(cu_seqlens);
-  const auto idx = translated([&] {
-    return token_indices(partitioner_of(partitioner), cu, static_cast<int>(ranks),
-                         static_cast<int>(rank));
-  });
-  at::Tensor t = at::empty({static_cast<std::int64_t>(idx.size())}, at::kLong);
-  std::copy(idx.begin(), idx.end(), t.data_ptr<std::int64_t>());
-  return t;
+  return layout_tensor(&token_indices, partitioner, cu_seqlens, ranks, rank);
 }
 
 at::Tensor position_ids_op(const std::string& partitioner,
                            const std::vector<std::int64_t>& cu_seqlens, std::int64_t ranks,
                            std::int64_t rank) {
-  const auto cu = cu_seqlens_of(cu_seqlens);
-  const auto pos = translated([&] {
-    return position_ids(partitioner_of(partitioner), cu, static_cast<int>(ranks),
-                        static_cast<int>(rank));
-  });
-  at::Tensor t = at::empty({static_cast<std::int64_t>(pos.size())}, at::kLong);
-  std::copy(pos.begin(), pos.end(), t.data_ptr<std::int64_t>());
-  return t;
+  return layout_tensor(&position_ids, partitioner, cu_seqlens, ranks, rank);
 }
 
 bool has_device_path_op() { return has_device_path(); }

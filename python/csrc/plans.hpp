@@ -154,7 +154,7 @@ struct ring_calls {
   }
 };
 
-//! A communicator the process keeps, as an endpoint: `Impl` holds it as `comm`.
+//! A communicator the process keeps (`comm`), as an endpoint.
 template <class Communicator>
 class endpoint_of : public endpoint {
 public:

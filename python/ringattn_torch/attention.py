@@ -56,7 +56,7 @@ def _layout_key(q, k, v, cu, partitioner, mask, schedule, window, softmax_scale)
 def _make_plan(endpoint, virtual_ranks, device_index, key):
     partitioner, mask, schedule, dims, window, scale, cu = key
     return ops.plan(endpoint, virtual_ranks, device_index, partitioner, mask, schedule,
-                       list(dims), list(window), scale, list(cu))
+                    list(dims), list(window), scale, list(cu))
 
 
 class _Communicator:
