@@ -110,7 +110,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (a) {
     require(args.q_heads > 0 && args.kv_heads > 0 && args.q_heads % args.kv_heads == 0,
             "accepted heads the kernels cannot take");
-    require(args.head_dim == 64 || args.head_dim == 128 || args.head_dim == 256,
+    require(args.head_dim == 64 || args.head_dim == 128 || args.head_dim == 192 ||
+                args.head_dim == 256,
             "accepted an unsupported head_dim");
     require(std::isfinite(args.scale()) && args.scale() > 0.0, "accepted a bad scale");
   } else {
