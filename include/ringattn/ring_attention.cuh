@@ -2,7 +2,7 @@
 //! \file
 //! `ring_attention<Partitioner, Communicator, BlockKernel, Schedule>`: context-parallel
 //! attention, its K/V blocks passed around a ring (`ring_pass`, the default) or gathered once
-//! (`all_gather_kv`; ring/schedules.cuh).
+//! (`all_gather_kv`), or its heads traded for tokens (`all_to_all_heads`; ring/schedules.cuh).
 //!
 //! Each rank holds its Q, K, V shard (the partitioner's layout of a packed batch). The functor is
 //! built once per layout: the ranks agree on the arguments (ring/agreement.cuh: a disagreement is
@@ -49,6 +49,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -72,11 +73,15 @@ class ring_attention {
                 "ringattn::ring_attention: the third template argument must be a BlockKernel "
                 "(ringattn::full, ringattn::causal, ringattn::cudnn_kernel<Mask, T> or "
                 "ringattn::host_reference<Mask>)");
-  static_assert(schedule_policy_for<Schedule, ring_schedule, ring_workspace>,
+  static_assert(schedule_policy<Schedule>,
                 "ringattn::ring_attention: the fourth template argument must be a Schedule "
-                "(ringattn::ring_pass or ringattn::all_gather_kv)");
+                "(ringattn::ring_pass, ringattn::all_gather_kv or ringattn::all_to_all_heads)");
 
 public:
+  //! What the Schedule plans for a rank (ring_schedule for the ring and the all-gather,
+  //! all_to_all_plan for the all-to-all).
+  using schedule_type = typename Schedule::plan_type;
+
   //! Plans the ring for this rank. `cu_seqlens` is the *global* packed layout (batch + 1
   //! offsets), the same on every rank. Collective: every rank of `comm` must construct its
   //! functor; throws `invalid_argument` on every rank if the ranks disagree.
@@ -85,28 +90,33 @@ public:
       : comm_(comm), args_(args),
         plan_(detail::agreed_plan<Partitioner>(comm, args, cu_seqlens, BlockKernel::mask,
                                                BlockKernel::name, Schedule::name, fingerprint_)),
-        schedule_(plan_, comm.rank(), args.window(BlockKernel::mask)),
-        checks_(args, schedule_.q_tokens(), comm.rank()),
+        schedule_(Schedule::plan(plan_, comm.rank(), args.window(BlockKernel::mask), args)),
+        checks_(args, plan_.local_tokens(comm.rank()), comm.rank()),
         gate_(comm, fingerprint_, layout<__half>().largest_message(false)) {}
 
   const partition_plan<Partitioner>& plan() const noexcept { return plan_; }
-  const ring_schedule& schedule() const noexcept { return schedule_; }
+  const schedule_type& schedule() const noexcept { return schedule_; }
   const attention_arguments& arguments() const noexcept { return args_; }
   int rank() const noexcept { return comm_.rank(); }
   int size() const noexcept { return comm_.size(); }
   //! Tokens of this rank's shards.
-  std::int64_t local_tokens() const noexcept { return schedule_.q_tokens(); }
-  //! Block groups of step t (this rank's queries against the K/V of rank (rank - t) mod P).
-  std::span<const block_group> step_groups(int t) const { return schedule_.step(t).groups; }
+  std::int64_t local_tokens() const { return plan_.local_tokens(comm_.rank()); }
+  //! Block groups of step t (on the ring: this rank's queries against the K/V of rank
+  //! (rank - t) mod P; on the all-to-all: every shard's of its heads at once).
+  std::span<const block_group> step_groups(int t) const {
+    return Schedule::compute(schedule_).step(t).groups;
+  }
 
   //! Bytes a K/V block of rank `src` occupies on the wire (and in a ring buffer).
   template <element T>
-  std::size_t block_bytes(int src) const {
-    return layout<T>().block_bytes(plan_.local_tokens(src));
-  }
+  requires std::same_as<typename Schedule::layout_type, ring_workspace> std::size_t
+  block_bytes(int src)
+  const { return layout<T>().block_bytes(plan_.local_tokens(src)); }
   //! Bytes a K/V block of rank `src` and its fp32 dK/dV occupy on the wire in the backward.
   template <element T>
-  std::size_t backward_block_bytes(int src) const {
+  requires std::same_as<typename Schedule::layout_type, ring_workspace> std::size_t
+  backward_block_bytes(int src)
+  const {
     const std::int64_t n = plan_.local_tokens(src);
     return layout<T>().block_bytes(n) + layout<T>().grad_bytes(n);
   }
@@ -222,7 +232,8 @@ public:
     if constexpr (device_block_kernel_for<BlockKernel, cudaStream_t>) {
       if (device_) return;
       comm_.prepare_device();
-      device_ = std::make_unique<device_resources>(schedule_, args_);
+      device_ = std::make_unique<device_resources>(Schedule::compute(schedule_),
+                                                   Schedule::compute_arguments(schedule_, args_));
     }
   }
 
@@ -284,7 +295,7 @@ public:
         checks_.backward(q, k, v, out, lse, dout, dq, dk, dv, ws,
                          device_ ? device_backward_workspace_bytes<T>() : 0, device);
     guarded<T>(ok, call::backward, [&] {
-      device_->prepare_backward(schedule_);
+      device_->prepare_backward(Schedule::compute(schedule_));
       Schedule::template device_backward<BlockKernel, Communicator, T>(
           comm_, schedule_, *device_, args_, q, k, v, out, lse, dout, dq, dk, dv, ws.data(),
           stream);
@@ -294,7 +305,7 @@ public:
 
 private:
   template <element T>
-  ring_workspace layout() const {
+  typename Schedule::layout_type layout() const {
     return Schedule::workspace(schedule_, args_, sizeof(T));
   }
   std::size_t with_scratch(std::size_t ring_bytes, bool backward) const {
@@ -311,7 +322,7 @@ private:
   attention_arguments args_;
   std::uint64_t fingerprint_ = 0; // what the ranks agreed on (set while plan_ is made)
   partition_plan<Partitioner> plan_;
-  ring_schedule schedule_;
+  schedule_type schedule_;
   detail::ring_checks checks_;
   // A host-only BlockKernel has no device resources.
   using device_resources =

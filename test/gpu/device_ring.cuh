@@ -3,6 +3,7 @@
 // device, into poisoned outputs), optionally twice for bitwise repeatability; and the check of
 // all ranks' outputs against the float64 oracle. Shared by the one-GPU suite (virtual ranks) and
 // the multi-GPU suite (ranks on several GPUs, in-process or NCCL).
+#include "../all_to_all_bytes.hpp"
 #include "../ranks.hpp"
 #include "../sharded_backward_case.hpp"
 #include "device_buffer.cuh"
@@ -21,20 +22,33 @@
 
 namespace ringattn::test {
 
+//! Bytes rank r sends under the all-to-all (all_to_all_bytes.hpp), from the plan's shard sizes.
+template <class Ring>
+all_to_all_bytes expected_all_to_all_bytes(const Ring& attn, int r) {
+  std::vector<std::int64_t> tokens;
+  for (int s = 0; s < attn.size(); ++s)
+    tokens.push_back(attn.plan().local_tokens(s));
+  return all_to_all_bytes_of(tokens, r, attn.arguments(), sizeof(__nv_bfloat16));
+}
+
 //! Bytes rank r sends in one forward: the ring forwards every block it used but the last; the
-//! all-gather sends its own block to each other rank.
+//! all-gather sends its own block to each other rank; the all-to-all its formula.
 template <class Schedule, class Ring>
 std::uint64_t expected_forward_bytes(const Ring& attn, int r, int ranks) {
   std::uint64_t want = 0;
-  for (int t = 0; t + 1 < attn.schedule().step_count(); ++t)
-    want += attn.template block_bytes<__nv_bfloat16>(
-        std::is_same_v<Schedule, all_gather_kv> ? r : (r - t + ranks) % ranks);
+  if constexpr (std::is_same_v<Schedule, all_to_all_heads>) {
+    want = expected_all_to_all_bytes(attn, r).forward;
+  } else {
+    for (int t = 0; t + 1 < attn.schedule().step_count(); ++t)
+      want += attn.template block_bytes<__nv_bfloat16>(
+          std::is_same_v<Schedule, all_gather_kv> ? r : (r - t + ranks) % ranks);
+  }
   return want;
 }
 
 //! Bytes rank r sends in one backward: the ring passes the blocks with their fp32 dK/dV and sends
 //! the last block's dK/dV home; the all-gather gathers K/V again and returns every other block's
-//! fp32 dK/dV share to its owner.
+//! fp32 dK/dV share to its owner; the all-to-all its formula.
 template <class Schedule, class Ring, class Plan>
 std::uint64_t expected_backward_bytes(const Ring& attn, const Plan& plan, int r, int ranks,
                                       const attention_arguments& a) {
@@ -43,12 +57,15 @@ std::uint64_t expected_backward_bytes(const Ring& attn, const Plan& plan, int r,
            (a.qk_dim() + a.v_dim());
   };
   std::uint64_t want = 0;
-  const int steps = attn.schedule().step_count();
-  if constexpr (std::is_same_v<Schedule, all_gather_kv>) {
+  if constexpr (std::is_same_v<Schedule, all_to_all_heads>) {
+    want = expected_all_to_all_bytes(attn, r).backward;
+  } else if constexpr (std::is_same_v<Schedule, all_gather_kv>) {
+    const int steps = attn.schedule().step_count();
     want = expected_forward_bytes<Schedule>(attn, r, ranks);
     for (int t = 1; t < steps; ++t)
       want += grads(attn.schedule().source_of(t));
   } else {
+    const int steps = attn.schedule().step_count();
     for (int t = 0; t + 1 < steps; ++t)
       want += attn.template backward_block_bytes<__nv_bfloat16>((r - t + ranks) % ranks);
     if (steps > 1) want += grads(attn.schedule().source_of(steps - 1));

@@ -1,7 +1,8 @@
 // The host ring under mpirun: one process per rank, mpi_communicator, every partitioner x mask
 // (windows included) x GQA 1, 4, 8 x packed odd lengths (and q/k 192 with v 128), forward and
-// backward, against the float64 oracle (each rank checks its own shard), on both schedules (the
-// ring and the all-gather); bytes per rank; plan-time disagreement.
+// backward, against the float64 oracle (each rank checks its own shard), on every schedule (the
+// ring, the all-gather and the all-to-all); bytes per rank; plan-time disagreement.
+#include "../all_to_all_bytes.hpp"
 #include "../sharded_backward_case.hpp"
 #include "shared_seed.hpp"
 
@@ -23,17 +24,32 @@
 using namespace ringattn;
 
 namespace {
+// The ring schedule's numbers (only asked of the ring and the all-gather).
+template <class Ring>
+int step_count(const Ring& attn) {
+  if constexpr (requires { attn.schedule().source_of(0); }) return attn.schedule().step_count();
+  return 0;
+}
+template <class Ring>
+int source_of(const Ring& attn, int t) {
+  if constexpr (requires { attn.schedule().source_of(0); }) return attn.schedule().source_of(t);
+  return t;
+}
+
 // q/k `head_dim` wide, v `head_dim_v` (0: as wide); a window where the mask takes one.
 template <class P, class Mask, class Schedule = ring_pass>
 void check_ring(mpi_communicator& comm, std::uint64_t seed, std::int64_t window_left = -1,
                 std::int64_t window_right = -1, int head_dim = 64, int head_dim_v = 0) {
   constexpr bool gather = std::is_same_v<Schedule, all_gather_kv>;
+  constexpr bool heads = std::is_same_v<Schedule, all_to_all_heads>;
+  // The all-to-all splits the heads over the ranks: 24 of them over 3.
+  const int q_heads = heads && comm.size() == 3 ? 24 : 8;
   for (int group : {1, 4, 8}) {
     CAPTURE(group);
     std::mt19937_64 rng(seed + static_cast<std::uint64_t>(group)); // same inputs on every rank
     const auto cu = test::random_cu_seqlens(3, 1, 61, rng);
-    const attention_arguments shape{.q_heads = 8,
-                                    .kv_heads = 8 / group,
+    const attention_arguments shape{.q_heads = q_heads,
+                                    .kv_heads = q_heads / group,
                                     .head_dim = head_dim,
                                     .window_left = window_left,
                                     .window_right = window_right,
@@ -47,10 +63,17 @@ void check_ring(mpi_communicator& comm, std::uint64_t seed, std::int64_t window_
     const auto out = c.forward_rank(attn, r);
     // The ring: every step but the last sends the block it used. The all-gather: the own block
     // to each of the others.
-    std::uint64_t want = 0;
-    const int steps = attn.schedule().step_count();
-    for (int t = 0; t + 1 < steps; ++t)
-      want += attn.template block_bytes<__nv_bfloat16>(gather ? r : (r - t + p) % p);
+    std::vector<std::int64_t> tokens;
+    for (int s = 0; s < p; ++s)
+      tokens.push_back(c.plan.local_tokens(s));
+    const auto by_heads = test::all_to_all_bytes_of(tokens, r, a, sizeof(__nv_bfloat16));
+    std::uint64_t want = by_heads.forward;
+    const int steps = heads ? 0 : step_count(attn);
+    if constexpr (!heads) {
+      want = 0;
+      for (int t = 0; t + 1 < steps; ++t)
+        want += attn.template block_bytes<__nv_bfloat16>(gather ? r : (r - t + p) % p);
+    }
     CHECK(comm.bytes_sent() - before == want);
     // The relative error of the whole output: every rank's sums, reduced over ranks.
     const auto part = c.rank_error(r, out, ref);
@@ -69,14 +92,16 @@ void check_ring(mpi_communicator& comm, std::uint64_t seed, std::int64_t window_
              (a.qk_dim() + a.v_dim());
     };
     std::uint64_t want_backward = 0;
-    if constexpr (gather) { // the gather again, then each other block's dK/dV share home
+    if constexpr (heads) {
+      want_backward = by_heads.backward;
+    } else if constexpr (gather) { // the gather again, then each other block's dK/dV share home
       want_backward = want;
       for (int t = 1; t < steps; ++t)
-        want_backward += grad_bytes(attn.schedule().source_of(t));
+        want_backward += grad_bytes(source_of(attn, t));
     } else { // blocks travel with their dK/dV; the last one's go home
       for (int t = 0; t + 1 < steps; ++t)
         want_backward += attn.template backward_block_bytes<__nv_bfloat16>((r - t + p) % p);
-      if (steps > 1) want_backward += grad_bytes(attn.schedule().source_of(steps - 1));
+      if (steps > 1) want_backward += grad_bytes(source_of(attn, steps - 1));
     }
     CHECK(comm.bytes_sent() - before_backward == want_backward);
     const auto gp = c.rank_grad_error(r, g, c.oracle_backward());
@@ -128,6 +153,18 @@ TEST_CASE_TEMPLATE("MPI ring and all-gather with head_dim 192 and head_dim_v 128
   CAPTURE(seed);
   check_ring<P, causal>(comm, seed, -1, -1, 192, 128); // GQA 1, 4, 8 (MHA included)
   check_ring<P, full, all_gather_kv>(comm, seed, -1, -1, 192, 128);
+}
+
+TEST_CASE_TEMPLATE("MPI all-to-all equals the oracle on every rank: every mask, GQA 1, 4, 8", P,
+                   contiguous, round_robin, zigzag) {
+  mpi_communicator comm(MPI_COMM_WORLD);
+  const auto seed = test::shared_seed();
+  CAPTURE(seed);
+  check_ring<P, full, all_to_all_heads>(comm, seed);
+  check_ring<P, causal, all_to_all_heads>(comm, seed);
+  check_ring<P, causal_window, all_to_all_heads>(comm, seed, 3, 0);
+  check_ring<P, sliding_window, all_to_all_heads>(comm, seed, 5, 2);
+  check_ring<P, causal, all_to_all_heads>(comm, seed, -1, -1, 192, 128);
 }
 
 TEST_CASE("MPI: ranks that disagree are rejected at plan time on every rank") {

@@ -83,9 +83,9 @@ public:
 
   //! Runs `body` as call `kind` with element type `type` (its messages laid out by `layout`),
   //! after the checks in the file notes; `own` is this rank's validation of the call's arguments.
-  template <class Body>
-  void run(const validation& own, call_kind kind, dtype type, const ring_workspace& layout,
-           Body&& body) {
+  template <class Layout, class Body>
+  requires requires(const Layout& l) { l.largest_message(true); }
+  void run(const validation& own, call_kind kind, dtype type, const Layout& layout, Body&& body) {
     const bool backward = kind == call_kind::backward || kind == call_kind::backward_host;
     run(own, kind, type, layout.largest_message(backward), std::forward<Body>(body));
   }

@@ -53,9 +53,22 @@ public:
       s.rows = rows_of(s.groups);
       steps_.push_back(std::move(s));
     }
-    const bool any = q_tokens_ > 0;
-    first_writes_ = any && steps_.front().rows == q_tokens_;
-    last_writes_ = any && steps_.back().rows == q_tokens_;
+    note_writes();
+  }
+
+  //! A schedule of given steps: `q_tokens` query rows against blocks of up to `max_kv_tokens` rows
+  //! (a schedule computing on gathered shards, ring/all_to_all.cuh). Validates every step's
+  //! groups and counts their rows; throws `invalid_argument` on groups that do not fit.
+  ring_schedule(int ranks, int rank, std::int64_t q_tokens, std::int64_t max_kv_tokens,
+                std::vector<ring_step> steps)
+      : ranks_(ranks), rank_(rank), q_tokens_(q_tokens), max_kv_tokens_(max_kv_tokens),
+        steps_(std::move(steps)) {
+    if (steps_.empty()) throw invalid_argument("ringattn: a schedule needs at least one step");
+    for (ring_step& s : steps_) {
+      validate_groups(s.groups, q_tokens_, s.kv_tokens).throw_if_invalid();
+      s.rows = rows_of(s.groups);
+    }
+    note_writes();
   }
 
   int ranks() const noexcept { return ranks_; }
@@ -116,6 +129,12 @@ public:
   }
 
 private:
+  void note_writes() {
+    const bool any = q_tokens_ > 0;
+    first_writes_ = any && steps_.front().rows == q_tokens_;
+    last_writes_ = any && steps_.back().rows == q_tokens_;
+  }
+
   int ranks_, rank_;
   std::int64_t q_tokens_, max_kv_tokens_;
   bool first_writes_ = false, last_writes_ = false;

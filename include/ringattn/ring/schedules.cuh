@@ -1,6 +1,7 @@
 #pragma once
 //! \file
-//! The Schedule policy's models: how the K/V blocks reach the ranks that need them.
+//! The Schedule policy's models: how the work of attention is spread over the ranks and what
+//! travels between them.
 //!
 //! - `ring_pass` (the default): at step t rank r attends to the block of rank (r - t) mod P and
 //!   passes it on to r + 1 while the next one arrives; the backward carries each block's fp32
@@ -12,8 +13,15 @@
 //!   between blocks: it wins where K/V is small next to Q (GQA, MQA) and where the per-step
 //!   latency of the ring does not hide behind the compute.
 //!
-//! Both use the same per-step groups (ring/schedule.cuh) and merge the blocks in the same order,
-//! so their forwards agree bit for bit; their backwards add the dK/dV shares in different orders.
+//! - `all_to_all_heads`: Q, K and V trade heads for tokens (P - 1 pairwise exchanges each), so a
+//!   rank holds every token of q_heads / P heads; it attends over the whole sequence and the
+//!   output trades back. Each rank sends about (P - 1) / P of its Q, K, V and output, whatever
+//!   the length of the sequence; P must divide q_heads, and P and kv_heads one another (a kv head
+//!   is copied to P / kv_heads ranks where P > kv_heads).
+//!
+//! The ring and the all-gather use the same per-step groups (ring/schedule.cuh) and merge the
+//! blocks in the same order, so their forwards agree bit for bit; their backwards add the dK/dV
+//! shares in different orders. The all-to-all's steps are every rank's ring steps at once.
 //!
 //! \code
 //! ringattn::ring_attention<ringattn::zigzag, ringattn::nccl_communicator, ringattn::causal,
@@ -22,7 +30,10 @@
 
 #include <ringattn/arguments.cuh>
 #include <ringattn/concepts.cuh>
+#include <ringattn/partition/plan.cuh>
 #include <ringattn/ring/all_gather_executor.cuh>
+#include <ringattn/ring/all_to_all.cuh>
+#include <ringattn/ring/all_to_all_executor.cuh>
 #include <ringattn/ring/device_executor.cuh>
 #include <ringattn/ring/host_executor.cuh>
 #include <ringattn/ring/schedule.cuh>
@@ -37,6 +48,19 @@ namespace ringattn {
 //! The ring: blocks pass from rank to rank, one step at a time.
 struct ring_pass {
   static constexpr const char* name = "ring_pass";
+  using plan_type = ring_schedule;
+  using layout_type = ring_workspace;
+  template <class Partitioner>
+  static ring_schedule plan(const partition_plan<Partitioner>& p, int rank,
+                            const position_window& window, const attention_arguments&) {
+    return {p, rank, window};
+  }
+  //! The schedule of the block-kernel calls (the device schedules are made from it).
+  static const ring_schedule& compute(const ring_schedule& s) noexcept { return s; }
+  static const attention_arguments& compute_arguments(const ring_schedule&,
+                                                      const attention_arguments& args) noexcept {
+    return args;
+  }
   static ring_workspace workspace(const ring_schedule& s, const attention_arguments& args,
                                   std::size_t element_bytes) {
     return {s.q_tokens(), s.max_kv_tokens(), args, element_bytes};
@@ -73,6 +97,18 @@ struct ring_pass {
 //! The all-gather: every block gathered once, then attended to in place.
 struct all_gather_kv {
   static constexpr const char* name = "all_gather_kv";
+  using plan_type = ring_schedule;
+  using layout_type = ring_workspace;
+  template <class Partitioner>
+  static ring_schedule plan(const partition_plan<Partitioner>& p, int rank,
+                            const position_window& window, const attention_arguments& args) {
+    return ring_pass::plan(p, rank, window, args);
+  }
+  static const ring_schedule& compute(const ring_schedule& s) noexcept { return s; }
+  static const attention_arguments& compute_arguments(const ring_schedule&,
+                                                      const attention_arguments& args) noexcept {
+    return args;
+  }
   static ring_workspace workspace(const ring_schedule& s, const attention_arguments& args,
                                   std::size_t element_bytes) {
     return detail::all_gather_workspace(s, args, element_bytes);
@@ -103,6 +139,56 @@ struct all_gather_kv {
                               detail::ring_device_resources<BlockKernel>& d,
                               const attention_arguments& args, Views... views) {
     detail::device_all_gather_backward<BlockKernel, Communicator, T>(comm, s, d, args, views...);
+  }
+#endif
+};
+
+//! The all-to-all (head-parallel, "Ulysses"): Q, K and V trade heads for tokens, each rank
+//! attends over the whole sequence for its heads, and the output trades back
+//! (ring/all_to_all.cuh). Needs P to divide q_heads and P and kv_heads to divide one another.
+struct all_to_all_heads {
+  static constexpr const char* name = "all_to_all_heads";
+  using plan_type = all_to_all_plan;
+  using layout_type = all_to_all_workspace;
+  template <class Partitioner>
+  static all_to_all_plan plan(const partition_plan<Partitioner>& p, int rank,
+                              const position_window& window, const attention_arguments& args) {
+    return {p, rank, window, args};
+  }
+  static const ring_schedule& compute(const all_to_all_plan& s) noexcept { return s.local(); }
+  static const attention_arguments& compute_arguments(const all_to_all_plan& s,
+                                                      const attention_arguments&) noexcept {
+    return s.local_arguments();
+  }
+  static all_to_all_workspace workspace(const all_to_all_plan& s, const attention_arguments&,
+                                        std::size_t element_bytes) {
+    return {s, element_bytes};
+  }
+  static std::size_t host_backward_bytes(const all_to_all_workspace& w) {
+    return w.host_backward_bytes();
+  }
+  template <class BlockKernel, class Communicator, element T, class... Views>
+  static void host_forward(Communicator& comm, const all_to_all_plan& s, const attention_arguments&,
+                           Views... views) {
+    detail::host_all_to_all_forward<BlockKernel, Communicator, T>(comm, s, views...);
+  }
+  template <class BlockKernel, class Communicator, element T, class... Views>
+  static void host_backward(Communicator& comm, const all_to_all_plan& s,
+                            const attention_arguments&, Views... views) {
+    detail::host_all_to_all_backward<BlockKernel, Communicator, T>(comm, s, views...);
+  }
+#if defined(__CUDACC__)
+  template <class BlockKernel, class Communicator, class T, class... Views>
+  static void device_forward(Communicator& comm, const all_to_all_plan& s,
+                             detail::ring_device_resources<BlockKernel>& d,
+                             const attention_arguments& args, Views... views) {
+    detail::device_all_to_all_forward<BlockKernel, Communicator, T>(comm, s, d, args, views...);
+  }
+  template <class BlockKernel, class Communicator, class T, class... Views>
+  static void device_backward(Communicator& comm, const all_to_all_plan& s,
+                              detail::ring_device_resources<BlockKernel>& d,
+                              const attention_arguments& args, Views... views) {
+    detail::device_all_to_all_backward<BlockKernel, Communicator, T>(comm, s, d, args, views...);
   }
 #endif
 };
