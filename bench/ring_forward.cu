@@ -4,8 +4,8 @@
 // (zigzag) and full (contiguous). With ringattn::cudnn (RINGATTN_BENCH_CUDNN) the same rings run
 // on the cuDNN block kernel too (cudnn_ring), and cudnn_block and native_block time one rank's
 // ring (a single block, written directly) at 2K, 8K and 32K tokens. The schedules rows run the
-// ring, the all-gather and the all-to-all schedules side by side (8 ranks, 8K-64K tokens, 8 and
-// 32 kv heads).
+// ring, the all-gather, the all-to-all and the hybrid (all-to-all in groups of 4, K/V gathered
+// across the 2 groups) side by side (8 ranks, 8K-64K tokens, 8 and 32 kv heads).
 // Time: host wall clock from launching every rank until every rank's stream has drained
 // (manual time), so it covers the ring's exchanges, the merges and the load balance; the single
 // call is timed the same way. A ring of one rank (the block benchmarks) is timed with CUDA events
@@ -215,6 +215,9 @@ void ring_forward(benchmark::State& state) {
     label += std::string(" ") + Causal::backward_algorithm::name;
   if constexpr (std::is_same_v<Schedule, ringattn::all_gather_kv>) label += ", all-gather";
   if constexpr (std::is_same_v<Schedule, ringattn::all_to_all_heads>) label += ", all-to-all";
+  if constexpr (std::is_same_v<typename Schedule::plan_type, ringattn::all_to_all_plan> &&
+                !std::is_same_v<Schedule, ringattn::all_to_all_heads>)
+    label += ", hybrid";
   if constexpr (KvHeads != kv_heads) label += ", " + std::to_string(KvHeads) + " kv heads";
   if constexpr (Window > 0) label += ", window " + std::to_string(Window);
   const int steps = causal ? cr[0]->schedule().step_count() : fr[0]->schedule().step_count();
@@ -303,6 +306,22 @@ BENCHMARK(
 BENCHMARK(ring_forward<ringattn::zigzag, ringattn::causal, ringattn::full,
                        ringattn::all_to_all_heads, 32>)
     ->Name("schedules/all_to_all/zigzag/kv32")
+    ->ArgNames({"ranks", "causal", "backward", "tokens"})
+    ->ArgsProduct({{8}, {1}, {0, 1}, {8192, 16384, 32768, 65536}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(3);
+// The hybrid: the all-to-all in groups of 4 ranks, K/V gathered across the 2 groups.
+using hybrid_4x2 = ringattn::all_to_all_heads_x_all_gather<4>;
+BENCHMARK(ring_forward<ringattn::zigzag, ringattn::causal, ringattn::full, hybrid_4x2>)
+    ->Name("schedules/hybrid_4x2/zigzag/kv8")
+    ->ArgNames({"ranks", "causal", "backward", "tokens"})
+    ->ArgsProduct({{8}, {1}, {0, 1}, {8192, 16384, 32768, 65536}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond)
+    ->Iterations(3);
+BENCHMARK(ring_forward<ringattn::zigzag, ringattn::causal, ringattn::full, hybrid_4x2, 32>)
+    ->Name("schedules/hybrid_4x2/zigzag/kv32")
     ->ArgNames({"ranks", "causal", "backward", "tokens"})
     ->ArgsProduct({{8}, {1}, {0, 1}, {8192, 16384, 32768, 65536}})
     ->UseManualTime()

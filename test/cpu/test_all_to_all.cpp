@@ -19,6 +19,9 @@
 #include <array>
 #include <chrono>
 #include <cstring>
+#include <initializer_list>
+#include <string>
+#include <type_traits>
 
 using namespace ringattn;
 
@@ -27,8 +30,8 @@ using T = __nv_bfloat16;
 using test::message;
 using test::on_ranks;
 
-template <class P, class Mask>
-using by_heads = ring_attention<P, in_process_communicator, Mask, all_to_all_heads>;
+template <class P, class Mask, class Schedule = all_to_all_heads>
+using by_heads = ring_attention<P, in_process_communicator, Mask, Schedule>;
 
 struct run_result {
   double out_error = 0.0, lse_error = 0.0;
@@ -36,8 +39,9 @@ struct run_result {
   bool ring_equal = true, repeatable = true, bytes_match = true;
 };
 
-template <class P, class Mask>
-run_result run(const test::sharded_backward_case<P, T>& c) {
+// `group_size`: the schedule's group size (0: all ranks).
+template <class P, class Mask, class Schedule = all_to_all_heads>
+run_result run(const test::sharded_backward_case<P, T>& c, int group_size = 0) {
   const int ranks = c.plan.ranks();
   const auto ref = c.oracle();
   const auto ref_grads = c.oracle_backward();
@@ -50,7 +54,7 @@ run_result run(const test::sharded_backward_case<P, T>& c) {
     tokens.push_back(c.plan.local_tokens(r));
   in_process_group group(ranks);
   const auto errors = on_ranks(group, [&](int r, in_process_communicator& comm) {
-    by_heads<P, Mask> attn(comm, c.args, c.plan.cu_seqlens());
+    by_heads<P, Mask, Schedule> attn(comm, c.args, c.plan.cu_seqlens());
     ring_attention<P, in_process_communicator, Mask> ring(comm, c.args, c.plan.cu_seqlens());
     const std::uint64_t before = comm.bytes_sent();
     const auto fwd = c.forward_rank(attn, r);
@@ -67,7 +71,7 @@ run_result run(const test::sharded_backward_case<P, T>& c) {
     };
     ring_equal[at(r)] = same(fwd.out, ring_fwd.out) && same(fwd.lse, ring_fwd.lse);
     repeatable[at(r)] = same(g.dq, g2.dq) && same(g.dk, g2.dk) && same(g.dv, g2.dv);
-    const auto want = test::all_to_all_bytes_of(tokens, r, c.args, sizeof(T));
+    const auto want = test::all_to_all_bytes_of(tokens, r, c.args, sizeof(T), group_size);
     bytes[at(r)] =
         after_forward - before == want.forward && after_backward - after_forward == want.backward;
   });
@@ -91,32 +95,40 @@ run_result run(const test::sharded_backward_case<P, T>& c) {
   return res;
 }
 
-template <class P, class Mask>
-void check_matrix(std::int64_t left = -1, std::int64_t right = -1) {
+void check_result(const run_result& res) {
+  // The ring's tolerances (test_ring.cpp, test_ring_backward.cpp): forward 4e-3 relative L2
+  // on the bf16 output and 1e-5 on the lse; backward 4e-3 relative L2 on each gradient.
+  CHECK(res.out_error < 4e-3);
+  CHECK(res.lse_error < 1e-5);
+  for (std::size_t i = 0; i < 3; ++i) {
+    CAPTURE(i);
+    CHECK(res.grad_error[i] < 4e-3);
+  }
+  CHECK(res.ring_equal);
+  CHECK(res.repeatable);
+  CHECK(res.bytes_match);
+}
+
+// `Group` 0: the plain all-to-all at P = 1, 2, 4, 8; else the hybrid of groups of `Group` at
+// `ranks_list`.
+template <class P, class Mask, int Group = 0>
+void check_matrix(std::int64_t left = -1, std::int64_t right = -1,
+                  std::initializer_list<int> ranks_list = {1, 2, 4, 8}) {
+  using schedule = std::conditional_t<Group == 0, all_to_all_heads,
+                                      all_to_all_heads_x_all_gather<(Group > 0 ? Group : 1)>>;
   const auto seed = test::fresh_seed();
   CAPTURE(seed);
   for (int group : {1, 4, 8}) {
     std::mt19937_64 draw(seed + static_cast<std::uint64_t>(group));
     const auto cu = test::random_cu_seqlens(3, 1, 61, draw); // the same batch at every P
-    for (int ranks : {1, 2, 4, 8}) {
+    for (int ranks : ranks_list) {
       CAPTURE(group);
       CAPTURE(ranks);
       std::mt19937_64 rng(seed + 7);
       attention_arguments a{8, 8 / group, 64, 0.0f};
       a.window_left = left, a.window_right = right;
       test::sharded_backward_case<P, T> c(cu, ranks, a, Mask::mask, rng);
-      const run_result res = run<P, Mask>(c);
-      // The ring's tolerances (test_ring.cpp, test_ring_backward.cpp): forward 4e-3 relative L2
-      // on the bf16 output and 1e-5 on the lse; backward 4e-3 relative L2 on each gradient.
-      CHECK(res.out_error < 4e-3);
-      CHECK(res.lse_error < 1e-5);
-      for (std::size_t i = 0; i < 3; ++i) {
-        CAPTURE(i);
-        CHECK(res.grad_error[i] < 4e-3);
-      }
-      CHECK(res.ring_equal);
-      CHECK(res.repeatable);
-      CHECK(res.bytes_match);
+      check_result(run<P, Mask, schedule>(c, Group));
     }
   }
 }
@@ -128,6 +140,30 @@ TEST_CASE_TEMPLATE("host all-to-all equals the oracle: every mask, P = 1, 2, 4, 
   check_matrix<P, causal>();
   check_matrix<P, sliding_window>(7, 3);
   check_matrix<P, causal_window>(9, 0);
+}
+
+TEST_CASE_TEMPLATE("host hybrid (all-to-all in groups, all-gather across) equals the oracle: "
+                   "2 x 2, 2 x 4, 4 x 2",
+                   P, contiguous, round_robin, zigzag) {
+  check_matrix<P, full, 2>(-1, -1, {4, 8}); // groups of 2: 2 x 2 and 2 x 4
+  check_matrix<P, causal, 2>(-1, -1, {4, 8});
+  check_matrix<P, causal, 4>(-1, -1, {8}); // 4 x 2
+  check_matrix<P, sliding_window, 4>(7, 3, {8});
+  check_matrix<P, causal_window, 2>(9, 0, {4});
+}
+
+TEST_CASE("hybrid: a group size that does not divide P is refused at plan time, on every rank") {
+  const std::vector<std::int32_t> cu = {0, 40};
+  in_process_group group(6, std::chrono::seconds(5));
+  const auto errors = on_ranks(group, [&](int, in_process_communicator& comm) {
+    by_heads<zigzag, causal, all_to_all_heads_x_all_gather<4>> attn(comm, {8, 8, 64, 0.0f}, cu);
+  });
+  for (const auto& e : errors)
+    CHECK(message(e) == "ringattn: the hybrid schedule splits the 6 ranks into groups of 4 "
+                        "consecutive ranks, but 4 does not divide 6 (use a group size that "
+                        "divides the ranks)");
+  CHECK(std::string(all_to_all_heads_x_all_gather<16>::name) ==
+        "all_to_all_heads_x_all_gather<16>");
 }
 
 TEST_CASE("all-to-all: heads that do not split are refused at plan time, on every rank") {

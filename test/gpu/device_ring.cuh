@@ -28,7 +28,8 @@ all_to_all_bytes expected_all_to_all_bytes(const Ring& attn, int r) {
   std::vector<std::int64_t> tokens;
   for (int s = 0; s < attn.size(); ++s)
     tokens.push_back(attn.plan().local_tokens(s));
-  return all_to_all_bytes_of(tokens, r, attn.arguments(), sizeof(__nv_bfloat16));
+  return all_to_all_bytes_of(tokens, r, attn.arguments(), sizeof(__nv_bfloat16),
+                             attn.schedule().group_size());
 }
 
 //! Bytes rank r sends in one forward: the ring forwards every block it used but the last; the
@@ -36,7 +37,7 @@ all_to_all_bytes expected_all_to_all_bytes(const Ring& attn, int r) {
 template <class Schedule, class Ring>
 std::uint64_t expected_forward_bytes(const Ring& attn, int r, int ranks) {
   std::uint64_t want = 0;
-  if constexpr (std::is_same_v<Schedule, all_to_all_heads>) {
+  if constexpr (std::is_same_v<typename Schedule::plan_type, all_to_all_plan>) {
     want = expected_all_to_all_bytes(attn, r).forward;
   } else {
     for (int t = 0; t + 1 < attn.schedule().step_count(); ++t)
@@ -57,7 +58,7 @@ std::uint64_t expected_backward_bytes(const Ring& attn, const Plan& plan, int r,
            (a.qk_dim() + a.v_dim());
   };
   std::uint64_t want = 0;
-  if constexpr (std::is_same_v<Schedule, all_to_all_heads>) {
+  if constexpr (std::is_same_v<typename Schedule::plan_type, all_to_all_plan>) {
     want = expected_all_to_all_bytes(attn, r).backward;
   } else if constexpr (std::is_same_v<Schedule, all_gather_kv>) {
     const int steps = attn.schedule().step_count();

@@ -2,7 +2,8 @@
 // group, each with its own stream), every partitioner x {full, causal, sliding and causal
 // windows} x P in {1, 2, 4, 8} x GQA 1, 4, 8 (P above the kv heads included: replicated kv heads)
 // x packed odd lengths, forward and backward against the float64 oracle; bytes per rank against
-// the formula (all_to_all_bytes.hpp); bitwise repeatability.
+// the formula (all_to_all_bytes.hpp); bitwise repeatability. The hybrid (all-to-all in groups,
+// K/V gathered across them) at 2 x 2, 2 x 4 and 4 x 2.
 #include "device_ring.cuh"
 
 #include <ringattn/partition/contiguous.cuh>
@@ -12,6 +13,7 @@
 #include <doctest/doctest.h>
 
 #include <cstdlib>
+#include <initializer_list>
 #include <string>
 
 using namespace ringattn;
@@ -19,23 +21,23 @@ using namespace ringattn;
 namespace {
 using T = __nv_bfloat16;
 
-template <class P, class Mask>
-void check_all_to_all(attention_arguments a) {
+template <class P, class Mask, class Schedule = all_to_all_heads>
+void check_all_to_all(attention_arguments a, std::initializer_list<int> ranks_list = {1, 2, 4, 8}) {
   const auto seed = test::fresh_seed();
   CAPTURE(seed);
   const bool small = std::getenv("RINGATTN_TEST_SMALL") != nullptr;
   std::mt19937_64 draw(seed);
   const auto cu = test::random_cu_seqlens(3, 1, small ? 120 : 500, draw); // the same at every P
-  for (int ranks : {1, 2, 4, 8}) {
+  for (int ranks : ranks_list) {
     CAPTURE(ranks);
     std::mt19937_64 rng(seed + 1);
     test::sharded_backward_case<P, T> c(cu, ranks, a, Mask::mask, rng);
     test::check_device_ring(
-        c, test::device_ring_in_process<Mask, all_to_all_heads>(c, 1, /*repeat=*/ranks == 4));
+        c, test::device_ring_in_process<Mask, Schedule>(c, 1, /*repeat=*/ranks == 4));
     const auto err = test::check_device_backward(
-        c, test::device_backward_in_process<Mask, all_to_all_heads>(c, 1, /*repeat=*/ranks == 4));
-    MESSAGE("all_to_all_heads ", std::string(Mask::name), ", ", a.q_heads, "/", a.kv_heads,
-            " heads, ", ranks, " ranks: dq ", err[0], ", dk ", err[1], ", dv ", err[2]);
+        c, test::device_backward_in_process<Mask, Schedule>(c, 1, /*repeat=*/ranks == 4));
+    MESSAGE(std::string(Schedule::name), " ", std::string(Mask::name), ", ", a.q_heads, "/",
+            a.kv_heads, " heads, ", ranks, " ranks: dq ", err[0], ", dk ", err[1], ", dv ", err[2]);
   }
 }
 } // namespace
@@ -51,6 +53,17 @@ TEST_CASE_TEMPLATE("device all-to-all, virtual ranks on one GPU, equals the orac
     check_all_to_all<P, sliding_window>(a);
     a.window_left = 24, a.window_right = 0;
     check_all_to_all<P, causal_window>(a);
+  }
+}
+
+TEST_CASE_TEMPLATE("device hybrid (all-to-all in groups, all-gather across), virtual ranks: "
+                   "2 x 2, 2 x 4, 4 x 2",
+                   P, contiguous, round_robin, zigzag) {
+  for (int group : {1, 4, 8}) {
+    CAPTURE(group);
+    const attention_arguments a{8, 8 / group, 128, 0.0f};
+    check_all_to_all<P, causal, all_to_all_heads_x_all_gather<2>>(a, {4, 8});
+    check_all_to_all<P, full, all_to_all_heads_x_all_gather<4>>(a, {8});
   }
 }
 

@@ -41,7 +41,7 @@ template <class P, class Mask, class Schedule = ring_pass>
 void check_ring(mpi_communicator& comm, std::uint64_t seed, std::int64_t window_left = -1,
                 std::int64_t window_right = -1, int head_dim = 64, int head_dim_v = 0) {
   constexpr bool gather = std::is_same_v<Schedule, all_gather_kv>;
-  constexpr bool heads = std::is_same_v<Schedule, all_to_all_heads>;
+  constexpr bool heads = std::is_same_v<typename Schedule::plan_type, all_to_all_plan>;
   // The all-to-all splits the heads over the ranks: 24 of them over 3.
   const int q_heads = heads && comm.size() == 3 ? 24 : 8;
   for (int group : {1, 4, 8}) {
@@ -66,7 +66,10 @@ void check_ring(mpi_communicator& comm, std::uint64_t seed, std::int64_t window_
     std::vector<std::int64_t> tokens;
     for (int s = 0; s < p; ++s)
       tokens.push_back(c.plan.local_tokens(s));
-    const auto by_heads = test::all_to_all_bytes_of(tokens, r, a, sizeof(__nv_bfloat16));
+    int group_size = 0;
+    if constexpr (heads) group_size = attn.schedule().group_size();
+    const auto by_heads =
+        test::all_to_all_bytes_of(tokens, r, a, sizeof(__nv_bfloat16), group_size);
     std::uint64_t want = by_heads.forward;
     const int steps = heads ? 0 : step_count(attn);
     if constexpr (!heads) {
@@ -165,6 +168,16 @@ TEST_CASE_TEMPLATE("MPI all-to-all equals the oracle on every rank: every mask, 
   check_ring<P, causal_window, all_to_all_heads>(comm, seed, 3, 0);
   check_ring<P, sliding_window, all_to_all_heads>(comm, seed, 5, 2);
   check_ring<P, causal, all_to_all_heads>(comm, seed, -1, -1, 192, 128);
+}
+
+TEST_CASE_TEMPLATE("MPI hybrid (all-to-all in pairs, all-gather across) equals the oracle", P,
+                   contiguous, round_robin, zigzag) {
+  mpi_communicator comm(MPI_COMM_WORLD);
+  if (comm.size() % 2 != 0) return; // pairs of ranks only
+  const auto seed = test::shared_seed();
+  CAPTURE(seed);
+  check_ring<P, causal, all_to_all_heads_x_all_gather<2>>(comm, seed);
+  check_ring<P, full, all_to_all_heads_x_all_gather<2>>(comm, seed);
 }
 
 TEST_CASE("MPI: ranks that disagree are rejected at plan time on every rank") {

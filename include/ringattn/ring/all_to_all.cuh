@@ -77,32 +77,48 @@ struct head_split {
   }
 };
 
-//! A rank's plan under the all-to-all: the shards' sizes and offsets, the head split and the
-//! schedule of its attention over the gathered shards.
+//! A rank's plan under the all-to-all: its group (`group_size` consecutive ranks trade heads for
+//! tokens; the P / group_size groups gather each other's K/V), the shards' sizes and offsets, the
+//! head split and the schedule of its attention over the gathered shards.
 class all_to_all_plan {
 public:
-  //! Throws `invalid_argument` where the heads do not split over the plan's ranks (the same on
-  //! every rank: the arguments are agreed first).
+  //! `group_size` 0: every rank in one group. Throws `invalid_argument` where the ranks do not
+  //! form groups of that size or the heads do not split over a group (the same on every rank: the
+  //! arguments are agreed first).
   template <class Partitioner>
   all_to_all_plan(const partition_plan<Partitioner>& plan, int rank, const position_window& window,
-                  const attention_arguments& args)
-      : rank_(rank), heads_(head_split::of(args, plan.ranks())), args_(args),
-        local_args_(heads_.local(args)),
+                  const attention_arguments& args, int group_size = 0)
+      : rank_(rank), ranks_(plan.ranks()), group_(checked_group(plan.ranks(), group_size)),
+        heads_(head_split::of(args, group_)), args_(args), local_args_(heads_.local(args)),
         offsets_(plan.rank_offsets().begin(), plan.rank_offsets().end()),
         local_(gathered_schedule(plan, rank, window)) {}
 
-  int ranks() const noexcept { return heads_.ranks; }
+  int ranks() const noexcept { return ranks_; }
   int rank() const noexcept { return rank_; }
+  //! Ranks per group, this rank's group's first rank and this rank's place in it (its head class).
+  int group_size() const noexcept { return group_; }
+  int group_first() const noexcept { return rank_ / group_ * group_; }
+  int head_class() const noexcept { return rank_ % group_; }
+  //! The head class of rank `r`, and whether `r` is in this rank's group.
+  int class_of(int r) const noexcept { return r % group_; }
+  bool in_group(int r) const noexcept { return r / group_ == rank_ / group_; }
   const head_split& heads() const noexcept { return heads_; }
   //! The arguments as given, and those of this rank's attention over the gathered shards (its
   //! heads).
   const attention_arguments& arguments() const noexcept { return args_; }
   const attention_arguments& local_arguments() const noexcept { return local_args_; }
-  //! Tokens of rank `r`'s shard, where it starts among the gathered shards, and all tokens.
+  //! Tokens of rank `r`'s shard and where it starts among all shards (rank order): the rows of
+  //! the gathered K/V.
   std::int64_t tokens_of(int r) const { return offset_of(r + 1) - offset_of(r); }
   std::int64_t offset_of(int r) const { return offsets_.at(static_cast<std::size_t>(r)); }
   std::int64_t tokens() const noexcept { return offsets_.back(); }
-  //! Tokens of this rank's shard.
+  //! Where group member `r`'s shard starts among the group's shards (the rows of the gathered
+  //! queries), and the group's tokens.
+  std::int64_t group_offset_of(int r) const { return offset_of(r) - offset_of(group_first()); }
+  std::int64_t group_tokens() const {
+    return offset_of(group_first() + group_) - offset_of(group_first());
+  }
+  //! Tokens of this rank's shard, and of the largest.
   std::int64_t q_tokens() const { return tokens_of(rank_); }
   std::int64_t max_tokens() const {
     std::int64_t m = 0;
@@ -110,16 +126,29 @@ public:
       m = std::max(m, tokens_of(r));
     return m;
   }
-  //! The schedule of this rank's attention: the gathered queries (`tokens()` rows) against the
-  //! gathered K/V, one step per ring step (the same on every rank: only the heads differ).
+  //! Ranks whose partial dK/dV of head class `c`'s kv heads add up: every rank, of any group,
+  //! whose class holds the same kv heads (one where nothing is replicated or gathered).
+  int kv_sharers() const noexcept { return ranks_ / group_ * heads_.replicas; }
+  //! The schedule of this rank's attention: the group's gathered queries (`group_tokens()` rows)
+  //! against every shard's K/V, one step per ring step (the same in every group member: only the
+  //! heads differ).
   const ring_schedule& local() const noexcept { return local_; }
   int step_count() const noexcept { return local_.step_count(); }
 
 private:
+  static int checked_group(int ranks, int group_size) {
+    const int a = group_size == 0 ? ranks : group_size;
+    validation v = validation::ok();
+    v.require(a > 0 && ranks % a == 0, "the hybrid schedule splits the ", ranks,
+              " ranks into groups of ", a, " consecutive ranks, but ", a, " does not divide ",
+              ranks, " (use a group size that divides the ranks)");
+    v.throw_if_invalid();
+    return a;
+  }
   template <class Partitioner>
-  static ring_schedule gathered_schedule(const partition_plan<Partitioner>& plan, int rank,
-                                         const position_window& window) {
-    const int p = plan.ranks();
+  ring_schedule gathered_schedule(const partition_plan<Partitioner>& plan, int rank,
+                                  const position_window& window) const {
+    const int p = plan.ranks(), first = rank / group_ * group_;
     const int steps = ring_schedule::steps_needed(plan, window);
     std::vector<ring_step> all;
     for (int t = 0; t < steps; ++t) {
@@ -127,10 +156,10 @@ private:
       step.index = t;
       step.source = -1; // every shard's source at once
       step.kv_tokens = plan.tokens();
-      for (int s = 0; s < p; ++s) {
+      for (int s = first; s < first + group_; ++s) {
         const int source = ((s - t) % p + p) % p;
         for (block_group g : group_blocks(plan.blocks(s, source, window))) {
-          g.q_begin += plan.rank_offset(s);
+          g.q_begin += plan.rank_offset(s) - plan.rank_offset(first);
           for (int b = 0; b < g.count; ++b)
             g.kv[b].kv_begin += plan.rank_offset(source);
           step.groups.push_back(g);
@@ -138,10 +167,11 @@ private:
       }
       all.push_back(std::move(step));
     }
-    return {p, rank, plan.tokens(), plan.tokens(), std::move(all)};
+    const std::int64_t queries = plan.rank_offset(first + group_) - plan.rank_offset(first);
+    return {p, rank, queries, plan.tokens(), std::move(all)};
   }
 
-  int rank_;
+  int rank_, ranks_, group_;
   head_split heads_;
   attention_arguments args_, local_args_;
   std::vector<std::int64_t> offsets_;
@@ -149,61 +179,67 @@ private:
 };
 
 //! The all-to-all's workspace, one layout for the host and device paths (every region 256-byte
-//! aligned; `N` all tokens, `n` this rank's, `hq`, `hk` a rank's heads, T the element type):
+//! aligned; `G` the group's tokens, `N` all tokens, `n` this rank's, `hq`, `hk` a rank's heads,
+//! A ranks per group, T the element type):
 //!
-//! Forward:  gathered q, k, v (T) | P send slots (this rank's q, k, v of one rank's heads) |
-//!           fp32 state o, sum, lse of the gathered queries | gathered output (T) |
-//!           P return slots (the output of one rank's heads) | lse pieces going home
-//! Backward: gathered q, k, v, out, dout (T) | gathered lse, D | P send slots (q, k, v, out,
-//!           dout) | lse pieces arriving | fp32 dq, dk, dv of the gathered tokens | dq (and,
-//!           without replicas, dk and dv) in T | P return slots (dq, dk, dv of one rank's heads)
+//! Forward:  gathered q (G rows), k, v (N rows) in T | A send slots (this rank's q, k, v of one
+//!           head class) | fp32 state o, sum, lse of the gathered queries | gathered output (T) |
+//!           A return slots (the output of one head class) | lse pieces going home
+//! Backward: gathered q, out, dout (G), k, v (N) | gathered lse, D | A send slots (q, k, v, out,
+//!           dout) | lse pieces arriving | fp32 dq (G), dk, dv (N) | dq (and, where no other
+//!           rank shares the kv heads, dk and dv) in T | A return slots of dq, P of dk and dv
 //!
-//! With replicated kv heads (P > kv_heads) dk and dv go home in fp32 and the owner adds the
-//! replicas' shares in rank order; otherwise in T. One rank takes the ring's path and at least
-//! the ring's workspace.
+//! Where several ranks hold the same kv heads (replicated ones, or the groups of a hybrid) dk
+//! and dv go home in fp32 and the owner adds the shares in rank order; otherwise in T. One rank
+//! takes the ring's path and at least the ring's workspace.
 class all_to_all_workspace {
 public:
   all_to_all_workspace(const all_to_all_plan& p, std::size_t element_bytes)
-      : tokens_(p.tokens()), n_(p.q_tokens()), most_(p.max_tokens()), ranks_(p.ranks()),
-        hq_(p.heads().q_per_rank), hk_(p.heads().kv_per_rank), d_(p.local_arguments().qk_dim()),
-        dv_(p.local_arguments().v_dim()), replicated_(p.heads().replicas > 1), e_(element_bytes) {
-    const std::size_t n = static_cast<std::size_t>(n_), all = static_cast<std::size_t>(tokens_);
-    const std::size_t rows = all * hq_, lse = rows * sizeof(float);
+      : n_(p.q_tokens()), most_(p.max_tokens()), hq_(p.heads().q_per_rank),
+        hk_(p.heads().kv_per_rank), d_(p.local_arguments().qk_dim()),
+        dv_(p.local_arguments().v_dim()), shared_(p.kv_sharers() > 1), e_(element_bytes) {
+    const auto n = static_cast<std::size_t>(n_), all = static_cast<std::size_t>(p.tokens());
+    const auto group = static_cast<std::size_t>(p.group_tokens());
+    const auto classes = static_cast<std::size_t>(p.group_size());
+    const auto ranks = static_cast<std::size_t>(p.ranks());
+    const std::size_t lse = group * hq_ * sizeof(float);
     // forward
     bump f;
-    f_.q = f.take(q_bytes(all));
+    f_.q = f.take(q_bytes(group));
     f_.k = f.take(k_bytes(all));
     f_.v = f.take(v_bytes(all));
     in_slot_ = align(q_bytes(n)) + align(k_bytes(n)) + align(v_bytes(n));
-    f_.send = f.take(in_slot_ * ranks_);
-    f_.o = f.take(rows * dv_ * sizeof(float));
+    f_.send = f.take(in_slot_ * classes);
+    f_.o = f.take(group * hq_ * dv_ * sizeof(float));
     f_.sum = f.take(lse);
     f_.lse = f.take(lse);
-    f_.out = f.take(o_bytes(all));
-    f_.back = f.take(align(o_bytes(n)) * ranks_);
+    f_.out = f.take(o_bytes(group));
+    out_slot_ = align(o_bytes(n));
+    f_.back = f.take(out_slot_ * classes);
     f_.lse_out = f.take(lse);
     forward_bytes_ = f.at;
     // backward
     bump b;
-    b_.q = b.take(q_bytes(all));
+    b_.q = b.take(q_bytes(group));
     b_.k = b.take(k_bytes(all));
     b_.v = b.take(v_bytes(all));
-    b_.out = b.take(o_bytes(all));
-    b_.dout = b.take(o_bytes(all));
+    b_.out = b.take(o_bytes(group));
+    b_.dout = b.take(o_bytes(group));
     b_.lse = b.take(lse);
     b_.delta = b.take(lse);
     grad_in_slot_ = in_slot_ + 2 * align(o_bytes(n));
-    b_.send = b.take(grad_in_slot_ * ranks_);
+    b_.send = b.take(grad_in_slot_ * classes);
     b_.lse_in = b.take(lse);
-    b_.dq = b.take(rows * d_ * sizeof(float));
+    b_.dq = b.take(group * hq_ * d_ * sizeof(float));
     b_.dk = b.take(all * hk_ * d_ * sizeof(float));
     b_.dv = b.take(all * hk_ * dv_ * sizeof(float));
-    b_.dq_t = b.take(q_bytes(all));
-    b_.dkv_t = b.take(replicated_ ? 0 : k_bytes(all) + v_bytes(all));
-    grad_out_slot_ = align(q_bytes(n)) + align(grad_k_bytes(n)) + align(grad_v_bytes(n));
-    b_.back = b.take(grad_out_slot_ * ranks_);
+    b_.dq_t = b.take(q_bytes(group));
+    b_.dkv_t = b.take(shared_ ? 0 : k_bytes(all) + v_bytes(all));
+    b_.back_dq = b.take(align(q_bytes(n)) * classes);
+    grad_out_slot_ = align(grad_k_bytes(n)) + align(grad_v_bytes(n));
+    b_.back_dkv = b.take(grad_out_slot_ * ranks);
     backward_bytes_ = b.at;
-    if (ranks_ == 1) { // one rank runs the ring's path (one block, nothing exchanged)
+    if (ranks == 1) { // one rank runs the ring's path (one block, nothing exchanged)
       const ring_workspace ring(n_, n_, p.arguments(), element_bytes);
       forward_bytes_ = std::max(forward_bytes_, ring.forward_bytes());
       backward_bytes_ = std::max(backward_bytes_, ring.device_backward_bytes());
@@ -213,22 +249,21 @@ public:
   static constexpr std::size_t align(std::size_t n) { return (n + 255) / 256 * 256; }
 
   std::size_t forward_bytes() const noexcept { return forward_bytes_; }
-  std::size_t backward_bytes() const noexcept { return backward_bytes_; }
   std::size_t host_backward_bytes() const noexcept { return backward_bytes_; }
   std::size_t device_backward_bytes() const noexcept { return backward_bytes_; }
 
-  //! Bytes of `tokens` rows of a rank's heads of q, k, v, out (T) and of dk, dv as they go home
-  //! (T, or fp32 with replicated kv heads).
+  //! Bytes of `tokens` rows of a rank's heads of q, k, v, out (T), of its lse, and of dk, dv as
+  //! they go home (T, or fp32 where ranks share kv heads).
   std::size_t q_bytes(std::size_t tokens) const { return tokens * hq_ * d_ * e_; }
   std::size_t k_bytes(std::size_t tokens) const { return tokens * hk_ * d_ * e_; }
   std::size_t v_bytes(std::size_t tokens) const { return tokens * hk_ * dv_ * e_; }
   std::size_t o_bytes(std::size_t tokens) const { return tokens * hq_ * dv_ * e_; }
   std::size_t lse_bytes(std::size_t tokens) const { return tokens * hq_ * sizeof(float); }
   std::size_t grad_k_bytes(std::size_t tokens) const {
-    return replicated_ ? tokens * hk_ * d_ * sizeof(float) : k_bytes(tokens);
+    return shared_ ? tokens * hk_ * d_ * sizeof(float) : k_bytes(tokens);
   }
   std::size_t grad_v_bytes(std::size_t tokens) const {
-    return replicated_ ? tokens * hk_ * dv_ * sizeof(float) : v_bytes(tokens);
+    return shared_ ? tokens * hk_ * dv_ * sizeof(float) : v_bytes(tokens);
   }
   //! The largest message a forward (a backward) sends: one tensor of one shard's heads.
   std::size_t largest_message(bool backward) const {
@@ -237,26 +272,32 @@ public:
     if (backward) m = std::max({m, grad_k_bytes(n), grad_v_bytes(n)});
     return m;
   }
-  bool replicated() const noexcept { return replicated_; }
+  //! Whether dk and dv go home as fp32 shares.
+  bool shared() const noexcept { return shared_; }
 
-  // ---- regions (base: the workspace's start)
+  // ---- regions (offsets from the workspace's start)
   struct forward_regions {
     std::size_t q, k, v, send, o, sum, lse, out, back, lse_out;
   };
   struct backward_regions {
-    std::size_t q, k, v, out, dout, lse, delta, send, lse_in, dq, dk, dv, dq_t, dkv_t, back;
+    std::size_t q, k, v, out, dout, lse, delta, send, lse_in, dq, dk, dv, dq_t, dkv_t, back_dq,
+        back_dkv;
   };
   const forward_regions& forward() const noexcept { return f_; }
   const backward_regions& backward() const noexcept { return b_; }
-  //! Send slot `to` of the forward (its q, k, v one after another, each aligned) and of the
-  //! backward (q, k, v, out, dout); return slot `from` of either.
-  std::size_t send_slot(int to, bool backward) const {
+  //! Send slot of head class `c` (forward: q, k, v one after another, each aligned; backward: q,
+  //! k, v, out, dout), the forward's return slot of class `c` (its output rows), and the
+  //! backward's return slots: dq of class `c`, dk then dv from rank `r`.
+  std::size_t send_slot(int c, bool backward) const {
     return (backward ? b_.send : f_.send) +
-           static_cast<std::size_t>(to) * (backward ? grad_in_slot_ : in_slot_);
+           static_cast<std::size_t>(c) * (backward ? grad_in_slot_ : in_slot_);
   }
-  std::size_t return_slot(int from, bool backward) const {
-    return (backward ? b_.back : f_.back) +
-           static_cast<std::size_t>(from) * (backward ? grad_out_slot_ : align(o_bytes(n_u())));
+  std::size_t out_slot(int c) const { return f_.back + static_cast<std::size_t>(c) * out_slot_; }
+  std::size_t dq_slot(int c) const {
+    return b_.back_dq + static_cast<std::size_t>(c) * align(q_bytes(static_cast<std::size_t>(n_)));
+  }
+  std::size_t dkv_slot(int r) const {
+    return b_.back_dkv + static_cast<std::size_t>(r) * grad_out_slot_;
   }
 
 private:
@@ -268,13 +309,12 @@ private:
       return r;
     }
   };
-  std::size_t n_u() const { return static_cast<std::size_t>(n_); }
 
-  std::int64_t tokens_, n_, most_;
-  std::size_t ranks_, hq_, hk_, d_, dv_;
-  bool replicated_;
+  std::int64_t n_, most_;
+  std::size_t hq_, hk_, d_, dv_;
+  bool shared_;
   std::size_t e_;
-  std::size_t in_slot_ = 0, grad_in_slot_ = 0, grad_out_slot_ = 0;
+  std::size_t in_slot_ = 0, grad_in_slot_ = 0, out_slot_ = 0, grad_out_slot_ = 0;
   forward_regions f_{};
   backward_regions b_{};
   std::size_t forward_bytes_ = 0, backward_bytes_ = 0;

@@ -85,17 +85,27 @@ void copy_view(Engine& e, thd_view<T> dst, thd_view<const T> src) {
            static_cast<std::size_t>(src.head_dim) * es, static_cast<std::size_t>(src.tokens));
 }
 
-//! The P - 1 pairwise exchanges of one tensor: in exchange k rank r sends `send(to)` (a pointer
-//! and a byte count) to r + k and receives `recv(from)` from r - k. `tag` tells the tensors of one
-//! call apart.
+//! The ranks one tensor travels between: `size` ranks from `first` on (a group, or all of them),
+//! this one at `me` among them; `ranks` in all.
+struct peer_ring {
+  int first, size, me, ranks;
+};
+inline peer_ring group_peers(const all_to_all_plan& p) {
+  return {p.group_first(), p.group_size(), p.head_class(), p.ranks()};
+}
+inline peer_ring all_peers(const all_to_all_plan& p) { return {0, p.ranks(), p.rank(), p.ranks()}; }
+
+//! The `size - 1` pairwise exchanges of one tensor among `peers`: in exchange k this rank sends
+//! `send(to)` (a pointer and a byte count) to the peer k places on and receives `recv(from)` from
+//! the one k places back. `tag` tells the tensors of one call apart.
 template <class Engine, class Send, class Recv>
-void exchange_all(Engine& e, const all_to_all_plan& p, int tag, Send send, Recv recv) {
-  const int ranks = p.ranks(), r = p.rank();
-  for (int k = 1; k < ranks; ++k) {
-    const int to = (r + k) % ranks, from = (r - k + ranks) % ranks;
+void exchange_all(Engine& e, const peer_ring& peers, int tag, Send send, Recv recv) {
+  for (int k = 1; k < peers.size; ++k) {
+    const int to = peers.first + (peers.me + k) % peers.size;
+    const int from = peers.first + (peers.me - k + peers.size) % peers.size;
     const auto [s, sn] = send(to);
     const auto [d, dn] = recv(from);
-    e.exchange(s, sn, to, d, dn, from, static_cast<std::int64_t>(tag) * ranks + k);
+    e.exchange(s, sn, to, d, dn, from, static_cast<std::int64_t>(tag) * peers.ranks + k);
   }
 }
 
@@ -113,98 +123,107 @@ template <class T, class Engine>
 void all_to_all_forward(Engine& e, const all_to_all_plan& p, thd_view<const T> q,
                         thd_view<const T> k, thd_view<const T> v, thd_view<T> out, float* lse,
                         std::byte* base) {
-  const all_to_all_workspace ws(p, sizeof(T));
+  using A = all_to_all_workspace;
+  const A ws(p, sizeof(T));
   const auto& f = ws.forward();
   const head_split& h = p.heads();
   const attention_arguments& la = p.local_arguments();
-  const int r = p.rank(), hq = h.q_per_rank, hk = h.kv_per_rank, d = la.qk_dim(), dv = la.v_dim();
-  const std::int64_t n = p.q_tokens(), all = p.tokens();
-  const auto qa = dense_at<T>(base, f.q, all, hq, d);
-  const auto ka = dense_at<T>(base, f.k, all, hk, d);
-  const auto va = dense_at<T>(base, f.v, all, hk, dv);
+  const int r = p.rank(), mine = p.head_class(), classes = p.group_size();
+  const int hq = h.q_per_rank, hk = h.kv_per_rank, d = la.qk_dim(), dv = la.v_dim();
+  const std::int64_t n = p.q_tokens(), group = p.group_tokens();
+  const auto size = [&](int rank) { return static_cast<std::size_t>(p.tokens_of(rank)); };
+  const auto qa = dense_at<T>(base, f.q, group, hq, d);
+  const auto ka = dense_at<T>(base, f.k, p.tokens(), hk, d);
+  const auto va = dense_at<T>(base, f.v, p.tokens(), hk, dv);
   struct pieces {
     thd_view<T> q, k, v;
   };
-  auto slot = [&](int to) {
-    const std::size_t s = ws.send_slot(to, false);
-    const std::size_t sk = s + all_to_all_workspace::align(ws.q_bytes(n));
-    return pieces{dense_at<T>(base, s, n, hq, d), dense_at<T>(base, sk, n, hk, d),
-                  dense_at<T>(base, sk + all_to_all_workspace::align(ws.k_bytes(n)), n, hk, dv)};
-  };
-  auto gathered = [&](std::int64_t at, std::int64_t count) {
-    return pieces{rows_of(qa, at, count), rows_of(ka, at, count), rows_of(va, at, count)};
+  // Head class c of this rank's q, k, v: its own class goes straight to the gathered buffers
+  // (and is sent from there), the others to their send slots.
+  auto piece = [&](int c) {
+    if (c == mine)
+      return pieces{rows_of(qa, p.group_offset_of(r), n), rows_of(ka, p.offset_of(r), n),
+                    rows_of(va, p.offset_of(r), n)};
+    std::size_t s = ws.send_slot(c, false);
+    pieces x;
+    x.q = dense_at<T>(base, s, n, hq, d), s += A::align(ws.q_bytes(n));
+    x.k = dense_at<T>(base, s, n, hk, d), s += A::align(ws.k_bytes(n));
+    x.v = dense_at<T>(base, s, n, hk, dv);
+    return x;
   };
   {
     nvtx_range range("all-to-all in", 0, r);
-    for (int to = 0; to < p.ranks(); ++to) {
-      const pieces dst = to == r ? gathered(p.offset_of(r), n) : slot(to);
-      copy_view(e, dst.q, heads_of(q, h.q_begin(to), hq));
-      copy_view(e, dst.k, heads_of(k, h.kv_begin(to), hk));
-      copy_view(e, dst.v, heads_of(v, h.kv_begin(to), hk));
+    for (int c = 0; c < classes; ++c) {
+      const pieces dst = piece(c);
+      copy_view(e, dst.q, heads_of(q, h.q_begin(c), hq));
+      copy_view(e, dst.k, heads_of(k, h.kv_begin(c), hk));
+      copy_view(e, dst.v, heads_of(v, h.kv_begin(c), hk));
     }
+    // q inside the group; k and v to every rank of each class (all groups).
     exchange_all(
-        e, p, 0,
+        e, group_peers(p), 0,
         [&](int to) {
-          return bytes_at{slot(to).q.data, ws.q_bytes(n)};
+          return bytes_at{piece(p.class_of(to)).q.data, ws.q_bytes(n)};
         },
         [&](int from) {
-          const auto c = static_cast<std::size_t>(p.tokens_of(from));
-          return landing{gathered(p.offset_of(from), 0).q.data, ws.q_bytes(c)};
+          return landing{rows_of(qa, p.group_offset_of(from), 0).data, ws.q_bytes(size(from))};
         });
     exchange_all(
-        e, p, 1,
+        e, all_peers(p), 1,
         [&](int to) {
-          return bytes_at{slot(to).k.data, ws.k_bytes(n)};
+          return bytes_at{piece(p.class_of(to)).k.data, ws.k_bytes(n)};
         },
         [&](int from) {
-          const auto c = static_cast<std::size_t>(p.tokens_of(from));
-          return landing{gathered(p.offset_of(from), 0).k.data, ws.k_bytes(c)};
+          return landing{rows_of(ka, p.offset_of(from), 0).data, ws.k_bytes(size(from))};
         });
     exchange_all(
-        e, p, 2,
+        e, all_peers(p), 2,
         [&](int to) {
-          return bytes_at{slot(to).v.data, ws.v_bytes(n)};
+          return bytes_at{piece(p.class_of(to)).v.data, ws.v_bytes(n)};
         },
         [&](int from) {
-          const auto c = static_cast<std::size_t>(p.tokens_of(from));
-          return landing{gathered(p.offset_of(from), 0).v.data, ws.v_bytes(c)};
+          return landing{rows_of(va, p.offset_of(from), 0).data, ws.v_bytes(size(from))};
         });
   }
-  const auto oa = dense_at<T>(base, f.out, all, hq, dv);
+  const auto oa = dense_at<T>(base, f.out, group, hq, dv);
   float* lse_all = at(base, f.lse);
   e.template forward<T>(p.local(), la, qa, ka, va,
-                        attention_state{at(base, f.o), lse_all, at(base, f.sum), all, hq, dv}, oa);
+                        attention_state{at(base, f.o), lse_all, at(base, f.sum), group, hq, dv},
+                        oa);
   nvtx_range range("all-to-all out", 0, r);
-  // Rows of the gathered lse ([hq, N]) of each shard, side by side: what goes home.
+  // Columns of the gathered lse ([hq, G]) of each group member, side by side: what goes home.
   float* lse_out = at(base, f.lse_out);
-  const std::size_t row = static_cast<std::size_t>(all) * sizeof(float);
-  for (int to = 0; to < p.ranks(); ++to) {
-    const std::int64_t c = p.tokens_of(to), o = p.offset_of(to);
-    float* dst = to == r ? lse + static_cast<std::int64_t>(r) * hq * n : lse_out + hq * o;
-    e.copy(dst, c * sizeof(float), lse_all + o, row, c * sizeof(float), hq);
+  const std::size_t row = static_cast<std::size_t>(group) * sizeof(float);
+  for (int c = 0; c < classes; ++c) {
+    const int to = p.group_first() + c;
+    const std::int64_t o = p.group_offset_of(to);
+    float* dst = c == mine ? lse + static_cast<std::int64_t>(mine) * hq * n : lse_out + hq * o;
+    e.copy(dst, size(to) * sizeof(float), lse_all + o, row, size(to) * sizeof(float),
+           static_cast<std::size_t>(hq));
   }
-  copy_view(e, heads_of(out, h.q_begin(r), hq), thd_view<const T>(rows_of(oa, p.offset_of(r), n)));
-  auto back = [&](int from) { return dense_at<T>(base, ws.return_slot(from, false), n, hq, dv); };
+  copy_view(e, heads_of(out, h.q_begin(mine), hq),
+            thd_view<const T>(rows_of(oa, p.group_offset_of(r), n)));
+  auto back = [&](int from) { return dense_at<T>(base, ws.out_slot(p.class_of(from)), n, hq, dv); };
   exchange_all(
-      e, p, 3,
+      e, group_peers(p), 3,
       [&](int to) {
-        const auto c = static_cast<std::size_t>(p.tokens_of(to));
-        return bytes_at{rows_of(oa, p.offset_of(to), 0).data, ws.o_bytes(c)};
+        return bytes_at{rows_of(oa, p.group_offset_of(to), 0).data, ws.o_bytes(size(to))};
       },
       [&](int from) {
-        return landing{back(from).data, ws.o_bytes(n)};
+        return landing{back(from).data, ws.o_bytes(size(r))};
       });
   exchange_all(
-      e, p, 4,
+      e, group_peers(p), 4,
       [&](int to) {
-        const auto c = static_cast<std::size_t>(p.tokens_of(to));
-        return bytes_at{lse_out + hq * p.offset_of(to), ws.lse_bytes(c)};
+        return bytes_at{lse_out + hq * p.group_offset_of(to), ws.lse_bytes(size(to))};
       },
       [&](int from) {
-        return landing{lse + static_cast<std::int64_t>(from) * hq * n, ws.lse_bytes(n)};
+        return landing{lse + static_cast<std::int64_t>(p.class_of(from)) * hq * n,
+                       ws.lse_bytes(size(r))};
       });
-  for (int from = 0; from < p.ranks(); ++from)
-    if (from != r) copy_view(e, heads_of(out, h.q_begin(from), hq), thd_view<const T>(back(from)));
+  for (int c = 0; c < classes; ++c)
+    if (c != mine)
+      copy_view(e, heads_of(out, h.q_begin(c), hq), thd_view<const T>(back(p.group_first() + c)));
 }
 
 template <class T, class Engine>
@@ -212,21 +231,35 @@ void all_to_all_backward(Engine& e, const all_to_all_plan& p, thd_view<const T> 
                          thd_view<const T> k, thd_view<const T> v, thd_view<const T> out,
                          const float* lse, thd_view<const T> dout, thd_view<T> dq, thd_view<T> dk,
                          thd_view<T> dv, std::byte* base) {
-  const all_to_all_workspace ws(p, sizeof(T));
+  using A = all_to_all_workspace;
+  const A ws(p, sizeof(T));
   const auto& b = ws.backward();
   const head_split& h = p.heads();
   const attention_arguments& la = p.local_arguments();
-  const int r = p.rank(), hq = h.q_per_rank, hk = h.kv_per_rank, d = la.qk_dim(), w = la.v_dim();
-  const std::int64_t n = p.q_tokens(), all = p.tokens();
-  using A = all_to_all_workspace;
+  const int r = p.rank(), mine = p.head_class(), classes = p.group_size();
+  const int hq = h.q_per_rank, hk = h.kv_per_rank, d = la.qk_dim(), w = la.v_dim();
+  const std::int64_t n = p.q_tokens(), group = p.group_tokens(), all = p.tokens();
+  const auto size = [&](int rank) { return static_cast<std::size_t>(p.tokens_of(rank)); };
   struct pieces {
     thd_view<T> q, k, v, out, dout;
   };
-  const pieces ga{dense_at<T>(base, b.q, all, hq, d), dense_at<T>(base, b.k, all, hk, d),
-                  dense_at<T>(base, b.v, all, hk, w), dense_at<T>(base, b.out, all, hq, w),
-                  dense_at<T>(base, b.dout, all, hq, w)};
-  auto slot = [&](int to) {
-    std::size_t s = ws.send_slot(to, true);
+  const pieces ga{dense_at<T>(base, b.q, group, hq, d), dense_at<T>(base, b.k, all, hk, d),
+                  dense_at<T>(base, b.v, all, hk, w), dense_at<T>(base, b.out, group, hq, w),
+                  dense_at<T>(base, b.dout, group, hq, w)};
+  // Where rank `from`'s rows land among the gathered ones (queries: the group's; K/V: all).
+  auto gathered = [&](int from) {
+    const std::int64_t g = p.in_group(from) ? p.group_offset_of(from) : 0;
+    const std::int64_t o = p.offset_of(from);
+    return pieces{rows_of(ga.q, g, 0), rows_of(ga.k, o, 0), rows_of(ga.v, o, 0),
+                  rows_of(ga.out, g, 0), rows_of(ga.dout, g, 0)};
+  };
+  auto piece = [&](int c) {
+    if (c == mine) {
+      const std::int64_t g = p.group_offset_of(r), o = p.offset_of(r);
+      return pieces{rows_of(ga.q, g, n), rows_of(ga.k, o, n), rows_of(ga.v, o, n),
+                    rows_of(ga.out, g, n), rows_of(ga.dout, g, n)};
+    }
+    std::size_t s = ws.send_slot(c, true);
     pieces x;
     x.q = dense_at<T>(base, s, n, hq, d), s += A::align(ws.q_bytes(n));
     x.k = dense_at<T>(base, s, n, hk, d), s += A::align(ws.k_bytes(n));
@@ -235,58 +268,56 @@ void all_to_all_backward(Engine& e, const all_to_all_plan& p, thd_view<const T> 
     x.dout = dense_at<T>(base, s, n, hq, w);
     return x;
   };
-  auto gathered = [&](std::int64_t at, std::int64_t count) {
-    return pieces{rows_of(ga.q, at, count), rows_of(ga.k, at, count), rows_of(ga.v, at, count),
-                  rows_of(ga.out, at, count), rows_of(ga.dout, at, count)};
-  };
   float* lse_all = at(base, b.lse);
   float* lse_in = at(base, b.lse_in);
-  const std::size_t row = static_cast<std::size_t>(all) * sizeof(float);
+  const std::size_t row = static_cast<std::size_t>(group) * sizeof(float);
   {
     nvtx_range range("all-to-all in", 1, r);
-    for (int to = 0; to < p.ranks(); ++to) {
-      const pieces dst = to == r ? gathered(p.offset_of(r), n) : slot(to);
-      copy_view(e, dst.q, heads_of(q, h.q_begin(to), hq));
-      copy_view(e, dst.k, heads_of(k, h.kv_begin(to), hk));
-      copy_view(e, dst.v, heads_of(v, h.kv_begin(to), hk));
-      copy_view(e, dst.out, heads_of(out, h.q_begin(to), hq));
-      copy_view(e, dst.dout, heads_of(dout, h.q_begin(to), hq));
+    for (int c = 0; c < classes; ++c) {
+      const pieces dst = piece(c);
+      copy_view(e, dst.q, heads_of(q, h.q_begin(c), hq));
+      copy_view(e, dst.k, heads_of(k, h.kv_begin(c), hk));
+      copy_view(e, dst.v, heads_of(v, h.kv_begin(c), hk));
+      copy_view(e, dst.out, heads_of(out, h.q_begin(c), hq));
+      copy_view(e, dst.dout, heads_of(dout, h.q_begin(c), hq));
     }
-    e.copy(lse_all + p.offset_of(r), row, lse + static_cast<std::int64_t>(r) * hq * n,
-           n * sizeof(float), n * sizeof(float), hq);
-    // One tensor at a time: each exchange sends this rank's rows and receives a shard's.
-    auto tensor = [&](int tag, auto member, auto bytes) {
+    e.copy(lse_all + p.group_offset_of(r), row, lse + static_cast<std::int64_t>(mine) * hq * n,
+           size(r) * sizeof(float), size(r) * sizeof(float), static_cast<std::size_t>(hq));
+    // One tensor at a time: q, out, dout (and the lse) inside the group, k and v to every rank.
+    auto tensor = [&](const peer_ring& peers, int tag, thd_view<T> pieces::*member, auto bytes) {
       exchange_all(
-          e, p, tag,
+          e, peers, tag,
           [&](int to) {
-            return bytes_at{(slot(to).*member).data, bytes(n)};
+            return bytes_at{(piece(p.class_of(to)).*member).data, bytes(size(r))};
           },
           [&](int from) {
-            return landing{(gathered(p.offset_of(from), 0).*member).data, bytes(p.tokens_of(from))};
+            return landing{(gathered(from).*member).data, bytes(size(from))};
           });
     };
-    auto qb = [&](std::int64_t c) { return ws.q_bytes(static_cast<std::size_t>(c)); };
-    auto kb = [&](std::int64_t c) { return ws.k_bytes(static_cast<std::size_t>(c)); };
-    auto vb = [&](std::int64_t c) { return ws.v_bytes(static_cast<std::size_t>(c)); };
-    auto ob = [&](std::int64_t c) { return ws.o_bytes(static_cast<std::size_t>(c)); };
-    tensor(10, &pieces::q, qb);
-    tensor(11, &pieces::k, kb);
-    tensor(12, &pieces::v, vb);
-    tensor(13, &pieces::out, ob);
-    tensor(14, &pieces::dout, ob);
+    auto qb = [&](std::size_t c) { return ws.q_bytes(c); };
+    auto kb = [&](std::size_t c) { return ws.k_bytes(c); };
+    auto vb = [&](std::size_t c) { return ws.v_bytes(c); };
+    auto ob = [&](std::size_t c) { return ws.o_bytes(c); };
+    tensor(group_peers(p), 10, &pieces::q, qb);
+    tensor(all_peers(p), 11, &pieces::k, kb);
+    tensor(all_peers(p), 12, &pieces::v, vb);
+    tensor(group_peers(p), 13, &pieces::out, ob);
+    tensor(group_peers(p), 14, &pieces::dout, ob);
     exchange_all(
-        e, p, 15,
+        e, group_peers(p), 15,
         [&](int to) {
-          return bytes_at{lse + static_cast<std::int64_t>(to) * hq * n, ws.lse_bytes(n)};
+          return bytes_at{lse + static_cast<std::int64_t>(p.class_of(to)) * hq * n,
+                          ws.lse_bytes(size(r))};
         },
         [&](int from) {
-          const auto c = static_cast<std::size_t>(p.tokens_of(from));
-          return landing{lse_in + hq * p.offset_of(from), ws.lse_bytes(c)};
+          return landing{lse_in + hq * p.group_offset_of(from), ws.lse_bytes(size(from))};
         });
-    for (int from = 0; from < p.ranks(); ++from)
-      if (from != r) {
-        const std::int64_t c = p.tokens_of(from), o = p.offset_of(from);
-        e.copy(lse_all + o, row, lse_in + hq * o, c * sizeof(float), c * sizeof(float), hq);
+    for (int c = 0; c < classes; ++c)
+      if (c != mine) {
+        const int from = p.group_first() + c;
+        const std::int64_t o = p.group_offset_of(from);
+        e.copy(lse_all + o, row, lse_in + hq * o, size(from) * sizeof(float),
+               size(from) * sizeof(float), static_cast<std::size_t>(hq));
       }
   }
   float* dq_acc = at(base, b.dq);
@@ -295,93 +326,98 @@ void all_to_all_backward(Engine& e, const all_to_all_plan& p, thd_view<const T> 
   e.template backward<T>(p.local(), la, ga.q, ga.k, ga.v, ga.out, ga.dout, lse_all,
                          at(base, b.delta), gradient_state{dq_acc, dk_acc, dv_acc});
   nvtx_range range("all-to-all out", 1, r);
-  const auto dq_t = dense_at<T>(base, b.dq_t, all, hq, d);
+  const auto dq_t = dense_at<T>(base, b.dq_t, group, hq, d);
   const auto dk_t = dense_at<T>(base, b.dkv_t, all, hk, d);
   const auto dv_t =
       dense_at<T>(base, b.dkv_t + ws.k_bytes(static_cast<std::size_t>(all)), all, hk, w);
   e.write(dq_acc, dq_t);
-  const bool replicated = ws.replicated();
-  if (!replicated) {
+  const bool shared = ws.shared();
+  if (!shared) {
     e.write(dk_acc, dk_t);
     e.write(dv_acc, dv_t);
   }
-  struct grads {
-    std::byte *dq, *dk, *dv;
+  // dq: the group's rows go home to their ranks, where they land in this class's heads.
+  auto dq_back = [&](int from) {
+    return dense_at<T>(base, ws.dq_slot(p.class_of(from)), n, hq, d);
   };
-  auto back = [&](int from) {
-    std::byte* s = base + ws.return_slot(from, true);
-    return grads{s, s + A::align(ws.q_bytes(n)),
-                 s + A::align(ws.q_bytes(n)) + A::align(ws.grad_k_bytes(n))};
-  };
-  // The rows of shard `to` of this rank's dk or dv as they go home (T, or the fp32 shares).
+  copy_view(e, heads_of(dq, h.q_begin(mine), hq),
+            thd_view<const T>(rows_of(dq_t, p.group_offset_of(r), n)));
+  exchange_all(
+      e, group_peers(p), 16,
+      [&](int to) {
+        return bytes_at{rows_of(dq_t, p.group_offset_of(to), 0).data, ws.q_bytes(size(to))};
+      },
+      [&](int from) {
+        return landing{dq_back(from).data, ws.q_bytes(size(r))};
+      });
+  for (int c = 0; c < classes; ++c)
+    if (c != mine)
+      copy_view(e, heads_of(dq, h.q_begin(c), hq), thd_view<const T>(dq_back(p.group_first() + c)));
+  // dk, dv: every shard's rows go home from every rank (T, or the fp32 shares).
+  auto dk_back = [&](int from) { return base + ws.dkv_slot(from); };
+  auto dv_back = [&](int from) { return dk_back(from) + A::align(ws.grad_k_bytes(size(r))); };
   auto dk_rows = [&](int to) -> const void* {
-    return replicated ? static_cast<const void*>(dk_acc + p.offset_of(to) * hk * d)
-                      : rows_of(dk_t, p.offset_of(to), 0).data;
+    return shared ? static_cast<const void*>(dk_acc + p.offset_of(to) * hk * d)
+                  : rows_of(dk_t, p.offset_of(to), 0).data;
   };
   auto dv_rows = [&](int to) -> const void* {
-    return replicated ? static_cast<const void*>(dv_acc + p.offset_of(to) * hk * w)
-                      : rows_of(dv_t, p.offset_of(to), 0).data;
+    return shared ? static_cast<const void*>(dv_acc + p.offset_of(to) * hk * w)
+                  : rows_of(dv_t, p.offset_of(to), 0).data;
   };
-  copy_view(e, heads_of(dq, h.q_begin(r), hq), thd_view<const T>(rows_of(dq_t, p.offset_of(r), n)));
-  if (replicated) {
-    e.copy(back(r).dk, ws.grad_k_bytes(n), dk_rows(r), ws.grad_k_bytes(n), ws.grad_k_bytes(n), 1);
-    e.copy(back(r).dv, ws.grad_v_bytes(n), dv_rows(r), ws.grad_v_bytes(n), ws.grad_v_bytes(n), 1);
+  if (shared) {
+    e.copy(dk_back(r), ws.grad_k_bytes(size(r)), dk_rows(r), ws.grad_k_bytes(size(r)),
+           ws.grad_k_bytes(size(r)), 1);
+    e.copy(dv_back(r), ws.grad_v_bytes(size(r)), dv_rows(r), ws.grad_v_bytes(size(r)),
+           ws.grad_v_bytes(size(r)), 1);
   } else {
-    copy_view(e, heads_of(dk, h.kv_begin(r), hk),
+    copy_view(e, heads_of(dk, h.kv_begin(mine), hk),
               thd_view<const T>(rows_of(dk_t, p.offset_of(r), n)));
-    copy_view(e, heads_of(dv, h.kv_begin(r), hk),
+    copy_view(e, heads_of(dv, h.kv_begin(mine), hk),
               thd_view<const T>(rows_of(dv_t, p.offset_of(r), n)));
   }
-  auto sized = [&](int to, auto bytes) { return bytes(static_cast<std::size_t>(p.tokens_of(to))); };
   exchange_all(
-      e, p, 16,
+      e, all_peers(p), 17,
       [&](int to) {
-        return bytes_at{rows_of(dq_t, p.offset_of(to), 0).data,
-                        sized(to, [&](std::size_t c) { return ws.q_bytes(c); })};
+        return bytes_at{dk_rows(to), ws.grad_k_bytes(size(to))};
       },
       [&](int from) {
-        return landing{back(from).dq, ws.q_bytes(n)};
+        return landing{dk_back(from), ws.grad_k_bytes(size(r))};
       });
   exchange_all(
-      e, p, 17,
+      e, all_peers(p), 18,
       [&](int to) {
-        return bytes_at{dk_rows(to), sized(to, [&](std::size_t c) { return ws.grad_k_bytes(c); })};
+        return bytes_at{dv_rows(to), ws.grad_v_bytes(size(to))};
       },
       [&](int from) {
-        return landing{back(from).dk, ws.grad_k_bytes(n)};
+        return landing{dv_back(from), ws.grad_v_bytes(size(r))};
       });
-  exchange_all(
-      e, p, 18,
-      [&](int to) {
-        return bytes_at{dv_rows(to), sized(to, [&](std::size_t c) { return ws.grad_v_bytes(c); })};
-      },
-      [&](int from) {
-        return landing{back(from).dv, ws.grad_v_bytes(n)};
-      });
-  for (int from = 0; from < p.ranks(); ++from)
-    if (from != r)
-      copy_view(e, heads_of(dq, h.q_begin(from), hq),
-                thd_view<const T>(dense_at<T>(back(from).dq, 0, n, hq, d)));
-  if (!replicated) {
-    for (int from = 0; from < p.ranks(); ++from)
-      if (from != r) {
-        copy_view(e, heads_of(dk, h.kv_begin(from), hk),
-                  thd_view<const T>(dense_at<T>(back(from).dk, 0, n, hk, d)));
-        copy_view(e, heads_of(dv, h.kv_begin(from), hk),
-                  thd_view<const T>(dense_at<T>(back(from).dv, 0, n, hk, w)));
+  if (!shared) { // one group, nothing replicated: each class's heads from its one rank
+    for (int c = 0; c < classes; ++c)
+      if (c != mine) {
+        const int from = p.group_first() + c;
+        copy_view(e, heads_of(dk, h.kv_begin(c), hk),
+                  thd_view<const T>(dense_at<T>(dk_back(from), 0, n, hk, d)));
+        copy_view(e, heads_of(dv, h.kv_begin(c), hk),
+                  thd_view<const T>(dense_at<T>(dv_back(from), 0, n, hk, w)));
       }
     return;
   }
-  // Every kv head's replicas (ranks kh * m ... kh * m + m - 1) added in rank order, then written.
-  const int m = h.replicas;
-  for (int kh = 0; kh * m < p.ranks(); ++kh) {
-    const grads first = back(kh * m);
-    for (int j = 1; j < m; ++j) {
-      e.add(at(first.dk, 0), at(back(kh * m + j).dk, 0), n * d);
-      e.add(at(first.dv, 0), at(back(kh * m + j).dv, 0), n * w);
+  // Each kv head block's shares (every rank, in rank order, whose class holds it) added into the
+  // first one's, then written.
+  for (int c = 0; c < classes; ++c) {
+    if (c > 0 && h.kv_begin(c) == h.kv_begin(c - 1)) continue; // a replica of the class before
+    int first = -1;
+    for (int s = 0; s < p.ranks(); ++s) {
+      if (h.kv_begin(p.class_of(s)) != h.kv_begin(c)) continue;
+      if (first < 0) {
+        first = s;
+        continue;
+      }
+      e.add(at(dk_back(first), 0), at(dk_back(s), 0), n * hk * d);
+      e.add(at(dv_back(first), 0), at(dv_back(s), 0), n * hk * w);
     }
-    e.write(at(first.dk, 0), heads_of(dk, kh, 1));
-    e.write(at(first.dv, 0), heads_of(dv, kh, 1));
+    e.write(at(dk_back(first), 0), heads_of(dk, h.kv_begin(c), hk));
+    e.write(at(dv_back(first), 0), heads_of(dv, h.kv_begin(c), hk));
   }
 }
 
@@ -552,7 +588,7 @@ void device_all_to_all_backward(Communicator& comm, const all_to_all_plan& p,
   }
   const all_to_all_workspace ws(p, sizeof(T));
   device_all_to_all_engine<BlockKernel, Communicator> e{
-      comm, d, workspace + all_to_all_workspace::align(ws.backward_bytes()), stream};
+      comm, d, workspace + all_to_all_workspace::align(ws.device_backward_bytes()), stream};
   all_to_all_backward<T>(e, p, q, k, v, out, lse, dout, dq, dk, dv, workspace);
 }
 #endif // __CUDACC__

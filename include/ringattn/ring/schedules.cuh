@@ -40,6 +40,7 @@
 #include <ringattn/ring/workspace.cuh>
 #include <ringattn/tensor.cuh>
 
+#include <array>
 #include <cstddef>
 #include <span>
 
@@ -143,17 +144,17 @@ struct all_gather_kv {
 #endif
 };
 
-//! The all-to-all (head-parallel, "Ulysses"): Q, K and V trade heads for tokens, each rank
-//! attends over the whole sequence for its heads, and the output trades back
-//! (ring/all_to_all.cuh). Needs P to divide q_heads and P and kv_heads to divide one another.
-struct all_to_all_heads {
-  static constexpr const char* name = "all_to_all_heads";
+namespace detail {
+//! What the all-to-all and its hybrid share: groups of `Group` consecutive ranks (0: all of them)
+//! trade heads for tokens; the groups gather each other's K/V (ring/all_to_all.cuh).
+template <int Group>
+struct heads_schedule {
   using plan_type = all_to_all_plan;
   using layout_type = all_to_all_workspace;
   template <class Partitioner>
   static all_to_all_plan plan(const partition_plan<Partitioner>& p, int rank,
                               const position_window& window, const attention_arguments& args) {
-    return {p, rank, window, args};
+    return {p, rank, window, args, Group};
   }
   static const ring_schedule& compute(const all_to_all_plan& s) noexcept { return s.local(); }
   static const attention_arguments& compute_arguments(const all_to_all_plan& s,
@@ -170,27 +171,68 @@ struct all_to_all_heads {
   template <class BlockKernel, class Communicator, element T, class... Views>
   static void host_forward(Communicator& comm, const all_to_all_plan& s, const attention_arguments&,
                            Views... views) {
-    detail::host_all_to_all_forward<BlockKernel, Communicator, T>(comm, s, views...);
+    host_all_to_all_forward<BlockKernel, Communicator, T>(comm, s, views...);
   }
   template <class BlockKernel, class Communicator, element T, class... Views>
   static void host_backward(Communicator& comm, const all_to_all_plan& s,
                             const attention_arguments&, Views... views) {
-    detail::host_all_to_all_backward<BlockKernel, Communicator, T>(comm, s, views...);
+    host_all_to_all_backward<BlockKernel, Communicator, T>(comm, s, views...);
   }
 #if defined(__CUDACC__)
   template <class BlockKernel, class Communicator, class T, class... Views>
   static void device_forward(Communicator& comm, const all_to_all_plan& s,
-                             detail::ring_device_resources<BlockKernel>& d,
-                             const attention_arguments& args, Views... views) {
-    detail::device_all_to_all_forward<BlockKernel, Communicator, T>(comm, s, d, args, views...);
+                             ring_device_resources<BlockKernel>& d, const attention_arguments& args,
+                             Views... views) {
+    device_all_to_all_forward<BlockKernel, Communicator, T>(comm, s, d, args, views...);
   }
   template <class BlockKernel, class Communicator, class T, class... Views>
   static void device_backward(Communicator& comm, const all_to_all_plan& s,
-                              detail::ring_device_resources<BlockKernel>& d,
+                              ring_device_resources<BlockKernel>& d,
                               const attention_arguments& args, Views... views) {
-    detail::device_all_to_all_backward<BlockKernel, Communicator, T>(comm, s, d, args, views...);
+    device_all_to_all_backward<BlockKernel, Communicator, T>(comm, s, d, args, views...);
   }
 #endif
+};
+
+//! "all_to_all_heads_x_all_gather<A>", at compile time (the schedule's name, agreed by the ranks).
+template <int A>
+struct hybrid_name {
+  static constexpr auto text = [] {
+    constexpr char prefix[] = "all_to_all_heads_x_all_gather<";
+    std::array<char, sizeof(prefix) + 12> s{};
+    std::size_t i = 0;
+    for (; prefix[i] != '\0'; ++i)
+      s[i] = prefix[i];
+    char digits[12] = {};
+    int count = 0;
+    for (int x = A; x > 0; x /= 10)
+      digits[count++] = static_cast<char>('0' + x % 10);
+    while (count > 0)
+      s[i++] = digits[--count];
+    s[i] = '>';
+    return s;
+  }();
+};
+} // namespace detail
+
+//! The all-to-all (head-parallel, "Ulysses"): Q, K and V trade heads for tokens, each rank
+//! attends over the whole sequence for its heads, and the output trades back
+//! (ring/all_to_all.cuh). Needs P to divide q_heads and P and kv_heads to divide one another.
+struct all_to_all_heads : detail::heads_schedule<0> {
+  static constexpr const char* name = "all_to_all_heads";
+};
+
+//! The 2D hybrid: the all-to-all inside groups of `GroupSize` consecutive ranks (the GPUs of a
+//! node, say), K/V gathered across the P / GroupSize groups. A rank computes q_heads / GroupSize
+//! heads for its group's tokens against every token's K/V, so the head cap is the group's size,
+//! not P; across groups only K/V travel (and their fp32 dK/dV shares back). GroupSize must
+//! divide P (the plan says so where it does not) and the heads split over it as for
+//! `all_to_all_heads`; GroupSize = P is the plain all-to-all, 1 an all-gather of K/V.
+template <int GroupSize>
+struct all_to_all_heads_x_all_gather : detail::heads_schedule<GroupSize> {
+  static_assert(GroupSize > 0, "ringattn::all_to_all_heads_x_all_gather: the group size must be "
+                               "positive (the number of ranks that trade heads for tokens)");
+  static constexpr const char* name = detail::hybrid_name<GroupSize>::text.data();
 };
 
 } // namespace ringattn
