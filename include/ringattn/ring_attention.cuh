@@ -75,12 +75,15 @@ class ring_attention {
                 "ringattn::host_reference<Mask>)");
   static_assert(schedule_policy<Schedule>,
                 "ringattn::ring_attention: the fourth template argument must be a Schedule "
-                "(ringattn::ring_pass, ringattn::all_gather_kv or ringattn::all_to_all_heads)");
+                "(ringattn::ring_pass, ringattn::all_gather_kv, ringattn::all_to_all_heads or "
+                "ringattn::all_to_all_heads_x_all_gather<A>)");
 
 public:
   //! What the Schedule plans for a rank (ring_schedule for the ring and the all-gather,
   //! all_to_all_plan for the all-to-all).
   using schedule_type = typename Schedule::plan_type;
+  //! Whether K/V travel in blocks (the ring and the all-gather).
+  static constexpr bool ring_shaped = std::same_as<typename Schedule::layout_type, ring_workspace>;
 
   //! Plans the ring for this rank. `cu_seqlens` is the *global* packed layout (batch + 1
   //! offsets), the same on every rank. Collective: every rank of `comm` must construct its
@@ -107,16 +110,15 @@ public:
     return Schedule::compute(schedule_).step(t).groups;
   }
 
-  //! Bytes a K/V block of rank `src` occupies on the wire (and in a ring buffer).
+  //! Bytes a K/V block of rank `src` occupies on the wire (and in a ring buffer): the ring and
+  //! the all-gather.
   template <element T>
-  requires std::same_as<typename Schedule::layout_type, ring_workspace> std::size_t
-  block_bytes(int src)
-  const { return layout<T>().block_bytes(plan_.local_tokens(src)); }
+  std::size_t block_bytes(int src) const requires ring_shaped {
+    return layout<T>().block_bytes(plan_.local_tokens(src));
+  }
   //! Bytes a K/V block of rank `src` and its fp32 dK/dV occupy on the wire in the backward.
   template <element T>
-  requires std::same_as<typename Schedule::layout_type, ring_workspace> std::size_t
-  backward_block_bytes(int src)
-  const {
+  std::size_t backward_block_bytes(int src) const requires ring_shaped {
     const std::int64_t n = plan_.local_tokens(src);
     return layout<T>().block_bytes(n) + layout<T>().grad_bytes(n);
   }

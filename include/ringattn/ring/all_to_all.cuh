@@ -1,8 +1,10 @@
 #pragma once
 //! \file
-//! The plan of the all-to-all schedule (`all_to_all_heads`, ring/schedules.cuh): how the heads
-//! split over the ranks, what a rank computes once it holds every shard of its heads, and the
-//! layout of its workspace.
+//! The plan of the all-to-all schedule (`all_to_all_heads` and its hybrid
+//! `all_to_all_heads_x_all_gather<A>`, ring/schedules.cuh): how the heads split over the ranks,
+//! what a rank computes once it holds every shard of its heads, and the layout of its workspace.
+//! The description below is the plain all-to-all (one group of P ranks); in the hybrid the heads
+//! split over a group of A ranks, the queries are the group's shards and K/V every rank's.
 //!
 //! An all-to-all turns a sequence shard of every head into every shard of a subset of heads: rank
 //! r ends up with `q_heads / P` query heads (those from `r * q_heads / P` on) and the kv heads
@@ -35,9 +37,9 @@
 
 namespace ringattn {
 
-//! How P ranks share the heads under the all-to-all.
+//! How the P ranks of an all-to-all (the A of a hybrid's group) share the heads.
 struct head_split {
-  int ranks = 1;
+  int ranks = 1;       //!< P (A)
   int q_per_rank = 0;  //!< query heads a rank computes: q_heads / P
   int kv_per_rank = 0; //!< kv heads it holds: kv_heads / P, or 1 when P > kv_heads
   int replicas = 1;    //!< ranks holding each kv head: P / kv_heads when P > kv_heads, else 1
@@ -126,8 +128,8 @@ public:
       m = std::max(m, tokens_of(r));
     return m;
   }
-  //! Ranks whose partial dK/dV of head class `c`'s kv heads add up: every rank, of any group,
-  //! whose class holds the same kv heads (one where nothing is replicated or gathered).
+  //! Ranks whose partial dK/dV of one kv head add up: every rank, of any group, whose class
+  //! holds that head (1 where nothing is replicated and there is one group).
   int kv_sharers() const noexcept { return ranks_ / group_ * heads_.replicas; }
   //! The schedule of this rank's attention: the group's gathered queries (`group_tokens()` rows)
   //! against every shard's K/V, one step per ring step (the same in every group member: only the

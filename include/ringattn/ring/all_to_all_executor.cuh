@@ -5,21 +5,22 @@
 //! device engine (everything enqueued on the caller's stream: 2D copies, the communicator's
 //! device exchanges, the BlockKernel's device block; no host wait).
 //!
-//! Forward, on rank r of P (n its tokens, N all, `hq`/`hk` the heads a rank computes/holds):
-//! 1. the q, k, v heads of every rank are packed from this rank's shard (own heads straight into
-//!    the gathered buffers) and P - 1 pairwise exchanges (in exchange k: to r + k, from r - k)
-//!    bring every shard of this rank's heads, in rank order;
-//! 2. the attention runs over the gathered shards (all_to_all_plan::local: P steps of one
-//!    block-kernel call each, the state merged in fp32 as on the ring);
-//! 3. each shard's output rows and lse go home the same way, where they land in their heads.
+//! Forward, on rank r (n its tokens; a group of A consecutive ranks, A = P for the plain
+//! all-to-all; `hq`/`hk` the heads a rank computes/holds):
+//! 1. the q, k, v heads of every head class are packed from this rank's shard (its own class
+//!    straight into the gathered buffers); pairwise exchanges (in exchange k: to the peer k
+//!    places on, from the one k places back) bring q from every group member and K/V from every
+//!    rank of this rank's class, in rank order;
+//! 2. the attention runs over the gathered shards (all_to_all_plan::local: one block-kernel call
+//!    per ring step, the state merged in fp32 as on the ring);
+//! 3. each group member's output rows and lse go home the same way, into their heads.
 //! Backward: q, k, v, out, dout and the lse travel as in step 1; D, then the block backward's
-//! fp32 dq, dk, dv over the gathered shards; dq (and dk, dv) go home. A kv head replicated over
-//! several ranks returns fp32 shares that its owner adds in rank order, so every call gives the
-//! same bits.
+//! fp32 dq, dk, dv over the gathered shards; dq goes home inside the group, dk and dv to every
+//! rank. Where several ranks hold the same kv heads (replicas, or the groups of the hybrid) the
+//! owner adds their fp32 shares in rank order, so every call gives the same bits.
 //!
-//! Bytes a rank sends: forward `(N - n)`-free: its n tokens of every other rank's heads of q, k,
-//! v, then every other shard's rows of its own heads' output and lse; see
-//! `all_to_all_heads::forward_bytes` for the formula the tests check.
+//! The bytes a rank sends are written out in test/all_to_all_bytes.hpp and docs/ring.md; the
+//! tests hold every call to them.
 
 #include <ringattn/arguments.cuh>
 #include <ringattn/core/state.cuh>
