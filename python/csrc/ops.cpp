@@ -58,7 +58,8 @@ ringattn::mask_kind mask_of(const std::string& name) {
 schedule_kind schedule_of(const std::string& name) {
   if (name == "ring") return schedule_kind::ring;
   if (name == "all_gather") return schedule_kind::all_gather;
-  bad("unknown schedule '" + name + "' (ring or all_gather)");
+  if (name == "all_to_all") return schedule_kind::all_to_all;
+  bad("unknown schedule '" + name + "' (ring, all_gather or all_to_all)");
 }
 
 std::vector<std::int32_t> cu_seqlens_of(const std::vector<std::int64_t>& cu) {

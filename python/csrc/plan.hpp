@@ -16,7 +16,7 @@
 namespace ringattn_torch {
 
 enum class partitioner_kind { contiguous, round_robin, zigzag };
-enum class schedule_kind { ring, all_gather };
+enum class schedule_kind { ring, all_gather, all_to_all };
 enum class element_type { f16, bf16, f32 };
 
 //! What a plan is planned for: the policies by kind, the arguments and the global layout.

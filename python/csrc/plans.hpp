@@ -372,6 +372,8 @@ std::unique_ptr<plan> dispatch(const layout& l, F&& f) {
   auto with_schedule = [&]<class P, class K>() -> std::unique_ptr<plan> {
     if (l.schedule == schedule_kind::all_gather)
       return f.template operator()<P, K, ringattn::all_gather_kv>();
+    if (l.schedule == schedule_kind::all_to_all)
+      return f.template operator()<P, K, ringattn::all_to_all_heads>();
     return f.template operator()<P, K, ringattn::ring_pass>();
   };
   auto with_partitioner = [&]<class K>() -> std::unique_ptr<plan> {

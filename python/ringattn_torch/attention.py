@@ -13,7 +13,7 @@ from ._library import ops
 from .layout import CuSeqlens, check_partitioner, cu_seqlens_list, token_indices
 
 MASKS = ("full", "causal", "sliding_window", "causal_window")
-SCHEDULES = ("ring", "all_gather")
+SCHEDULES = ("ring", "all_gather", "all_to_all")
 
 #: Planned rings kept per communicator (least recently used dropped first).
 PLANS_PER_COMMUNICATOR = 32
@@ -226,7 +226,8 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
     over an NCCL communicator made from the group, on the current stream; CPU tensors (fp16,
     bf16, fp32) run the host path over the group's CPU backend (gloo). `mask`: full, causal,
     sliding_window, causal_window (with `window` = (left, right), -1 unbounded). `schedule`:
-    ring (K/V pass around the ring) or all_gather. Returns out [local tokens, q_heads,
+    ring (K/V pass around the ring), all_gather or all_to_all (heads traded for tokens; the group
+    size must divide q_heads, and it and kv_heads one another). Returns out [local tokens, q_heads,
     head_dim_v] and lse [q_heads, local tokens] (fp32, natural log, not differentiable).
     Collective: every rank of the group calls it with the same layout."""
     _check_tensors(q, k, v)

@@ -30,9 +30,29 @@ def test_virtual_ring_half_precision_gqa_and_schedules(dtype, heads, schedule):
     g = torch.Generator().manual_seed(7)
     cu = [0, 33, 34, 90]
     q, k, v = inputs(cu, heads[0], heads[1], 64, 64, dtype, "cpu", g)
-    run = lambda q, k, v: ra.virtual_ring_attention(q, k, v, cu, 3, partitioner="zigzag",
+    ranks = 2 if schedule == "all_to_all" else 3  # the all-to-all splits the 4 heads
+    run = lambda q, k, v: ra.virtual_ring_attention(q, k, v, cu, ranks, partitioner="zigzag",
                                                     mask="causal", schedule=schedule)
     check_against_reference(run, q, k, v, cu, "causal", (-1, -1), TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("partitioner", ra.PARTITIONERS)
+@pytest.mark.parametrize("mask", ra.MASKS)
+def test_virtual_all_to_all_every_partitioner_and_mask(partitioner, mask):
+    g = torch.Generator().manual_seed(11)
+    cu = [0, 29, 30, 77]
+    q, k, v = inputs(cu, 8, 2, 64, 64, torch.float32, "cpu", g)  # 4 ranks: kv heads replicated
+    window = window_of(mask)
+    run = lambda q, k, v: ra.virtual_ring_attention(q, k, v, cu, 4, partitioner=partitioner,
+                                                    mask=mask, window=window,
+                                                    schedule="all_to_all")
+    check_against_reference(run, q, k, v, cu, mask, window, TOLERANCE[torch.float32])
+
+
+def test_all_to_all_refuses_heads_that_do_not_split():
+    q = torch.zeros(40, 4, 64)
+    with pytest.raises(Exception, match="4 q heads do not split over 3 ranks"):
+        ra.virtual_ring_attention(q, q, q, [0, 40], 3, schedule="all_to_all")
 
 
 def test_separate_widths_and_scale():
