@@ -120,6 +120,23 @@ struct landing {
   std::size_t bytes;
 };
 
+//! The exchanges of one tensor among `peers`: out goes `piece(c)`, this rank's piece for the
+//! receiver's head class c; in comes the sender's shard at `land(from)`; `bytes(tokens)` sizes
+//! either side by its shard.
+template <class Engine, class Piece, class Land, class Bytes>
+void exchange_tensor(Engine& e, const all_to_all_plan& p, const peer_ring& peers, int tag,
+                     Piece piece, Land land, Bytes bytes) {
+  const auto size = [&](int rank) { return static_cast<std::size_t>(p.tokens_of(rank)); };
+  exchange_all(
+      e, peers, tag,
+      [&](int to) {
+        return bytes_at{piece(p.class_of(to)), bytes(size(p.rank()))};
+      },
+      [&](int from) {
+        return landing{land(from), bytes(size(from))};
+      });
+}
+
 template <class T, class Engine>
 void all_to_all_forward(Engine& e, const all_to_all_plan& p, thd_view<const T> q,
                         thd_view<const T> k, thd_view<const T> v, thd_view<T> out, float* lse,
@@ -161,30 +178,18 @@ void all_to_all_forward(Engine& e, const all_to_all_plan& p, thd_view<const T> q
       copy_view(e, dst.v, heads_of(v, h.kv_begin(c), hk));
     }
     // q inside the group; k and v to every rank of each class (all groups).
-    exchange_all(
-        e, group_peers(p), 0,
-        [&](int to) {
-          return bytes_at{piece(p.class_of(to)).q.data, ws.q_bytes(n)};
-        },
-        [&](int from) {
-          return landing{rows_of(qa, p.group_offset_of(from), 0).data, ws.q_bytes(size(from))};
-        });
-    exchange_all(
-        e, all_peers(p), 1,
-        [&](int to) {
-          return bytes_at{piece(p.class_of(to)).k.data, ws.k_bytes(n)};
-        },
-        [&](int from) {
-          return landing{rows_of(ka, p.offset_of(from), 0).data, ws.k_bytes(size(from))};
-        });
-    exchange_all(
-        e, all_peers(p), 2,
-        [&](int to) {
-          return bytes_at{piece(p.class_of(to)).v.data, ws.v_bytes(n)};
-        },
-        [&](int from) {
-          return landing{rows_of(va, p.offset_of(from), 0).data, ws.v_bytes(size(from))};
-        });
+    exchange_tensor(
+        e, p, group_peers(p), 0, [&](int c) { return piece(c).q.data; },
+        [&](int from) { return rows_of(qa, p.group_offset_of(from), 0).data; },
+        [&](std::size_t c) { return ws.q_bytes(c); });
+    exchange_tensor(
+        e, p, all_peers(p), 1, [&](int c) { return piece(c).k.data; },
+        [&](int from) { return rows_of(ka, p.offset_of(from), 0).data; },
+        [&](std::size_t c) { return ws.k_bytes(c); });
+    exchange_tensor(
+        e, p, all_peers(p), 2, [&](int c) { return piece(c).v.data; },
+        [&](int from) { return rows_of(va, p.offset_of(from), 0).data; },
+        [&](std::size_t c) { return ws.v_bytes(c); });
   }
   const auto oa = dense_at<T>(base, f.out, group, hq, dv);
   float* lse_all = at(base, f.lse);
@@ -286,14 +291,9 @@ void all_to_all_backward(Engine& e, const all_to_all_plan& p, thd_view<const T> 
            size(r) * sizeof(float), size(r) * sizeof(float), static_cast<std::size_t>(hq));
     // One tensor at a time: q, out, dout (and the lse) inside the group, k and v to every rank.
     auto tensor = [&](const peer_ring& peers, int tag, thd_view<T> pieces::*member, auto bytes) {
-      exchange_all(
-          e, peers, tag,
-          [&](int to) {
-            return bytes_at{(piece(p.class_of(to)).*member).data, bytes(size(r))};
-          },
-          [&](int from) {
-            return landing{(gathered(from).*member).data, bytes(size(from))};
-          });
+      exchange_tensor(
+          e, p, peers, tag, [&](int c) { return (piece(c).*member).data; },
+          [&](int from) { return (gathered(from).*member).data; }, bytes);
     };
     auto qb = [&](std::size_t c) { return ws.q_bytes(c); };
     auto kb = [&](std::size_t c) { return ws.k_bytes(c); };
