@@ -180,46 +180,59 @@ private:
   ring_schedule local_;
 };
 
-//! The all-to-all's workspace, one layout for the host and device paths (every region 256-byte
-//! aligned; `G` the group's tokens, `N` all tokens, `n` this rank's, `hq`, `hk` a rank's heads,
-//! A ranks per group, T the element type):
+//! The all-to-all's workspace, one layout for the host and device paths (every region and slot
+//! 256-byte aligned; `G` the group's tokens, `N` all tokens, `n` this rank's, `m` the largest
+//! shard's, `hq`, `hk` a rank's heads, A ranks per group, P ranks, T the element type).
 //!
-//! Forward:  gathered q (G rows), k, v (N rows) in T | A send slots (this rank's q, k, v of one
-//!           head class) | fp32 state o, sum, lse of the gathered queries | gathered output (T) |
-//!           A return slots (the output of one head class) | lse pieces going home
-//! Backward: gathered q, out, dout (G), k, v (N) | gathered lse, D | A send slots (q, k, v, out,
-//!           dout) | lse pieces arriving | fp32 dq (G), dk, dv (N) | dq (and, where no other
-//!           rank shares the kv heads, dk and dv) in T | A return slots of dq, P of dk and dv
+//! Each exchange carries one message per peer, its pieces back to back (no padding between
+//! them, so the bytes on the wire are the pieces' own):
+//! - forward in: k, v of this rank's tokens (the peer's head class), then q where the peer is in
+//!   this rank's group;
+//! - forward out: the peer's output rows and lse (group peers);
+//! - backward in: k, v, then q, out, dout and the lse where the peer is in the group;
+//! - backward out: the peer's dk, dv rows (T, or fp32 shares where ranks share kv heads), then
+//!   its dq rows where the peer is in the group.
 //!
-//! Where several ranks hold the same kv heads (replicated ones, or the groups of a hybrid) dk
-//! and dv go home in fp32 and the owner adds the shares in rank order; otherwise in T. One rank
-//! takes the ring's path and at least the ring's workspace.
+//! Forward:  gathered q (G rows), k, v (N rows) in T | fp32 state o, sum, lse of the gathered
+//!           queries | gathered output (T) | either A send slots (one message per head class)
+//!           and P - 1 landing slots (one per peer), or, once the attention has run, A output
+//!           send slots and A landing slots
+//! Backward: gathered q, out, dout (G), k, v (N) | gathered lse, D | fp32 dq (G), dk, dv (N) |
+//!           either A send slots and P - 1 landing slots, or P gradient send slots (one per
+//!           rank) and P - 1 landing slots
+//!
+//! A rank's own message of the in-exchange stays in its send slot, from where it is copied into
+//! the gathered buffers like the peers'. One rank takes the ring's path and at least the ring's
+//! workspace.
 class all_to_all_workspace {
 public:
   all_to_all_workspace(const all_to_all_plan& p, std::size_t element_bytes)
-      : n_(p.q_tokens()), most_(p.max_tokens()), hq_(p.heads().q_per_rank),
-        hk_(p.heads().kv_per_rank), d_(p.local_arguments().qk_dim()),
+      : rank_(p.rank()), ranks_(p.ranks()), n_(p.q_tokens()), most_(p.max_tokens()),
+        hq_(p.heads().q_per_rank), hk_(p.heads().kv_per_rank), d_(p.local_arguments().qk_dim()),
         dv_(p.local_arguments().v_dim()), shared_(p.kv_sharers() > 1), e_(element_bytes) {
-    const auto n = static_cast<std::size_t>(n_), all = static_cast<std::size_t>(p.tokens());
+    const auto n = static_cast<std::size_t>(n_), m = static_cast<std::size_t>(most_);
+    const auto all = static_cast<std::size_t>(p.tokens());
     const auto group = static_cast<std::size_t>(p.group_tokens());
     const auto classes = static_cast<std::size_t>(p.group_size());
     const auto ranks = static_cast<std::size_t>(p.ranks());
     const std::size_t lse = group * hq_ * sizeof(float);
+    classes_ = classes;
     // forward
     bump f;
     f_.q = f.take(q_bytes(group));
     f_.k = f.take(k_bytes(all));
     f_.v = f.take(v_bytes(all));
-    in_slot_ = align(q_bytes(n)) + align(k_bytes(n)) + align(v_bytes(n));
-    f_.send = f.take(in_slot_ * classes);
     f_.o = f.take(group * hq_ * dv_ * sizeof(float));
     f_.sum = f.take(lse);
     f_.lse = f.take(lse);
     f_.out = f.take(o_bytes(group));
-    out_slot_ = align(o_bytes(n));
-    f_.back = f.take(out_slot_ * classes);
-    f_.lse_out = f.take(lse);
-    forward_bytes_ = f.at;
+    f_.phase = f.at;
+    send_[0] = align(in_bytes(n, true));
+    land_[0] = align(in_bytes(m, true));
+    back_send_[0] = align(out_bytes(m));
+    back_land_[0] = align(out_bytes(n));
+    forward_bytes_ = f.at + std::max(classes * send_[0] + (ranks - 1) * land_[0],
+                                     classes * (back_send_[0] + back_land_[0]));
     // backward
     bump b;
     b_.q = b.take(q_bytes(group));
@@ -229,18 +242,16 @@ public:
     b_.dout = b.take(o_bytes(group));
     b_.lse = b.take(lse);
     b_.delta = b.take(lse);
-    grad_in_slot_ = in_slot_ + 2 * align(o_bytes(n));
-    b_.send = b.take(grad_in_slot_ * classes);
-    b_.lse_in = b.take(lse);
     b_.dq = b.take(group * hq_ * d_ * sizeof(float));
     b_.dk = b.take(all * hk_ * d_ * sizeof(float));
     b_.dv = b.take(all * hk_ * dv_ * sizeof(float));
-    b_.dq_t = b.take(q_bytes(group));
-    b_.dkv_t = b.take(shared_ ? 0 : k_bytes(all) + v_bytes(all));
-    b_.back_dq = b.take(align(q_bytes(n)) * classes);
-    grad_out_slot_ = align(grad_k_bytes(n)) + align(grad_v_bytes(n));
-    b_.back_dkv = b.take(grad_out_slot_ * ranks);
-    backward_bytes_ = b.at;
+    b_.phase = b.at;
+    send_[1] = align(grad_in_bytes(n, true));
+    land_[1] = align(grad_in_bytes(m, true));
+    back_send_[1] = align(grad_out_bytes(m, true));
+    back_land_[1] = align(grad_out_bytes(n, true));
+    backward_bytes_ = b.at + std::max(classes * send_[1] + (ranks - 1) * land_[1],
+                                      ranks * back_send_[1] + (ranks - 1) * back_land_[1]);
     if (ranks == 1) { // one rank runs the ring's path (one block, nothing exchanged)
       const ring_workspace ring(n_, n_, p.arguments(), element_bytes);
       forward_bytes_ = std::max(forward_bytes_, ring.forward_bytes());
@@ -267,39 +278,56 @@ public:
   std::size_t grad_v_bytes(std::size_t tokens) const {
     return shared_ ? tokens * hk_ * dv_ * sizeof(float) : v_bytes(tokens);
   }
-  //! The largest message a forward (a backward) sends: one tensor of one shard's heads.
+  //! The messages (see the class notes) carrying a shard of `tokens` rows, `group`: between
+  //! ranks of one group.
+  std::size_t in_bytes(std::size_t tokens, bool group) const {
+    return k_bytes(tokens) + v_bytes(tokens) + (group ? q_bytes(tokens) : 0);
+  }
+  std::size_t out_bytes(std::size_t tokens) const { return o_bytes(tokens) + lse_bytes(tokens); }
+  std::size_t grad_in_bytes(std::size_t tokens, bool group) const {
+    return in_bytes(tokens, group) +
+           (group ? 2 * o_bytes(tokens) + lse_bytes(tokens) : std::size_t{0});
+  }
+  std::size_t grad_out_bytes(std::size_t tokens, bool group) const {
+    return grad_k_bytes(tokens) + grad_v_bytes(tokens) + (group ? q_bytes(tokens) : 0);
+  }
+  //! The largest message a forward (a backward) sends.
   std::size_t largest_message(bool backward) const {
-    const auto n = static_cast<std::size_t>(most_);
-    std::size_t m = std::max({q_bytes(n), k_bytes(n), v_bytes(n), o_bytes(n), lse_bytes(n)});
-    if (backward) m = std::max({m, grad_k_bytes(n), grad_v_bytes(n)});
-    return m;
+    const auto m = static_cast<std::size_t>(most_);
+    std::size_t x = std::max(in_bytes(m, true), out_bytes(m));
+    if (backward) x = std::max({x, grad_in_bytes(m, true), grad_out_bytes(m, true)});
+    return x;
   }
   //! Whether dk and dv go home as fp32 shares.
   bool shared() const noexcept { return shared_; }
 
   // ---- regions (offsets from the workspace's start)
   struct forward_regions {
-    std::size_t q, k, v, send, o, sum, lse, out, back, lse_out;
+    std::size_t q, k, v, o, sum, lse, out, phase;
   };
   struct backward_regions {
-    std::size_t q, k, v, out, dout, lse, delta, send, lse_in, dq, dk, dv, dq_t, dkv_t, back_dq,
-        back_dkv;
+    std::size_t q, k, v, out, dout, lse, delta, dq, dk, dv, phase;
   };
   const forward_regions& forward() const noexcept { return f_; }
   const backward_regions& backward() const noexcept { return b_; }
-  //! Send slot of head class `c` (forward: q, k, v one after another, each aligned; backward: q,
-  //! k, v, out, dout), the forward's return slot of class `c` (its output rows), and the
-  //! backward's return slots: dq of class `c`, dk then dv from rank `r`.
+  //! The in-exchange's slots: the message to head class `c`, and where the one from rank `from`
+  //! (not this rank) lands.
   std::size_t send_slot(int c, bool backward) const {
-    return (backward ? b_.send : f_.send) +
-           static_cast<std::size_t>(c) * (backward ? grad_in_slot_ : in_slot_);
+    return phase(backward) + static_cast<std::size_t>(c) * send_[backward];
   }
-  std::size_t out_slot(int c) const { return f_.back + static_cast<std::size_t>(c) * out_slot_; }
-  std::size_t dq_slot(int c) const {
-    return b_.back_dq + static_cast<std::size_t>(c) * align(q_bytes(static_cast<std::size_t>(n_)));
+  std::size_t land_slot(int from, bool backward) const {
+    return phase(backward) + classes() * send_[backward] + peer_index(from) * land_[backward];
   }
-  std::size_t dkv_slot(int r) const {
-    return b_.back_dkv + static_cast<std::size_t>(r) * grad_out_slot_;
+  //! The out-exchange's slots: the message to head class `i` (forward) or rank `i` (backward),
+  //! and where the one from head class `i` (forward) or rank `i` (backward, not this rank)
+  //! lands.
+  std::size_t back_send_slot(int i, bool backward) const {
+    return phase(backward) + static_cast<std::size_t>(i) * back_send_[backward];
+  }
+  std::size_t back_land_slot(int i, bool backward) const {
+    const std::size_t senders = backward ? static_cast<std::size_t>(ranks_) : classes();
+    return phase(backward) + senders * back_send_[backward] +
+           (backward ? peer_index(i) : static_cast<std::size_t>(i)) * back_land_[backward];
   }
 
 private:
@@ -311,12 +339,20 @@ private:
       return r;
     }
   };
+  std::size_t phase(bool backward) const { return backward ? b_.phase : f_.phase; }
+  std::size_t classes() const noexcept { return classes_; }
+  // Rank `from`'s place among this rank's peers (0 for the next rank on).
+  std::size_t peer_index(int from) const {
+    return static_cast<std::size_t>((from - rank_ + ranks_) % ranks_ - 1);
+  }
 
+  int rank_, ranks_;
   std::int64_t n_, most_;
   std::size_t hq_, hk_, d_, dv_;
   bool shared_;
   std::size_t e_;
-  std::size_t in_slot_ = 0, grad_in_slot_ = 0, out_slot_ = 0, grad_out_slot_ = 0;
+  std::size_t classes_ = 0;
+  std::size_t send_[2] = {}, land_[2] = {}, back_send_[2] = {}, back_land_[2] = {};
   forward_regions f_{};
   backward_regions b_{};
   std::size_t forward_bytes_ = 0, backward_bytes_ = 0;

@@ -5,19 +5,22 @@
 //! device engine (everything enqueued on the caller's stream: 2D copies, the communicator's
 //! device exchanges, the BlockKernel's device block; no host wait).
 //!
-//! Forward, on rank r (n its tokens; a group of A consecutive ranks, A = P for the plain
+//! Every exchange carries one message per peer (pairwise, P - 1 of them: in exchange k to the
+//! peer k places on, from the one k places back), its pieces back to back (the layout in
+//! all_to_all_workspace), so a call makes four rounds of exchanges whatever the number of
+//! tensors. Forward, on rank r (n its tokens; a group of A consecutive ranks, A = P for the plain
 //! all-to-all; `hq`/`hk` the heads a rank computes/holds):
-//! 1. the q, k, v heads of every head class are packed from this rank's shard (its own class
-//!    straight into the gathered buffers); pairwise exchanges (in exchange k: to the peer k
-//!    places on, from the one k places back) bring q from every group member and K/V from every
-//!    rank of this rank's class, in rank order;
+//! 1. k, v and q of every head class are packed from this rank's shard into that class's
+//!    message; every rank of the class gets its k and v, the group's rank also its q; each
+//!    arrived message (and this rank's own) is copied into the gathered buffers, in rank order;
 //! 2. the attention runs over the gathered shards (all_to_all_plan::local: one block-kernel call
 //!    per ring step, the state merged in fp32 as on the ring);
-//! 3. each group member's output rows and lse go home the same way, into their heads.
-//! Backward: q, k, v, out, dout and the lse travel as in step 1; D, then the block backward's
-//! fp32 dq, dk, dv over the gathered shards; dq goes home inside the group, dk and dv to every
-//! rank. Where several ranks hold the same kv heads (replicas, or the groups of the hybrid) the
-//! owner adds their fp32 shares in rank order, so every call gives the same bits.
+//! 3. each group member's output rows and lse go home in one message, into their heads.
+//! Backward: k, v (and, inside the group, q, out, dout and the lse) travel as in step 1; D, then
+//! the block backward's fp32 dq, dk, dv over the gathered shards; each rank's dk, dv rows (and a
+//! group member's dq) go home in one message. Where several ranks hold the same kv heads
+//! (replicas, or the groups of the hybrid) the owner adds their fp32 shares in rank order, so
+//! every call gives the same bits.
 //!
 //! The bytes a rank sends are written out in test/all_to_all_bytes.hpp and docs/ring.md; the
 //! tests hold every call to them.
@@ -120,29 +123,72 @@ struct landing {
   std::size_t bytes;
 };
 
-//! The exchanges of one tensor among `peers`: out goes `piece(c)`, this rank's piece for the
-//! receiver's head class c; in comes the sender's shard at `land(from)`; `bytes(tokens)` sizes
-//! either side by its shard.
-template <class Engine, class Piece, class Land, class Bytes>
-void exchange_tensor(Engine& e, const all_to_all_plan& p, const peer_ring& peers, int tag,
-                     Piece piece, Land land, Bytes bytes) {
-  const auto size = [&](int rank) { return static_cast<std::size_t>(p.tokens_of(rank)); };
+//! The pieces of one message, back to back from `at`: `next(bytes)` is where the next starts.
+struct pieces_at {
+  std::byte* at;
+  std::byte* next(std::size_t bytes) {
+    std::byte* p = at;
+    at += bytes;
+    return p;
+  }
+};
+//! A dense `[tokens, heads, width]` view at `p`.
+template <class T>
+thd_view<T> dense(std::byte* p, std::int64_t tokens, int heads, int width) {
+  return {reinterpret_cast<T*>(p), tokens, heads, width};
+}
+//! `bytes` contiguous bytes from `src` to `dst` (one engine copy).
+template <class Engine>
+void copy_bytes(Engine& e, void* dst, const void* src, std::size_t bytes) {
+  e.copy(dst, bytes, src, bytes, bytes, 1);
+}
+
+//! Where rank `s`'s message of the in-exchange lies: this rank's own stays in its send slot.
+inline std::byte* in_message(const all_to_all_plan& p, const all_to_all_workspace& ws,
+                             bool backward, std::byte* base, int s) {
+  return base +
+         (s == p.rank() ? ws.send_slot(p.head_class(), backward) : ws.land_slot(s, backward));
+}
+
+//! The in-exchange: to every peer the message of its head class (the part past k and v only
+//! inside the group), from every peer its message into its landing slot.
+template <class Engine>
+void exchange_in(Engine& e, const all_to_all_plan& p, const all_to_all_workspace& ws, bool backward,
+                 std::byte* base) {
+  const auto bytes = [&](int rank, bool group) {
+    const auto t = static_cast<std::size_t>(p.tokens_of(rank));
+    return backward ? ws.grad_in_bytes(t, group) : ws.in_bytes(t, group);
+  };
   exchange_all(
-      e, peers, tag,
+      e, all_peers(p), backward ? 10 : 0,
       [&](int to) {
-        return bytes_at{piece(p.class_of(to)), bytes(size(p.rank()))};
+        return bytes_at{base + ws.send_slot(p.class_of(to), backward),
+                        bytes(p.rank(), p.in_group(to))};
       },
       [&](int from) {
-        return landing{land(from), bytes(size(from))};
+        return landing{in_message(p, ws, backward, base, from), bytes(from, p.in_group(from))};
       });
+}
+
+//! Copies rank `s`'s k and v (and, from a group member, q) out of its in-message into the
+//! gathered buffers; returns the cursor past them.
+template <class Engine, class T>
+pieces_at unpack_kvq(Engine& e, const all_to_all_plan& p, const all_to_all_workspace& ws,
+                     std::byte* message, int s, thd_view<T> ka, thd_view<T> va, thd_view<T> qa) {
+  pieces_at m{message};
+  const auto t = static_cast<std::size_t>(p.tokens_of(s));
+  copy_bytes(e, rows_of(ka, p.offset_of(s), 0).data, m.next(ws.k_bytes(t)), ws.k_bytes(t));
+  copy_bytes(e, rows_of(va, p.offset_of(s), 0).data, m.next(ws.v_bytes(t)), ws.v_bytes(t));
+  if (p.in_group(s))
+    copy_bytes(e, rows_of(qa, p.group_offset_of(s), 0).data, m.next(ws.q_bytes(t)), ws.q_bytes(t));
+  return m;
 }
 
 template <class T, class Engine>
 void all_to_all_forward(Engine& e, const all_to_all_plan& p, thd_view<const T> q,
                         thd_view<const T> k, thd_view<const T> v, thd_view<T> out, float* lse,
                         std::byte* base) {
-  using A = all_to_all_workspace;
-  const A ws(p, sizeof(T));
+  const all_to_all_workspace ws(p, sizeof(T));
   const auto& f = ws.forward();
   const head_split& h = p.heads();
   const attention_arguments& la = p.local_arguments();
@@ -153,43 +199,18 @@ void all_to_all_forward(Engine& e, const all_to_all_plan& p, thd_view<const T> q
   const auto qa = dense_at<T>(base, f.q, group, hq, d);
   const auto ka = dense_at<T>(base, f.k, p.tokens(), hk, d);
   const auto va = dense_at<T>(base, f.v, p.tokens(), hk, dv);
-  struct pieces {
-    thd_view<T> q, k, v;
-  };
-  // Head class c of this rank's q, k, v: its own class goes straight to the gathered buffers
-  // (and is sent from there), the others to their send slots.
-  auto piece = [&](int c) {
-    if (c == mine)
-      return pieces{rows_of(qa, p.group_offset_of(r), n), rows_of(ka, p.offset_of(r), n),
-                    rows_of(va, p.offset_of(r), n)};
-    std::size_t s = ws.send_slot(c, false);
-    pieces x;
-    x.q = dense_at<T>(base, s, n, hq, d), s += A::align(ws.q_bytes(n));
-    x.k = dense_at<T>(base, s, n, hk, d), s += A::align(ws.k_bytes(n));
-    x.v = dense_at<T>(base, s, n, hk, dv);
-    return x;
-  };
   {
     nvtx_range range("all-to-all in", 0, r);
     for (int c = 0; c < classes; ++c) {
-      const pieces dst = piece(c);
-      copy_view(e, dst.q, heads_of(q, h.q_begin(c), hq));
-      copy_view(e, dst.k, heads_of(k, h.kv_begin(c), hk));
-      copy_view(e, dst.v, heads_of(v, h.kv_begin(c), hk));
+      pieces_at m{base + ws.send_slot(c, false)};
+      copy_view(e, dense<T>(m.next(ws.k_bytes(size(r))), n, hk, d), heads_of(k, h.kv_begin(c), hk));
+      copy_view(e, dense<T>(m.next(ws.v_bytes(size(r))), n, hk, dv),
+                heads_of(v, h.kv_begin(c), hk));
+      copy_view(e, dense<T>(m.next(ws.q_bytes(size(r))), n, hq, d), heads_of(q, h.q_begin(c), hq));
     }
-    // q inside the group; k and v to every rank of each class (all groups).
-    exchange_tensor(
-        e, p, group_peers(p), 0, [&](int c) { return piece(c).q.data; },
-        [&](int from) { return rows_of(qa, p.group_offset_of(from), 0).data; },
-        [&](std::size_t c) { return ws.q_bytes(c); });
-    exchange_tensor(
-        e, p, all_peers(p), 1, [&](int c) { return piece(c).k.data; },
-        [&](int from) { return rows_of(ka, p.offset_of(from), 0).data; },
-        [&](std::size_t c) { return ws.k_bytes(c); });
-    exchange_tensor(
-        e, p, all_peers(p), 2, [&](int c) { return piece(c).v.data; },
-        [&](int from) { return rows_of(va, p.offset_of(from), 0).data; },
-        [&](std::size_t c) { return ws.v_bytes(c); });
+    exchange_in(e, p, ws, false, base);
+    for (int s = 0; s < p.ranks(); ++s)
+      unpack_kvq(e, p, ws, in_message(p, ws, false, base, s), s, ka, va, qa);
   }
   const auto oa = dense_at<T>(base, f.out, group, hq, dv);
   float* lse_all = at(base, f.lse);
@@ -197,39 +218,39 @@ void all_to_all_forward(Engine& e, const all_to_all_plan& p, thd_view<const T> q
                         attention_state{at(base, f.o), lse_all, at(base, f.sum), group, hq, dv},
                         oa);
   nvtx_range range("all-to-all out", 0, r);
-  // Columns of the gathered lse ([hq, G]) of each group member, side by side: what goes home.
-  float* lse_out = at(base, f.lse_out);
+  // Each group member's output rows and its columns of the gathered lse ([hq, G]): this rank's
+  // straight into its heads, the others' into their messages.
   const std::size_t row = static_cast<std::size_t>(group) * sizeof(float);
-  for (int c = 0; c < classes; ++c) {
-    const int to = p.group_first() + c;
-    const std::int64_t o = p.group_offset_of(to);
-    float* dst = c == mine ? lse + static_cast<std::int64_t>(mine) * hq * n : lse_out + hq * o;
-    e.copy(dst, size(to) * sizeof(float), lse_all + o, row, size(to) * sizeof(float),
-           static_cast<std::size_t>(hq));
-  }
   copy_view(e, heads_of(out, h.q_begin(mine), hq),
             thd_view<const T>(rows_of(oa, p.group_offset_of(r), n)));
-  auto back = [&](int from) { return dense_at<T>(base, ws.out_slot(p.class_of(from)), n, hq, dv); };
+  e.copy(lse + static_cast<std::int64_t>(mine) * hq * n, size(r) * sizeof(float),
+         lse_all + p.group_offset_of(r), row, size(r) * sizeof(float),
+         static_cast<std::size_t>(hq));
+  for (int c = 0; c < classes; ++c) {
+    const int to = p.group_first() + c;
+    if (to == r) continue;
+    pieces_at m{base + ws.back_send_slot(c, false)};
+    const std::size_t t = size(to);
+    copy_bytes(e, m.next(ws.o_bytes(t)), rows_of(oa, p.group_offset_of(to), 0).data, ws.o_bytes(t));
+    e.copy(m.next(ws.lse_bytes(t)), t * sizeof(float), lse_all + p.group_offset_of(to), row,
+           t * sizeof(float), static_cast<std::size_t>(hq));
+  }
   exchange_all(
-      e, group_peers(p), 3,
+      e, group_peers(p), 1,
       [&](int to) {
-        return bytes_at{rows_of(oa, p.group_offset_of(to), 0).data, ws.o_bytes(size(to))};
+        return bytes_at{base + ws.back_send_slot(p.class_of(to), false), ws.out_bytes(size(to))};
       },
       [&](int from) {
-        return landing{back(from).data, ws.o_bytes(size(r))};
+        return landing{base + ws.back_land_slot(p.class_of(from), false), ws.out_bytes(size(r))};
       });
-  exchange_all(
-      e, group_peers(p), 4,
-      [&](int to) {
-        return bytes_at{lse_out + hq * p.group_offset_of(to), ws.lse_bytes(size(to))};
-      },
-      [&](int from) {
-        return landing{lse + static_cast<std::int64_t>(p.class_of(from)) * hq * n,
-                       ws.lse_bytes(size(r))};
-      });
-  for (int c = 0; c < classes; ++c)
-    if (c != mine)
-      copy_view(e, heads_of(out, h.q_begin(c), hq), thd_view<const T>(back(p.group_first() + c)));
+  for (int c = 0; c < classes; ++c) {
+    if (c == mine) continue;
+    pieces_at m{base + ws.back_land_slot(c, false)};
+    copy_view(e, heads_of(out, h.q_begin(c), hq),
+              thd_view<const T>(dense<T>(m.next(ws.o_bytes(size(r))), n, hq, dv)));
+    copy_bytes(e, lse + static_cast<std::int64_t>(c) * hq * n, m.next(ws.lse_bytes(size(r))),
+               ws.lse_bytes(size(r)));
+  }
 }
 
 template <class T, class Engine>
@@ -237,8 +258,7 @@ void all_to_all_backward(Engine& e, const all_to_all_plan& p, thd_view<const T> 
                          thd_view<const T> k, thd_view<const T> v, thd_view<const T> out,
                          const float* lse, thd_view<const T> dout, thd_view<T> dq, thd_view<T> dk,
                          thd_view<T> dv, std::byte* base) {
-  using A = all_to_all_workspace;
-  const A ws(p, sizeof(T));
+  const all_to_all_workspace ws(p, sizeof(T));
   const auto& b = ws.backward();
   const head_split& h = p.heads();
   const attention_arguments& la = p.local_arguments();
@@ -246,165 +266,105 @@ void all_to_all_backward(Engine& e, const all_to_all_plan& p, thd_view<const T> 
   const int hq = h.q_per_rank, hk = h.kv_per_rank, d = la.qk_dim(), w = la.v_dim();
   const std::int64_t n = p.q_tokens(), group = p.group_tokens(), all = p.tokens();
   const auto size = [&](int rank) { return static_cast<std::size_t>(p.tokens_of(rank)); };
-  struct pieces {
-    thd_view<T> q, k, v, out, dout;
-  };
-  const pieces ga{dense_at<T>(base, b.q, group, hq, d), dense_at<T>(base, b.k, all, hk, d),
-                  dense_at<T>(base, b.v, all, hk, w), dense_at<T>(base, b.out, group, hq, w),
-                  dense_at<T>(base, b.dout, group, hq, w)};
-  // Where rank `from`'s rows land among the gathered ones (queries: the group's; K/V: all).
-  auto gathered = [&](int from) {
-    const std::int64_t g = p.in_group(from) ? p.group_offset_of(from) : 0;
-    const std::int64_t o = p.offset_of(from);
-    return pieces{rows_of(ga.q, g, 0), rows_of(ga.k, o, 0), rows_of(ga.v, o, 0),
-                  rows_of(ga.out, g, 0), rows_of(ga.dout, g, 0)};
-  };
-  auto piece = [&](int c) {
-    if (c == mine) {
-      const std::int64_t g = p.group_offset_of(r), o = p.offset_of(r);
-      return pieces{rows_of(ga.q, g, n), rows_of(ga.k, o, n), rows_of(ga.v, o, n),
-                    rows_of(ga.out, g, n), rows_of(ga.dout, g, n)};
-    }
-    std::size_t s = ws.send_slot(c, true);
-    pieces x;
-    x.q = dense_at<T>(base, s, n, hq, d), s += A::align(ws.q_bytes(n));
-    x.k = dense_at<T>(base, s, n, hk, d), s += A::align(ws.k_bytes(n));
-    x.v = dense_at<T>(base, s, n, hk, w), s += A::align(ws.v_bytes(n));
-    x.out = dense_at<T>(base, s, n, hq, w), s += A::align(ws.o_bytes(n));
-    x.dout = dense_at<T>(base, s, n, hq, w);
-    return x;
-  };
+  const auto qa = dense_at<T>(base, b.q, group, hq, d);
+  const auto ka = dense_at<T>(base, b.k, all, hk, d);
+  const auto va = dense_at<T>(base, b.v, all, hk, w);
+  const auto oa = dense_at<T>(base, b.out, group, hq, w);
+  const auto da = dense_at<T>(base, b.dout, group, hq, w);
   float* lse_all = at(base, b.lse);
-  float* lse_in = at(base, b.lse_in);
   const std::size_t row = static_cast<std::size_t>(group) * sizeof(float);
   {
     nvtx_range range("all-to-all in", 1, r);
     for (int c = 0; c < classes; ++c) {
-      const pieces dst = piece(c);
-      copy_view(e, dst.q, heads_of(q, h.q_begin(c), hq));
-      copy_view(e, dst.k, heads_of(k, h.kv_begin(c), hk));
-      copy_view(e, dst.v, heads_of(v, h.kv_begin(c), hk));
-      copy_view(e, dst.out, heads_of(out, h.q_begin(c), hq));
-      copy_view(e, dst.dout, heads_of(dout, h.q_begin(c), hq));
+      pieces_at m{base + ws.send_slot(c, true)};
+      const std::size_t t = size(r);
+      copy_view(e, dense<T>(m.next(ws.k_bytes(t)), n, hk, d), heads_of(k, h.kv_begin(c), hk));
+      copy_view(e, dense<T>(m.next(ws.v_bytes(t)), n, hk, w), heads_of(v, h.kv_begin(c), hk));
+      copy_view(e, dense<T>(m.next(ws.q_bytes(t)), n, hq, d), heads_of(q, h.q_begin(c), hq));
+      copy_view(e, dense<T>(m.next(ws.o_bytes(t)), n, hq, w), heads_of(out, h.q_begin(c), hq));
+      copy_view(e, dense<T>(m.next(ws.o_bytes(t)), n, hq, w), heads_of(dout, h.q_begin(c), hq));
+      copy_bytes(e, m.next(ws.lse_bytes(t)), lse + static_cast<std::int64_t>(c) * hq * n,
+                 ws.lse_bytes(t));
     }
-    e.copy(lse_all + p.group_offset_of(r), row, lse + static_cast<std::int64_t>(mine) * hq * n,
-           size(r) * sizeof(float), size(r) * sizeof(float), static_cast<std::size_t>(hq));
-    // One tensor at a time: q, out, dout (and the lse) inside the group, k and v to every rank.
-    auto tensor = [&](const peer_ring& peers, int tag, thd_view<T> pieces::*member, auto bytes) {
-      exchange_tensor(
-          e, p, peers, tag, [&](int c) { return (piece(c).*member).data; },
-          [&](int from) { return (gathered(from).*member).data; }, bytes);
-    };
-    auto qb = [&](std::size_t c) { return ws.q_bytes(c); };
-    auto kb = [&](std::size_t c) { return ws.k_bytes(c); };
-    auto vb = [&](std::size_t c) { return ws.v_bytes(c); };
-    auto ob = [&](std::size_t c) { return ws.o_bytes(c); };
-    tensor(group_peers(p), 10, &pieces::q, qb);
-    tensor(all_peers(p), 11, &pieces::k, kb);
-    tensor(all_peers(p), 12, &pieces::v, vb);
-    tensor(group_peers(p), 13, &pieces::out, ob);
-    tensor(group_peers(p), 14, &pieces::dout, ob);
-    exchange_all(
-        e, group_peers(p), 15,
-        [&](int to) {
-          return bytes_at{lse + static_cast<std::int64_t>(p.class_of(to)) * hq * n,
-                          ws.lse_bytes(size(r))};
-        },
-        [&](int from) {
-          return landing{lse_in + hq * p.group_offset_of(from), ws.lse_bytes(size(from))};
-        });
-    for (int c = 0; c < classes; ++c)
-      if (c != mine) {
-        const int from = p.group_first() + c;
-        const std::int64_t o = p.group_offset_of(from);
-        e.copy(lse_all + o, row, lse_in + hq * o, size(from) * sizeof(float),
-               size(from) * sizeof(float), static_cast<std::size_t>(hq));
-      }
+    exchange_in(e, p, ws, true, base);
+    for (int s = 0; s < p.ranks(); ++s) {
+      pieces_at m = unpack_kvq(e, p, ws, in_message(p, ws, true, base, s), s, ka, va, qa);
+      const std::size_t t = size(s);
+      if (!p.in_group(s)) continue;
+      const std::int64_t g = p.group_offset_of(s);
+      copy_bytes(e, rows_of(oa, g, 0).data, m.next(ws.o_bytes(t)), ws.o_bytes(t));
+      copy_bytes(e, rows_of(da, g, 0).data, m.next(ws.o_bytes(t)), ws.o_bytes(t));
+      e.copy(lse_all + g, row, m.next(ws.lse_bytes(t)), t * sizeof(float), t * sizeof(float),
+             static_cast<std::size_t>(hq));
+    }
   }
   float* dq_acc = at(base, b.dq);
   float* dk_acc = at(base, b.dk);
   float* dv_acc = at(base, b.dv);
-  e.template backward<T>(p.local(), la, ga.q, ga.k, ga.v, ga.out, ga.dout, lse_all,
-                         at(base, b.delta), gradient_state{dq_acc, dk_acc, dv_acc});
+  e.template backward<T>(p.local(), la, qa, ka, va, oa, da, lse_all, at(base, b.delta),
+                         gradient_state{dq_acc, dk_acc, dv_acc});
   nvtx_range range("all-to-all out", 1, r);
-  const auto dq_t = dense_at<T>(base, b.dq_t, group, hq, d);
-  const auto dk_t = dense_at<T>(base, b.dkv_t, all, hk, d);
-  const auto dv_t =
-      dense_at<T>(base, b.dkv_t + ws.k_bytes(static_cast<std::size_t>(all)), all, hk, w);
-  e.write(dq_acc, dq_t);
   const bool shared = ws.shared();
+  // Rank `to`'s rows of the fp32 sums: dk, dv of its shard, dq of a group member's.
+  auto dk_rows = [&](int to) { return dk_acc + p.offset_of(to) * hk * d; };
+  auto dv_rows = [&](int to) { return dv_acc + p.offset_of(to) * hk * w; };
+  auto dq_rows = [&](int to) { return dq_acc + p.group_offset_of(to) * hq * d; };
+  // This rank's own dq straight into its heads (and dk, dv where nothing is shared); every other
+  // rank's rows into its message: dk, dv (T, or the fp32 shares), then dq inside the group.
+  e.write(dq_rows(r), heads_of(dq, h.q_begin(mine), hq));
   if (!shared) {
-    e.write(dk_acc, dk_t);
-    e.write(dv_acc, dv_t);
+    e.write(dk_rows(r), heads_of(dk, h.kv_begin(mine), hk));
+    e.write(dv_rows(r), heads_of(dv, h.kv_begin(mine), hk));
   }
-  // dq: the group's rows go home to their ranks, where they land in this class's heads.
-  auto dq_back = [&](int from) {
-    return dense_at<T>(base, ws.dq_slot(p.class_of(from)), n, hq, d);
-  };
-  copy_view(e, heads_of(dq, h.q_begin(mine), hq),
-            thd_view<const T>(rows_of(dq_t, p.group_offset_of(r), n)));
-  exchange_all(
-      e, group_peers(p), 16,
-      [&](int to) {
-        return bytes_at{rows_of(dq_t, p.group_offset_of(to), 0).data, ws.q_bytes(size(to))};
-      },
-      [&](int from) {
-        return landing{dq_back(from).data, ws.q_bytes(size(r))};
-      });
-  for (int c = 0; c < classes; ++c)
-    if (c != mine)
-      copy_view(e, heads_of(dq, h.q_begin(c), hq), thd_view<const T>(dq_back(p.group_first() + c)));
-  // dk, dv: every shard's rows go home from every rank (T, or the fp32 shares).
-  auto dk_back = [&](int from) { return base + ws.dkv_slot(from); };
-  auto dv_back = [&](int from) { return dk_back(from) + A::align(ws.grad_k_bytes(size(r))); };
-  auto dk_rows = [&](int to) -> const void* {
-    return shared ? static_cast<const void*>(dk_acc + p.offset_of(to) * hk * d)
-                  : rows_of(dk_t, p.offset_of(to), 0).data;
-  };
-  auto dv_rows = [&](int to) -> const void* {
-    return shared ? static_cast<const void*>(dv_acc + p.offset_of(to) * hk * w)
-                  : rows_of(dv_t, p.offset_of(to), 0).data;
-  };
-  if (shared) {
-    e.copy(dk_back(r), ws.grad_k_bytes(size(r)), dk_rows(r), ws.grad_k_bytes(size(r)),
-           ws.grad_k_bytes(size(r)), 1);
-    e.copy(dv_back(r), ws.grad_v_bytes(size(r)), dv_rows(r), ws.grad_v_bytes(size(r)),
-           ws.grad_v_bytes(size(r)), 1);
-  } else {
-    copy_view(e, heads_of(dk, h.kv_begin(mine), hk),
-              thd_view<const T>(rows_of(dk_t, p.offset_of(r), n)));
-    copy_view(e, heads_of(dv, h.kv_begin(mine), hk),
-              thd_view<const T>(rows_of(dv_t, p.offset_of(r), n)));
+  for (int to = 0; to < p.ranks(); ++to) {
+    if (to == r) continue;
+    pieces_at m{base + ws.back_send_slot(to, true)};
+    const std::size_t t = size(to);
+    const auto nt = static_cast<std::int64_t>(t);
+    if (shared) {
+      copy_bytes(e, m.next(ws.grad_k_bytes(t)), dk_rows(to), ws.grad_k_bytes(t));
+      copy_bytes(e, m.next(ws.grad_v_bytes(t)), dv_rows(to), ws.grad_v_bytes(t));
+    } else {
+      e.write(dk_rows(to), dense<T>(m.next(ws.k_bytes(t)), nt, hk, d));
+      e.write(dv_rows(to), dense<T>(m.next(ws.v_bytes(t)), nt, hk, w));
+    }
+    if (p.in_group(to)) e.write(dq_rows(to), dense<T>(m.next(ws.q_bytes(t)), nt, hq, d));
   }
   exchange_all(
-      e, all_peers(p), 17,
+      e, all_peers(p), 11,
       [&](int to) {
-        return bytes_at{dk_rows(to), ws.grad_k_bytes(size(to))};
+        return bytes_at{base + ws.back_send_slot(to, true),
+                        ws.grad_out_bytes(size(to), p.in_group(to))};
       },
       [&](int from) {
-        return landing{dk_back(from), ws.grad_k_bytes(size(r))};
+        return landing{base + ws.back_land_slot(from, true),
+                       ws.grad_out_bytes(size(r), p.in_group(from))};
       });
-  exchange_all(
-      e, all_peers(p), 18,
-      [&](int to) {
-        return bytes_at{dv_rows(to), ws.grad_v_bytes(size(to))};
-      },
-      [&](int from) {
-        return landing{dv_back(from), ws.grad_v_bytes(size(r))};
-      });
+  // What came back from rank `s`: its dk, dv shares of this rank's rows, then its dq.
+  auto back = [&](int s) { return base + ws.back_land_slot(s, true); };
+  for (int c = 0; c < classes; ++c) {
+    const int from = p.group_first() + c;
+    if (from == r) continue;
+    pieces_at m{back(from)};
+    m.next(ws.grad_k_bytes(size(r)) + ws.grad_v_bytes(size(r)));
+    copy_view(e, heads_of(dq, h.q_begin(c), hq),
+              thd_view<const T>(dense<T>(m.next(ws.q_bytes(size(r))), n, hq, d)));
+  }
   if (!shared) { // one group, nothing replicated: each class's heads from its one rank
-    for (int c = 0; c < classes; ++c)
-      if (c != mine) {
-        const int from = p.group_first() + c;
-        copy_view(e, heads_of(dk, h.kv_begin(c), hk),
-                  thd_view<const T>(dense_at<T>(dk_back(from), 0, n, hk, d)));
-        copy_view(e, heads_of(dv, h.kv_begin(c), hk),
-                  thd_view<const T>(dense_at<T>(dv_back(from), 0, n, hk, w)));
-      }
+    for (int c = 0; c < classes; ++c) {
+      if (c == mine) continue;
+      pieces_at m{back(p.group_first() + c)};
+      copy_view(e, heads_of(dk, h.kv_begin(c), hk),
+                thd_view<const T>(dense<T>(m.next(ws.k_bytes(size(r))), n, hk, d)));
+      copy_view(e, heads_of(dv, h.kv_begin(c), hk),
+                thd_view<const T>(dense<T>(m.next(ws.v_bytes(size(r))), n, hk, w)));
+    }
     return;
   }
   // Each kv head block's shares (every rank, in rank order, whose class holds it) added into the
-  // first one's, then written.
+  // first one's, then written. This rank's own share is its rows of the fp32 sums.
+  auto share_k = [&](int s) { return s == r ? dk_rows(r) : at(back(s), 0); };
+  auto share_v = [&](int s) { return s == r ? dv_rows(r) : at(back(s), ws.grad_k_bytes(size(r))); };
   for (int c = 0; c < classes; ++c) {
     if (c > 0 && h.kv_begin(c) == h.kv_begin(c - 1)) continue; // a replica of the class before
     int first = -1;
@@ -414,11 +374,11 @@ void all_to_all_backward(Engine& e, const all_to_all_plan& p, thd_view<const T> 
         first = s;
         continue;
       }
-      e.add(at(dk_back(first), 0), at(dk_back(s), 0), n * hk * d);
-      e.add(at(dv_back(first), 0), at(dv_back(s), 0), n * hk * w);
+      e.add(share_k(first), share_k(s), n * hk * d);
+      e.add(share_v(first), share_v(s), n * hk * w);
     }
-    e.write(at(dk_back(first), 0), heads_of(dk, h.kv_begin(c), hk));
-    e.write(at(dv_back(first), 0), heads_of(dv, h.kv_begin(c), hk));
+    e.write(share_k(first), heads_of(dk, h.kv_begin(c), hk));
+    e.write(share_v(first), heads_of(dv, h.kv_begin(c), hk));
   }
 }
 
