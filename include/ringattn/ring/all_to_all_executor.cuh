@@ -7,9 +7,9 @@
 //!
 //! Every exchange carries one message per peer (pairwise, P - 1 of them: in exchange k to the
 //! peer k places on, from the one k places back), its pieces back to back (the layout in
-//! all_to_all_workspace), so a call makes four rounds of exchanges whatever the number of
-//! tensors. Forward, on rank r (n its tokens; a group of A consecutive ranks, A = P for the plain
-//! all-to-all; `hq`/`hk` the heads a rank computes/holds):
+//! all_to_all_workspace), so a forward makes two rounds of exchanges and a backward two,
+//! whatever the number of tensors. Forward, on rank r (n its tokens; a group of A consecutive
+//! ranks, A = P for the plain all-to-all; `hq`/`hk` the heads a rank computes/holds):
 //! 1. k, v and q of every head class are packed from this rank's shard into that class's
 //!    message; every rank of the class gets its k and v, the group's rank also its q; each
 //!    arrived message (and this rank's own) is copied into the gathered buffers, in rank order;
@@ -99,9 +99,9 @@ inline peer_ring group_peers(const all_to_all_plan& p) {
 }
 inline peer_ring all_peers(const all_to_all_plan& p) { return {0, p.ranks(), p.rank(), p.ranks()}; }
 
-//! The `size - 1` pairwise exchanges of one tensor among `peers`: in exchange k this rank sends
+//! One round: the `size - 1` pairwise exchanges among `peers`; in exchange k this rank sends
 //! `send(to)` (a pointer and a byte count) to the peer k places on and receives `recv(from)` from
-//! the one k places back. `tag` tells the tensors of one call apart.
+//! the one k places back. `tag` tells the rounds of one call apart.
 template <class Engine, class Send, class Recv>
 void exchange_all(Engine& e, const peer_ring& peers, int tag, Send send, Recv recv) {
   for (int k = 1; k < peers.size; ++k) {
@@ -132,11 +132,6 @@ struct pieces_at {
     return p;
   }
 };
-//! A dense `[tokens, heads, width]` view at `p`.
-template <class T>
-thd_view<T> dense(std::byte* p, std::int64_t tokens, int heads, int width) {
-  return {reinterpret_cast<T*>(p), tokens, heads, width};
-}
 //! `bytes` contiguous bytes from `src` to `dst` (one engine copy).
 template <class Engine>
 void copy_bytes(Engine& e, void* dst, const void* src, std::size_t bytes) {
@@ -203,10 +198,12 @@ void all_to_all_forward(Engine& e, const all_to_all_plan& p, thd_view<const T> q
     nvtx_range range("all-to-all in", 0, r);
     for (int c = 0; c < classes; ++c) {
       pieces_at m{base + ws.send_slot(c, false)};
-      copy_view(e, dense<T>(m.next(ws.k_bytes(size(r))), n, hk, d), heads_of(k, h.kv_begin(c), hk));
-      copy_view(e, dense<T>(m.next(ws.v_bytes(size(r))), n, hk, dv),
+      copy_view(e, dense_at<T>(m.next(ws.k_bytes(size(r))), 0, n, hk, d),
+                heads_of(k, h.kv_begin(c), hk));
+      copy_view(e, dense_at<T>(m.next(ws.v_bytes(size(r))), 0, n, hk, dv),
                 heads_of(v, h.kv_begin(c), hk));
-      copy_view(e, dense<T>(m.next(ws.q_bytes(size(r))), n, hq, d), heads_of(q, h.q_begin(c), hq));
+      copy_view(e, dense_at<T>(m.next(ws.q_bytes(size(r))), 0, n, hq, d),
+                heads_of(q, h.q_begin(c), hq));
     }
     exchange_in(e, p, ws, false, base);
     for (int s = 0; s < p.ranks(); ++s)
@@ -247,7 +244,7 @@ void all_to_all_forward(Engine& e, const all_to_all_plan& p, thd_view<const T> q
     if (c == mine) continue;
     pieces_at m{base + ws.back_land_slot(c, false)};
     copy_view(e, heads_of(out, h.q_begin(c), hq),
-              thd_view<const T>(dense<T>(m.next(ws.o_bytes(size(r))), n, hq, dv)));
+              thd_view<const T>(dense_at<T>(m.next(ws.o_bytes(size(r))), 0, n, hq, dv)));
     copy_bytes(e, lse + static_cast<std::int64_t>(c) * hq * n, m.next(ws.lse_bytes(size(r))),
                ws.lse_bytes(size(r)));
   }
@@ -278,11 +275,13 @@ void all_to_all_backward(Engine& e, const all_to_all_plan& p, thd_view<const T> 
     for (int c = 0; c < classes; ++c) {
       pieces_at m{base + ws.send_slot(c, true)};
       const std::size_t t = size(r);
-      copy_view(e, dense<T>(m.next(ws.k_bytes(t)), n, hk, d), heads_of(k, h.kv_begin(c), hk));
-      copy_view(e, dense<T>(m.next(ws.v_bytes(t)), n, hk, w), heads_of(v, h.kv_begin(c), hk));
-      copy_view(e, dense<T>(m.next(ws.q_bytes(t)), n, hq, d), heads_of(q, h.q_begin(c), hq));
-      copy_view(e, dense<T>(m.next(ws.o_bytes(t)), n, hq, w), heads_of(out, h.q_begin(c), hq));
-      copy_view(e, dense<T>(m.next(ws.o_bytes(t)), n, hq, w), heads_of(dout, h.q_begin(c), hq));
+      copy_view(e, dense_at<T>(m.next(ws.k_bytes(t)), 0, n, hk, d), heads_of(k, h.kv_begin(c), hk));
+      copy_view(e, dense_at<T>(m.next(ws.v_bytes(t)), 0, n, hk, w), heads_of(v, h.kv_begin(c), hk));
+      copy_view(e, dense_at<T>(m.next(ws.q_bytes(t)), 0, n, hq, d), heads_of(q, h.q_begin(c), hq));
+      copy_view(e, dense_at<T>(m.next(ws.o_bytes(t)), 0, n, hq, w),
+                heads_of(out, h.q_begin(c), hq));
+      copy_view(e, dense_at<T>(m.next(ws.o_bytes(t)), 0, n, hq, w),
+                heads_of(dout, h.q_begin(c), hq));
       copy_bytes(e, m.next(ws.lse_bytes(t)), lse + static_cast<std::int64_t>(c) * hq * n,
                  ws.lse_bytes(t));
     }
@@ -325,10 +324,10 @@ void all_to_all_backward(Engine& e, const all_to_all_plan& p, thd_view<const T> 
       copy_bytes(e, m.next(ws.grad_k_bytes(t)), dk_rows(to), ws.grad_k_bytes(t));
       copy_bytes(e, m.next(ws.grad_v_bytes(t)), dv_rows(to), ws.grad_v_bytes(t));
     } else {
-      e.write(dk_rows(to), dense<T>(m.next(ws.k_bytes(t)), nt, hk, d));
-      e.write(dv_rows(to), dense<T>(m.next(ws.v_bytes(t)), nt, hk, w));
+      e.write(dk_rows(to), dense_at<T>(m.next(ws.k_bytes(t)), 0, nt, hk, d));
+      e.write(dv_rows(to), dense_at<T>(m.next(ws.v_bytes(t)), 0, nt, hk, w));
     }
-    if (p.in_group(to)) e.write(dq_rows(to), dense<T>(m.next(ws.q_bytes(t)), nt, hq, d));
+    if (p.in_group(to)) e.write(dq_rows(to), dense_at<T>(m.next(ws.q_bytes(t)), 0, nt, hq, d));
   }
   exchange_all(
       e, all_peers(p), 11,
@@ -348,16 +347,16 @@ void all_to_all_backward(Engine& e, const all_to_all_plan& p, thd_view<const T> 
     pieces_at m{back(from)};
     m.next(ws.grad_k_bytes(size(r)) + ws.grad_v_bytes(size(r)));
     copy_view(e, heads_of(dq, h.q_begin(c), hq),
-              thd_view<const T>(dense<T>(m.next(ws.q_bytes(size(r))), n, hq, d)));
+              thd_view<const T>(dense_at<T>(m.next(ws.q_bytes(size(r))), 0, n, hq, d)));
   }
   if (!shared) { // one group, nothing replicated: each class's heads from its one rank
     for (int c = 0; c < classes; ++c) {
       if (c == mine) continue;
       pieces_at m{back(p.group_first() + c)};
       copy_view(e, heads_of(dk, h.kv_begin(c), hk),
-                thd_view<const T>(dense<T>(m.next(ws.k_bytes(size(r))), n, hk, d)));
+                thd_view<const T>(dense_at<T>(m.next(ws.k_bytes(size(r))), 0, n, hk, d)));
       copy_view(e, heads_of(dv, h.kv_begin(c), hk),
-                thd_view<const T>(dense<T>(m.next(ws.v_bytes(size(r))), n, hk, w)));
+                thd_view<const T>(dense_at<T>(m.next(ws.v_bytes(size(r))), 0, n, hk, w)));
     }
     return;
   }
