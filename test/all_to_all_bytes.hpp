@@ -1,6 +1,6 @@
 #pragma once
 // Bytes a rank sends under the all-to-all schedule and its hybrid, from the shapes alone (the
-// formula of docs/schedules.md): forward, its n_r tokens of every other rank's heads of q, k, v,
+// formula of docs/ring.md): forward, its n_r tokens of every other rank's heads of q, k, v,
 // then, of its own heads, every other shard's output rows and lse; backward, q, k, v, out, dout
 // and lse the same way, then every other shard's dq, dk, dv of its heads (dk, dv in fp32 where
 // ranks share kv heads: replicated ones, P > kv_heads, or the groups of the hybrid).

@@ -15,9 +15,9 @@
 //!
 //! - `all_to_all_heads`: Q, K and V trade heads for tokens (P - 1 pairwise exchanges, one message
 //!   per peer with all three), so a rank holds every token of q_heads / P heads; it attends over
-//!   the whole sequence and the output trades back. Each rank sends about (P - 1) / P of its Q, K, V and output, whatever
-//!   the length of the sequence; P must divide q_heads, and P and kv_heads one another (a kv head
-//!   is copied to P / kv_heads ranks where P > kv_heads).
+//!   the whole sequence and the output trades back. Each rank sends about (P - 1) / P of its Q, K,
+//!   V and output, whatever the length of the sequence; P must divide q_heads, and P and kv_heads
+//!   one another (a kv head is copied to P / kv_heads ranks where P > kv_heads).
 //!
 //! The ring and the all-gather use the same per-step groups (ring/schedule.cuh) and merge the
 //! blocks in the same order, so their forwards agree bit for bit; their backwards add the dK/dV
