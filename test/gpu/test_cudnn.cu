@@ -4,11 +4,13 @@
 // fp16 and head_dim 64; the all-gather schedule; repeatability; the backward with cuDNN's atomic dQ
 // (the same matrix, no bitwise repeat); windows (cuDNN's diagonal band); q/k 192 with v 128; one
 // rank over one sequence (cuDNN writes the outputs directly); a one-rank ring captured in a CUDA
-// graph and replayed bit for bit; bad views refused before anything runs. Tolerances (bf16):
+// graph and replayed bit for bit; bad views refused before anything runs; packed batches with
+// empty and one-token sequences, element by element (strict_ring.cuh). Tolerances (bf16):
 // forward 8e-3 relative L2 on O and 2e-3 absolute on LSE, as the native kernels; backward 1e-2
 // relative L2 on each of dQ, dK, dV (each block's gradients pass through bf16 once before the fp32
 // sums: the errors against the native path are printed). Both directions repeat bit for bit.
 #include "device_ring.cuh"
+#include "strict_ring.cuh"
 
 #include <ringattn/cudnn.cuh>
 #include <ringattn/partition/contiguous.cuh>
@@ -84,6 +86,17 @@ TEST_CASE_TEMPLATE("cuDNN block kernel, atomic dQ: device ring backward equals t
     check_backward<P, atomic_full, full>(a, false);
     check_backward<P, atomic_causal, causal>(a, false);
   }
+}
+
+TEST_CASE_TEMPLATE("cuDNN block kernel: packed batches with empty and one-token sequences", P,
+                   contiguous, round_robin, zigzag) {
+  using full_k = cudnn_kernel<full_mask, T>;
+  using causal_k = cudnn_kernel<causal_mask, T>;
+  const attention_arguments a{4, 2, 64, 0.0f};
+  test::check_sparse_batches<P, full_k>(a, {1, 2, 3, 4, 5, 6, 7, 8});
+  test::check_sparse_batches<P, causal_k>(a, {1, 2, 3, 4, 5, 6, 7, 8});
+  test::check_sparse_batches<P, causal_k, all_gather_kv>(a, {1, 2, 3, 4, 8});
+  test::check_sparse_batches<P, causal_k, all_to_all_heads>({8, 2, 64, 0.0f}, {1, 2, 4, 8});
 }
 
 TEST_CASE("cuDNN block kernel on the all-gather schedule equals the oracle") {

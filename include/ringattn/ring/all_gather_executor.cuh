@@ -135,7 +135,7 @@ void device_all_gather_forward(Communicator& comm, const ring_schedule& s,
   }
   const attention_state state = ws.state(workspace, lse);
   std::byte* scratch = workspace + ring_workspace::align(ws.forward_bytes());
-  if (s.needs_reset(dense)) reset(state, stream);
+  if (s.needs_reset()) reset(state, stream);
   const auto own = ws.kv_slot_views<T>(workspace, 0, s.q_tokens());
   copy_own_block_device(k, v, own, stream);
   RINGATTN_CUDA_CHECK(cudaEventRecord(d.own_ready, stream));
@@ -150,7 +150,7 @@ void device_all_gather_forward(Communicator& comm, const ring_schedule& s,
     if (e != step_epilogue::none)
       BlockKernel::device_forward(
           e, {q, thd_view<const T>(b.k), thd_view<const T>(b.v), args, state, scratch},
-          d.forward[static_cast<std::size_t>(t)], out, nullptr, stream);
+          d.forward[static_cast<std::size_t>(t)], out, lse, stream);
   };
   compute(s.step(0)); // the own block runs while the ranks meet for the exchanges
   for (int t = 1; t < s.step_count(); ++t) {

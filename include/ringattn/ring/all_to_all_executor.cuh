@@ -481,7 +481,7 @@ struct device_all_to_all_engine {
   template <class T>
   void forward(const ring_schedule& s, const attention_arguments& a, thd_view<T> q, thd_view<T> k,
                thd_view<T> v, const attention_state& state, thd_view<T> out) const {
-    if (s.needs_reset(true)) reset(state, stream);
+    if (s.needs_reset()) reset(state, stream);
     for (const ring_step& step : s.steps()) {
       nvtx_range range("step", step.index, s.rank());
       const step_epilogue e = s.forward_epilogue(step.index, true);
@@ -489,7 +489,7 @@ struct device_all_to_all_engine {
         BlockKernel::device_forward(
             e,
             {thd_view<const T>(q), thd_view<const T>(k), thd_view<const T>(v), a, state, scratch},
-            d.forward[static_cast<std::size_t>(step.index)], out, nullptr, stream);
+            d.forward[static_cast<std::size_t>(step.index)], out, state.lse, stream);
     }
     if (s.needs_finalize(true)) finalize(state, out, stream);
   }

@@ -134,13 +134,14 @@ void device_ring_forward(Communicator& comm, const ring_schedule& s,
   const attention_state state = ws.state(workspace, lse);
   std::byte* scratch = workspace + ring_workspace::align(ws.forward_bytes());
   const bool dense = out.dense();
-  if (s.ranks() == 1 && dense) {
-    // One block: the kernel writes `out` and `lse` directly (no state, no copy of K/V).
-    BlockKernel::device_forward(s.forward_epilogue(0, dense), {q, k, v, args, state, scratch},
-                                d.forward[0], out, lse, stream);
+  if (s.forward_epilogue(0, dense) == step_epilogue::plain) {
+    // One step, the own block, covering every row: the kernel writes `out` and `lse` directly (no
+    // state, no copy of K/V).
+    BlockKernel::device_forward(step_epilogue::plain, {q, k, v, args, state, scratch}, d.forward[0],
+                                out, lse, stream);
     return;
   }
-  if (s.needs_reset(dense)) reset(state, stream);
+  if (s.needs_reset()) reset(state, stream);
   copy_own_block_device(k, v, ws.kv_slot_views<T>(workspace, 0, s.q_tokens()), stream);
   RINGATTN_CUDA_CHECK(cudaEventRecord(d.own_ready, stream));
   RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(d.comm, d.own_ready, 0));
@@ -153,7 +154,7 @@ void device_ring_forward(Communicator& comm, const ring_schedule& s,
     if (e != step_epilogue::none)
       BlockKernel::device_forward(
           e, {q, thd_view<const T>(b.k), thd_view<const T>(b.v), args, state, scratch},
-          d.forward[static_cast<std::size_t>(t)], out, nullptr, stream);
+          d.forward[static_cast<std::size_t>(t)], out, lse, stream);
     RINGATTN_CUDA_CHECK(cudaEventRecord(d.compute_done[t % 2], stream));
     if (const ring_step* next = s.next(t)) {
       // Never recorded yet at t = 0: waiting on it is then a no-op.

@@ -114,19 +114,19 @@ public:
   bool last_writes() const noexcept { return last_writes_; }
   //! The epilogue of step t of the device forward, given whether the output is dense (the kernels
   //! write a dense output only; otherwise the state is finalised into it). Together with
-  //! `needs_reset` and `needs_finalize` it accounts for every row of the state.
+  //! `needs_reset` and `needs_finalize` it accounts for every row of the state. A ring of one step
+  //! whose groups cover every row (one rank, or ranks whose peers hold nothing this rank sees)
+  //! writes the output and lse directly (`plain`).
   step_epilogue forward_epilogue(int t, bool out_dense) const {
     const ring_step& s = step(t);
-    if (ranks_ == 1 && out_dense)
-      return s.groups.empty() ? step_epilogue::none : step_epilogue::plain;
-    if (t == 0 && first_writes_) return step_epilogue::fresh;
+    if (s.groups.empty()) return step_epilogue::none;
+    if (t == 0 && first_writes_)
+      return step_count() == 1 && out_dense ? step_epilogue::plain : step_epilogue::fresh;
     if (t == step_count() - 1 && last_writes_ && out_dense) return step_epilogue::merge_out;
-    return s.groups.empty() ? step_epilogue::none : step_epilogue::merge;
+    return step_epilogue::merge;
   }
-  bool needs_reset(bool out_dense) const { return !(ranks_ == 1 && out_dense) && !first_writes_; }
-  bool needs_finalize(bool out_dense) const {
-    return !(ranks_ == 1 && out_dense) && !(last_writes_ && out_dense);
-  }
+  bool needs_reset() const { return !first_writes_; }
+  bool needs_finalize(bool out_dense) const { return !(last_writes_ && out_dense); }
 
 private:
   void note_writes() {
