@@ -5,6 +5,7 @@
 // earlier steps' tokens, the new tokens up to its own), and after the step each new token's K/V
 // goes to its owner (owned_new_rows). Shared by the host and the device decode tests.
 #include "common.hpp"
+#include "strict_check.hpp"
 
 #include <ringattn/partition/plan.cuh>
 #include <ringattn/reference/attention.cuh>
@@ -14,6 +15,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
+#include <random>
 #include <vector>
 
 namespace ringattn::test {
@@ -50,6 +53,7 @@ struct decode_case {
   int batch;
   std::vector<std::vector<T>> whole_q, whole_k, whole_v;     // per sequence, every position so far
   std::vector<std::vector<std::vector<T>>> cache_k, cache_v; // [rank][sequence]
+  std::vector<std::vector<std::vector<std::int64_t>>> cache_at; // [rank][sequence]: positions
 
   decode_case(const std::vector<std::int32_t>& prefill, int ranks_, attention_arguments a,
               std::mt19937_64& rng)
@@ -66,11 +70,13 @@ struct decode_case {
     }
     cache_k.assign(ranks, std::vector<std::vector<T>>(batch));
     cache_v = cache_k;
+    cache_at.assign(ranks, std::vector<std::vector<std::int64_t>>(batch));
     for (int r = 0; r < ranks; ++r) {
       const auto local = plan.local_cu_seqlens(r);
       for (int b = 0; b < batch; ++b)
         for (std::int64_t l = local[b]; l < local[b + 1]; ++l) {
           const std::int64_t g = plan.global_token(r, l);
+          cache_at[r][b].push_back(g - prefill[b]);
           cache_k[r][b].insert(cache_k[r][b].end(), k.begin() + g * row, k.begin() + (g + 1) * row);
           cache_v[r][b].insert(cache_v[r][b].end(), v.begin() + g * vrow,
                                v.begin() + (g + 1) * vrow);
@@ -104,6 +110,12 @@ struct decode_case {
     s.q = random_buffer<T>(s.tokens * q_row(), rng);
     s.k = random_buffer<T>(s.tokens * kv_row(), rng);
     s.v = random_buffer<T>(s.tokens * v_row(), rng);
+    solve(s);
+    return s;
+  }
+
+  // The oracle of step `s` (again, after its inputs were changed).
+  void solve(step& s) const {
     std::vector<std::int32_t> cu_whole{0};
     std::vector<T> q_all, k_all, v_all;
     std::vector<std::int64_t> rows;
@@ -128,7 +140,15 @@ struct decode_case {
         reference::to_tensor(thd_view<const T>(k_all.data(), total, kvh, d)),
         reference::to_tensor(thd_view<const T>(v_all.data(), total, kvh, args.v_dim())), cu_whole,
         args, position_window::of(mask_kind::causal), rows);
-    return s;
+  }
+
+  // Sets element `elem` of row `i` of rank r's cached K (`key`) or V of sequence b to `value`,
+  // there and in the whole sequence; `solve` the steps drawn before it again.
+  void plant_cache(int r, int b, std::int64_t i, bool key, int elem, float value) {
+    const std::size_t row = key ? kv_row() : v_row();
+    const std::int64_t pos = cache_at[r][b][static_cast<std::size_t>(i)];
+    (key ? cache_k : cache_v)[r][b][i * row + elem] = from_float<T>(value);
+    (key ? whole_k : whole_v)[b][pos * row + elem] = from_float<T>(value);
   }
 
   // Relative L2 error of `out` and the largest absolute error of `lse` against the oracle.
@@ -146,6 +166,30 @@ struct decode_case {
         }
       }
     return {den > 0.0 ? std::sqrt(num / den) : std::sqrt(num), lse_err};
+  }
+
+  // Element by element against the step's oracle (strict_check.hpp): non-finite exactly where the
+  // oracle is, finite elsewhere within `out_bound` (relative L2) and `lse_bound` (absolute);
+  // returns how many elements are non-finite.
+  std::int64_t check_strict(const step& s, const std::vector<T>& out, const std::vector<float>& lse,
+                            double out_bound, double lse_bound) const {
+    strict_tally t;
+    const int qh = args.q_heads, d = args.v_dim();
+    std::int64_t lse_mismatched = 0;
+    for (std::int64_t i = 0; i < s.tokens; ++i)
+      for (int h = 0; h < qh; ++h) {
+        const double got = lse[h * s.tokens + i], want = s.oracle.lse_at(h, i);
+        if (std::isfinite(got) != std::isfinite(want)) ++lse_mismatched;
+        if (std::isfinite(want) && std::isfinite(got))
+          t.lse = std::max(t.lse, std::abs(got - want));
+        for (int e = 0; e < d; ++e)
+          t.add(to_float(out[(i * qh + h) * d + e]), s.oracle.out(i, h, e));
+      }
+    CHECK(lse_mismatched == 0);
+    CHECK(t.mismatched == 0);
+    CHECK(t.rel() < out_bound);
+    CHECK(t.lse < lse_bound);
+    return t.non_finite;
   }
 
   // After the step: every new token's K/V to its owner's shard and to the whole sequences.
@@ -166,6 +210,7 @@ struct decode_case {
                              s.k.begin() + (t + 1) * row);
         cache_v[r][b].insert(cache_v[r][b].end(), s.v.begin() + t * v_row(),
                              s.v.begin() + (t + 1) * v_row());
+        cache_at[r][b].push_back(lengths[b] + t - s.cu_new[b]);
         ++kept;
       }
     for (int b = 0; b < batch; ++b) {
@@ -179,5 +224,35 @@ struct decode_case {
     return kept;
   }
 };
+
+//! For P in {2, 3} and a NaN planted in each of q_new, k_new, v_new and the cache of rank 0, 1
+//! and the last (an element of a key): a decode case and its drawn step (the oracle solved with
+//! the NaN), passed to `check(c, s)`.
+template <class P, class T, class Check>
+void for_each_nan_decode(const attention_arguments& a, int longest, Check check) {
+  const auto seed = fresh_seed();
+  CAPTURE(seed);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (int ranks : {2, 3}) {
+    CAPTURE(ranks);
+    for (int where = 0; where < 6; ++where) { // q_new, k_new, v_new, cache of rank 0, 1, last
+      CAPTURE(where);
+      std::mt19937_64 rng(seed + static_cast<std::uint64_t>(ranks * 10 + where));
+      decode_case<P, T> c(random_cu_seqlens(2, 8, longest, rng), ranks, a, rng);
+      if (where >= 3) {
+        const int r = where == 3 ? 0 : where == 4 ? 1 : ranks - 1;
+        REQUIRE(!c.cache_k[r][0].empty());
+        c.plant_cache(r, 0, 0, /*key=*/true, 3, nan);
+      }
+      auto s = c.draw(rng, 1, 3);
+      if (where < 3) {
+        std::vector<T>& x = where == 0 ? s.q : where == 1 ? s.k : s.v;
+        x[2] = from_float<T>(nan); // token 0, head 0, element 2
+        c.solve(s);
+      }
+      check(c, s);
+    }
+  }
+}
 
 } // namespace ringattn::test

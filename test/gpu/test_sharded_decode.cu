@@ -20,6 +20,7 @@
 #include <barrier>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 
 using namespace ringattn;
 
@@ -136,7 +137,27 @@ void check_device_decode(int head_dim_v = 0) {
       }
     }
 }
+
+// NaN in q_new, k_new, v_new or one rank's cache (a key element): every output it reaches is
+// NaN on every rank, the same bits everywhere, never the other ranks' answer or "no key".
+template <class P>
+void check_device_decode_nan() {
+  test::for_each_nan_decode<P, T>(
+      {8, 2, 128, 0.0f}, 200,
+      [](const test::decode_case<P, T>& c, const typename test::decode_case<P, T>::step& s) {
+        const auto res = device_step(c, s, false);
+        CHECK(c.check_strict(s, res[0].out, res[0].lse, 8e-3, 2e-3) > 0);
+        for (int r = 1; r < c.ranks; ++r)
+          CHECK(test::same_bits(res[r].out, res[r].lse, res[0].out, res[0].lse));
+      });
+}
 } // namespace
+
+TEST_CASE_TEMPLATE("device sharded decode: NaN in the new tokens or a rank's cache reaches the "
+                   "result",
+                   P, contiguous, zigzag) {
+  check_device_decode_nan<P>();
+}
 
 TEST_CASE_TEMPLATE("device sharded decode, virtual ranks on one GPU, equals the oracle", P,
                    contiguous, round_robin, zigzag) {

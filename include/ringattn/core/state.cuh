@@ -93,10 +93,20 @@ RINGATTN_HOST_DEVICE inline row_merge merge_into(float ref, float lse_b) {
   return {ref == -inf ? 0.0f : expf(ref - lse_b), 1.0f, lse_b, true};
 }
 
+//! Whether a row (or block row) with weight sum `sum` saw a key: a sum of exactly 0 means it saw
+//! none; any other value, NaN included, is a row with keys. So a NaN that reached a row's sum
+//! stays NaN in its output and lse and is never taken for "saw no key".
+RINGATTN_HOST_DEVICE constexpr bool saw_key(float sum) { return sum != 0.0f; }
+
 //! The attention output's lse of a row with reference `ref` and weight sum `sum` (-inf when the
-//! row saw no key).
+//! row saw no key, NaN when NaN reached either).
 RINGATTN_HOST_DEVICE inline float final_lse(float ref, float sum) {
-  return sum > 0.0f ? ref + logf(sum) : -__builtin_huge_valf();
+  return saw_key(sum) ? ref + logf(sum) : -__builtin_huge_valf();
+}
+
+//! The normalising factor 1 / sum of a row's output (0 for a row that saw no key, whose o is 0).
+RINGATTN_HOST_DEVICE inline float inverse_sum(float sum) {
+  return saw_key(sum) ? 1.0f / sum : 0.0f;
 }
 
 //! One element of one (row, head) merged from `parts` partial states, in the order r = 0, 1, ...:
@@ -104,20 +114,21 @@ RINGATTN_HOST_DEVICE inline float final_lse(float ref, float sum) {
 //! `o[r * stride]` (states of one shape, `stride` floats apart). Writes the row's lse to `lse` and
 //! returns the output element (0 for a row that saw no key). Each partial merges as a block with
 //! lse `final_lse(ref, sum)` and normalised output `o / sum`, by `merge_into`: host and device
-//! compute the same steps.
+//! compute the same steps. NaN in a partial's sum or reference reaches the row's output and lse,
+//! NaN in an o element that element (only a sum of 0 is a partial that saw no key).
 RINGATTN_HOST_DEVICE inline float merge_partials(int parts, const float* ref, const float* sum,
                                                  const float* o, std::int64_t stride, float& lse) {
   float r = -__builtin_huge_valf(), s = 0.0f, acc = 0.0f;
   for (int p = 0; p < parts; ++p) {
     const float ws = sum[p * stride];
-    if (!(ws > 0.0f)) continue; // this partial saw no key of the row
+    if (!saw_key(ws)) continue; // this partial saw no key of the row
     const row_merge m = merge_into(r, final_lse(ref[p * stride], ws));
     acc = acc * m.old + o[p * stride] * (1.0f / ws) * m.block;
     s = s * m.old + m.block;
     r = m.new_ref;
   }
   lse = final_lse(r, s);
-  return s > 0.0f ? acc * (1.0f / s) : 0.0f;
+  return acc * inverse_sum(s);
 }
 
 } // namespace ringattn

@@ -128,8 +128,8 @@ __global__ void __launch_bounds__(128)
       float tile_max = valid ? s[r] : -__builtin_huge_valf();
 #pragma unroll
       for (int off = 16; off > 0; off /= 2)
-        tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, off));
-      const float now = fmaxf(m[r], tile_max);
+        tile_max = nan_max(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, off));
+      const float now = nan_max(m[r], tile_max);
       const float correction = fast_exp2(m[r] - now); // m = -inf at first: exp2(-inf) = 0
       p[r] = valid ? fast_exp2(s[r] - now) : 0.0f;
       l[r] = l[r] * correction + p[r];
@@ -185,7 +185,7 @@ __global__ void __launch_bounds__(128)
     float top = -__builtin_huge_valf();
 #pragma unroll
     for (int w = 0; w < warps; ++w)
-      top = fmaxf(top, m_s[w][r]);
+      top = nan_max(top, m_s[w][r]);
     float acc = 0.0f, sum = 0.0f;
 #pragma unroll
     for (int w = 0; w < warps; ++w) {
@@ -229,7 +229,7 @@ __global__ void __launch_bounds__(256)
     const int r = static_cast<int>(threadIdx.x);
     float top = -inf;
     for (int s = s0; s < s1; ++s)
-      top = fmaxf(top, at(s)[decode_max_rows * HeadDim + r]);
+      top = nan_max(top, at(s)[decode_max_rows * HeadDim + r]);
     float weight = 0.0f;
     if (top != -inf)
       for (int s = s0; s < s1; ++s) {
@@ -238,12 +238,12 @@ __global__ void __launch_bounds__(256)
             mx == -inf ? 0.0f : at(s)[decode_max_rows * (HeadDim + 1) + r] * fast_exp2(mx - top);
       }
     // The block's lse (natural log) for this row, and how it meets the state.
-    const float block_lse = weight > 0.0f ? (top + log2f(weight)) * ln2 : -inf;
+    const float block_lse = saw_key(weight) ? (top + log2f(weight)) * ln2 : -inf;
     const std::int64_t row = state_row(r);
-    row_merge m{0.0f, weight > 0.0f ? 1.0f : 0.0f, block_lse, true};
+    row_merge m{0.0f, saw_key(weight) ? 1.0f : 0.0f, block_lse, true};
     if (!fresh) m = merge_into(lse[row], block_lse);
     top_s[r] = top;
-    inv_s[r] = weight > 0.0f ? 1.0f / weight : 0.0f;
+    inv_s[r] = inverse_sum(weight);
     old_s[r] = m.old;
     block_s[r] = m.block;
     lse[row] = m.new_ref;

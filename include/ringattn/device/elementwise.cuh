@@ -33,7 +33,7 @@ __global__ void finalize_kernel(const float* o, float* lse, const float* sum, T*
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     const std::int64_t row = i / (head_dim / 2);
     const int e = static_cast<int>(i % (head_dim / 2)) * 2;
-    const float s = sum[row], inv = s > 0.0f ? 1.0f / s : 0.0f;
+    const float s = sum[row], inv = inverse_sum(s);
     const float2 x = *reinterpret_cast<const float2*>(o + row * head_dim + e);
     T* dst = out + (row % tokens) * token_stride + (row / tokens) * head_stride + e;
     *reinterpret_cast<std::uint32_t*>(dst) = pack2<T>(x.x * inv, x.y * inv);

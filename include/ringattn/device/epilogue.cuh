@@ -33,8 +33,8 @@ __device__ __forceinline__ void finish_row(const forward_params<T>& p, int h, st
   float sum = l;
   sum += __shfl_xor_sync(0xffffffffu, sum, 1);
   sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-  const float lse_b = sum > 0.0f ? (m + __log2f(sum)) * ln2 : neg_inf;
-  const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+  const float lse_b = saw_key(sum) ? (m + __log2f(sum)) * ln2 : neg_inf;
+  const float inv = inverse_sum(sum);
   const std::int64_t at = h * p.state.tokens + row; // the row's lse and sum in the state
   auto write_out = [&](auto value, float lse, float* lse_dst) {
     if (!live) return;
@@ -59,7 +59,7 @@ __device__ __forceinline__ void finish_row(const forward_params<T>& p, int h, st
   if constexpr (E == epilogue::plain) {
     write_out(block, lse_b, p.lse_out + h * p.q_tokens + row);
   } else if constexpr (E == epilogue::fresh) {
-    write_state(block, lse_b, sum > 0.0f ? 1.0f : 0.0f);
+    write_state(block, lse_b, saw_key(sum) ? 1.0f : 0.0f);
   } else {
     __syncwarp(); // every lane of the quad has read the row's lse and sum before one rewrites them
     const row_merge w = merge_into(ref, lse_b);
@@ -71,7 +71,7 @@ __device__ __forceinline__ void finish_row(const forward_params<T>& p, int h, st
     if constexpr (E == epilogue::merge) {
       write_state(merged, w.new_ref, new_sum);
     } else {
-      const float inv_sum = new_sum > 0.0f ? 1.0f / new_sum : 0.0f;
+      const float inv_sum = inverse_sum(new_sum);
       write_out([&](int t, int x) { return merged(t, x) * inv_sum; }, final_lse(w.new_ref, new_sum),
                 p.state.lse + at);
     }

@@ -393,11 +393,11 @@ __global__ void __launch_bounds__(sm90_threads, 1) block_forward_sm90_kernel(for
       float sum = l[r];
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      const float lse_b = sum > 0.0f ? (m[r] + __log2f(sum)) * ln2 : neg_inf;
+      const float lse_b = saw_key(sum) ? (m[r] + __log2f(sum)) * ln2 : neg_inf;
       const row_merge w = merge_into(ref[r], lse_b);
       const int local = wrow + (lane >> 2) + r * 8;
       moves = moves || (local < rows_valid && w.moves);
-      k[r] = (sum > 0.0f ? 1.0f / sum : 0.0f) * w.block;
+      k[r] = inverse_sum(sum) * w.block;
       weight[r] = w.block;
     }
     if (warpgroup_any(moves, 3 + cw)) {

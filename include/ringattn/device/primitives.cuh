@@ -52,6 +52,10 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
+//! The larger of a and b, NaN when either is NaN (fmaxf drops a NaN operand): a running max that
+//! a NaN score reaches stays NaN, so the row's sum, lse and output do too.
+__device__ __forceinline__ float nan_max(float a, float b) { return a > b || a != a ? a : b; }
+
 //! c += a * b for one m16n8k16 tile; fp32 accumulation.
 template <class T>
 __device__ __forceinline__ void mma_16816(float (&c)[4], const std::uint32_t (&a)[4],

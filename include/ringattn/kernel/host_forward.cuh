@@ -104,7 +104,7 @@ void finalize(const attention_state& s, thd_view<T> out) {
   r.throw_if_invalid();
   for (std::int64_t t = 0; t < s.tokens; ++t)
     for (int h = 0; h < s.q_heads; ++h) {
-      const float sum = s.sum_at(t, h), inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+      const float sum = s.sum_at(t, h), inv = inverse_sum(sum);
       for (int e = 0; e < s.head_dim; ++e)
         out(t, h, e) = from_float<T>(s.o_row(t, h)[e] * inv);
       s.lse_at(t, h) = final_lse(s.lse_at(t, h), sum);

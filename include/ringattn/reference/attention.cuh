@@ -101,7 +101,8 @@ inline validation validate_problem(const tensor& q, const tensor& k, const tenso
 }
 
 // Scores of query row (t, h) against the keys [begin, end) of its sequence that the window
-// admits: fills s[j - begin] (or -inf when masked) and returns the maximum.
+// admits: fills s[j - begin] (or -inf when masked) and returns the maximum (NaN when a score the
+// window admits is NaN: the NaN then reaches the row's output, lse and gradients).
 inline double scores(const tensor& q, const tensor& k, std::int64_t t, std::int32_t h,
                      std::int32_t kvh, std::int64_t begin, std::int64_t end,
                      const position_window& w, double scale, std::vector<double>& s) {
@@ -117,7 +118,8 @@ inline double scores(const tensor& q, const tensor& k, std::int64_t t, std::int3
     for (std::int32_t d = 0; d < q.dim; ++d)
       dot += qr[d] * kr[d];
     s[static_cast<std::size_t>(j - begin)] = dot * scale;
-    m = std::max(m, dot * scale);
+    const double x = dot * scale;
+    if (!std::isnan(m) && (x > m || std::isnan(x))) m = x;
   }
   return m;
 }
@@ -132,7 +134,9 @@ inline double forward_row(const tensor& q, const tensor& k, const tensor& v, std
   if (m == -std::numeric_limits<double>::infinity()) return m;
   double sum = 0.0;
   for (std::int64_t j = begin; j < end; ++j) {
-    const double p = std::exp(s[static_cast<std::size_t>(j - begin)] - m);
+    const double x = s[static_cast<std::size_t>(j - begin)];
+    if (x == -std::numeric_limits<double>::infinity()) continue; // masked
+    const double p = std::exp(x - m);
     if (p == 0.0) continue;
     sum += p;
     const double* vr = v.row(j, kvh);
@@ -225,7 +229,7 @@ inline backward_result attention_backward(const tensor& q, const tensor& k, cons
         if (m == -inf) continue; // no key, no gradient
         double sum = 0.0;
         for (double& x : s) {
-          x = std::exp(x - m); // now P * sum
+          x = x == -inf ? 0.0 : std::exp(x - m); // now P * sum (0 where masked)
           sum += x;
         }
         const double* dor = dout.row(t, h);
@@ -233,8 +237,8 @@ inline backward_result attention_backward(const tensor& q, const tensor& k, cons
         double dsum = 0.0; // D = sum_j P_ij dP_ij
         for (std::int64_t j = begin; j < end; ++j) {
           const std::size_t jj = static_cast<std::size_t>(j - begin);
+          if (s[jj] == 0.0) continue; // masked (or too small to count): stays 0
           s[jj] /= sum;
-          if (s[jj] == 0.0) continue;
           const double* vr = v.row(j, kvh);
           double x = 0.0;
           for (std::int32_t d = 0; d < v.dim; ++d)

@@ -1,0 +1,51 @@
+// NaN and inf in an input reach what they reach on the device, as in the float64 oracle: one
+// element of q, k, v or dout set to NaN or +inf, every schedule (ring, all-gather, all-to-all) x
+// {full, causal} x P in {1, 3, 4} virtual ranks (the all-to-all at 1 and 4), forward and backward,
+// compared element by element (strict_check.hpp): every output and gradient the oracle makes
+// non-finite is non-finite, every other one outside the planted token's sequence finite and
+// within the bf16 tolerances (inside it, the tensor cores' 0 x NaN may spread a NaN to a masked
+// neighbour in the same tile); a row's NaN is never taken for "saw no key".
+#include "strict_ring.cuh"
+
+#include <ringattn/partition/contiguous.cuh>
+#include <ringattn/partition/zigzag.cuh>
+
+#include <doctest/doctest.h>
+
+#include <initializer_list>
+#include <limits>
+
+using namespace ringattn;
+
+namespace {
+using T = __nv_bfloat16;
+
+template <class P, class Kernel, class Schedule>
+void check_planted(attention_arguments a, std::initializer_list<int> ranks_list) {
+  test::for_each_planted<P, T>(
+      a, Kernel::mask, ranks_list, 60,
+      [](const test::sharded_backward_case<P, T>& c, std::int64_t t, test::planted_in where) {
+        const auto fwd = test::device_ring_in_process<Kernel, Schedule>(c, 1, false);
+        const auto bwd = test::device_backward_in_process<Kernel, Schedule>(c, 1, false);
+        // The tensor cores may spread the NaN within the planted token's sequence (0 x NaN in a
+        // shared tile, strict_check.hpp); never beyond it.
+        const int seq = test::sequence_of(c, t);
+        test::check_strict(test::strict_forward(c, test::outputs_of(fwd), seq),
+                           test::strict_backward(c, test::grads_of(bwd), seq),
+                           where != test::planted_in::dout, true, test::device_bf16_bounds);
+      });
+}
+
+template <class P, class Kernel>
+void check_schedules(attention_arguments a) {
+  check_planted<P, Kernel, ring_pass>(a, {1, 3, 4});
+  check_planted<P, Kernel, all_gather_kv>(a, {3, 4});
+  check_planted<P, Kernel, all_to_all_heads>(a, {4});
+}
+} // namespace
+
+TEST_CASE_TEMPLATE("device: NaN and inf in q, k, v or dout reach what the oracle's reach", P,
+                   contiguous, zigzag) {
+  check_schedules<P, causal>({4, 2, 64, 0.0f});
+  check_schedules<P, full>({4, 2, 128, 0.0f});
+}
