@@ -60,6 +60,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <span>
@@ -71,7 +72,12 @@
 namespace ringattn {
 
 //! The rank that keeps a new token's K/V: its position in the sequence modulo the rank count.
+//! Throws `invalid_argument` for a negative position or no ranks.
 constexpr int owner_of(std::int64_t position, int ranks) {
+  if (ranks <= 0 || position < 0)
+    throw invalid_argument("ringattn: owner_of(" + std::to_string(position) + ", " +
+                           std::to_string(ranks) +
+                           "): a position is at least 0 and there is at least one rank");
   return static_cast<int>(position % ranks);
 }
 
@@ -86,6 +92,11 @@ inline std::vector<std::int64_t> owned_new_rows(int rank, int ranks,
   v.require(ranks > 0 && rank >= 0 && rank < ranks, "rank ", rank, " is not one of ", ranks);
   v.require(cu_new.size() >= 1 && lengths.size() + 1 == cu_new.size(),
             "lengths must hold one entry per sequence of cu_new (", cu_new.size() - 1, ")");
+  v.require(cu_new.empty() || cu_new.front() == 0, "cu_new must start at 0");
+  for (std::size_t b = 0; v && b < lengths.size(); ++b) {
+    v.require(cu_new[b + 1] >= cu_new[b], "cu_new must not decrease (sequence ", b, ")");
+    v.require(lengths[b] >= 0, "sequence ", b, " has a negative length (", lengths[b], ")");
+  }
   v.throw_if_invalid();
   std::vector<std::int64_t> rows;
   for (std::size_t b = 0; b < lengths.size(); ++b)
@@ -186,12 +197,16 @@ public:
   void plan(std::span<const std::int32_t> cu_new, std::span<const std::int32_t> cu_cache) {
     validation v = validation::ok();
     v.require(cu_cache.size() >= 1, "cu_cache must hold batch + 1 offsets");
+    v.require(cu_cache.empty() || cu_cache.front() == 0, "cu_cache must start at 0");
     std::vector<std::int32_t> begin, length;
     for (std::size_t b = 0; v && b + 1 < cu_cache.size(); ++b) {
+      // In 64 bits: offsets that decrease are refused, never subtracted into an overflow.
+      const std::int64_t n = static_cast<std::int64_t>(cu_cache[b + 1]) - cu_cache[b];
+      v.require(n >= 0, "cu_cache must not decrease (sequence ", b, ": ", cu_cache[b], " then ",
+                cu_cache[b + 1], ")");
       begin.push_back(cu_cache[b]);
-      length.push_back(cu_cache[b + 1] - cu_cache[b]);
+      length.push_back(v ? static_cast<std::int32_t>(n) : 0);
     }
-    v.require(cu_cache.empty() || cu_cache.front() == 0, "cu_cache must start at 0");
     plan_checked(v, cu_new, begin, length, cu_cache.empty() ? 0 : cu_cache.back());
   }
   //! Plans a step over a cache of `cache_tokens` rows in which sequence b holds its
@@ -377,6 +392,27 @@ private:
                     std::span<const std::int32_t> cache_begin,
                     std::span<const std::int32_t> cache_length, std::int64_t cache_tokens) {
     own.require(validate_step(cu_new, cache_begin, cache_length, cache_tokens));
+    // This rank's groups, made and checked before the agreement: whatever can fail on one rank
+    // fails into `own`, so that every rank throws together.
+    std::vector<block_group> cache_groups, new_groups;
+    if (own) {
+      for (std::size_t b = 0; b + 1 < cu_new.size(); ++b) {
+        const std::int64_t n = cu_new[b + 1] - cu_new[b], m = cache_length[b];
+        if (n == 0) continue;
+        if (m > 0) {
+          block_group g{cu_new[b], n, 1, {}};
+          g.kv[0] = {cache_begin[b], m, band{-unbounded, unbounded}};
+          cache_groups.push_back(g);
+        }
+        if (comm_.rank() == 0) { // the new tokens' own block: one rank computes it
+          block_group g{cu_new[b], n, 1, {}};
+          g.kv[0] = {cu_new[b], n, band{-unbounded, 0}};
+          new_groups.push_back(g);
+        }
+      }
+      own.require(validate_groups(cache_groups, cu_new.back(), cache_tokens));
+      if (own) own.require(validate_groups(new_groups, cu_new.back(), cu_new.back()));
+    }
     struct step_fingerprint {
       std::int32_t valid, batch;
       std::int64_t new_tokens;
@@ -401,28 +437,13 @@ private:
     v.throw_if_invalid();
     new_tokens_ = cu_new.back();
     cache_tokens_ = cache_tokens;
-    cache_groups_.clear();
-    new_groups_.clear();
-    for (std::size_t b = 0; b + 1 < cu_new.size(); ++b) {
-      const std::int64_t n = cu_new[b + 1] - cu_new[b], m = cache_length[b];
-      if (n == 0) continue;
-      if (m > 0) {
-        block_group g{cu_new[b], n, 1, {}};
-        g.kv[0] = {cache_begin[b], m, band{-unbounded, unbounded}};
-        cache_groups_.push_back(g);
-      }
-      if (comm_.rank() == 0) { // the new tokens' own block: one rank computes it
-        block_group g{cu_new[b], n, 1, {}};
-        g.kv[0] = {cu_new[b], n, band{-unbounded, 0}};
-        new_groups_.push_back(g);
-      }
-    }
-    validate_groups(cache_groups_, new_tokens_, cache_tokens_).throw_if_invalid();
-    validate_groups(new_groups_, new_tokens_, new_tokens_).throw_if_invalid();
+    cache_groups_ = std::move(cache_groups);
+    new_groups_ = std::move(new_groups);
     cache_covers_ = rows_of(cache_groups_) == new_tokens_;
+    // Every rank counts the step before anything that could still throw on one rank alone.
+    gate_.replan(detail::fnv1a(&mine, sizeof mine, fingerprint_ + ++plans_));
     if constexpr (has_device_path)
       if (device_) device_->schedule(cache_groups_, new_groups_, new_tokens_, cache_tokens_, args_);
-    gate_.replan(detail::fnv1a(&mine, sizeof mine, fingerprint_ + ++plans_));
     planned_ = true;
   }
 
@@ -437,6 +458,9 @@ private:
               batch, " sequences of cu_new (got ", begin.size(), " and ", length.size(), ")");
     v.require(cu_new.front() == 0, "cu_new must start at 0");
     v.require(cache_tokens >= 0, "the cache holds a negative number of tokens");
+    constexpr std::int64_t most = std::numeric_limits<std::int32_t>::max();
+    v.require(cache_tokens <= most, "the cache shard of ", cache_tokens,
+              " rows exceeds the int32 limit of ", most, " rows (its offsets are int32)");
     for (std::size_t b = 0; v && b < batch; ++b) {
       v.require(cu_new[b + 1] >= cu_new[b], "cu_new must not decrease (sequence ", b, ")");
       v.require(begin[b] >= 0 && length[b] >= 0 &&

@@ -14,7 +14,9 @@
 
 #include <doctest/doctest.h>
 
+#include <cstdint>
 #include <cstring>
+#include <string>
 
 using namespace ringattn;
 
@@ -171,4 +173,84 @@ TEST_CASE("sharded decode: a window is refused at construction, on every rank") 
       on_ranks(group, [&](int, in_process_communicator& comm) { decoder dec(comm, a); });
   for (const auto& e : errors)
     CHECK(message(e).find("takes no window") != std::string::npos);
+}
+
+// A cache shard beyond the int32 rows of the offsets, on one rank only: every rank refuses the
+// plan before the step's all-gather, and every rank's next plan and step run (the ranks still
+// count plans alike).
+TEST_CASE("sharded decode: a cache beyond int32 rows on one rank is refused on every rank; the "
+          "next step runs") {
+  const attention_arguments a{4, 2, 64, 0.0f};
+  const int ranks = 3, qh = 4, kvh = 2, d = 64;
+  in_process_group group(ranks);
+  std::vector<std::string> refused(ranks);
+  std::vector<double> after(ranks, 1.0);
+  const auto errors = on_ranks(group, [&](int r, in_process_communicator& comm) {
+    decoder dec(comm, a);
+    const std::vector<std::int32_t> cu_new{0, 1}, begin{0}, length{4};
+    const std::int64_t huge = std::int64_t{1} << 31;
+    try {
+      dec.plan(cu_new, begin, length, r == 1 ? huge : 4);
+    } catch (const invalid_argument& e) {
+      refused[r] = e.what();
+    }
+    dec.plan(cu_new, begin, length, 4);
+    std::vector<T> q(qh * d, from_float<T>(0.5f)), k(kvh * d, from_float<T>(0.25f));
+    std::vector<T> kc(4 * kvh * d, from_float<T>(0.125f)), out(qh * d, test::poison<T>());
+    std::vector<float> lse(qh);
+    std::vector<std::byte> ws(dec.host_workspace_bytes<T>());
+    dec.forward_host(
+        thd_view<const T>(q.data(), 1, qh, d), thd_view<const T>(k.data(), 1, kvh, d),
+        thd_view<const T>(kc.data(), 1, kvh, d), thd_view<const T>(kc.data(), 4, kvh, d),
+        thd_view<const T>(kc.data(), 4, kvh, d), thd_view<T>(out.data(), 1, qh, d), lse.data(), ws);
+    after[r] = to_float(out[0]);
+  });
+  for (const auto& e : errors)
+    REQUIRE(message(e) == "");
+  CHECK(refused[1].find("the cache shard of 2147483648 rows exceeds the int32 limit") !=
+        std::string::npos);
+  for (int r : {0, 2})
+    CHECK(refused[r].find("rank 1 rejected its step") != std::string::npos);
+  for (int r = 0; r < ranks; ++r)
+    CHECK(after[r] == doctest::Approx(0.125)); // the new token's V, the cache's V
+}
+
+// Offsets are checked before any arithmetic on them: a cu_cache that decreases by more than
+// int32 holds is refused (no signed overflow: UndefinedBehaviorSanitizer runs this suite), and
+// negative lengths, a rank count of 0 or a negative position are refused, not kept by no rank.
+TEST_CASE("sharded decode: offsets that overflow, negative lengths and no ranks are refused") {
+  const attention_arguments a{4, 2, 64, 0.0f};
+  in_process_group group(2);
+  std::vector<std::string> refused(2);
+  const auto errors = on_ranks(group, [&](int r, in_process_communicator& comm) {
+    decoder dec(comm, a);
+    const std::vector<std::int32_t> cu_new{0, 1, 2};
+    const std::vector<std::int32_t> wraps{0, INT32_MAX, INT32_MIN}, fine{0, 3, 5};
+    try {
+      dec.plan(cu_new, r == 0 ? std::span<const std::int32_t>(wraps) : fine);
+    } catch (const invalid_argument& e) {
+      refused[r] = e.what();
+    }
+  });
+  for (const auto& e : errors)
+    REQUIRE(message(e) == "");
+  CHECK(refused[0].find("cu_cache must not decrease (sequence 1") != std::string::npos);
+  CHECK(refused[1].find("rank 0 rejected its step") != std::string::npos);
+
+  const std::vector<std::int32_t> cu_new{0, 2};
+  const std::vector<std::int64_t> negative{-1};
+  CHECK_THROWS_WITH_AS(owned_new_rows(0, 2, cu_new, negative),
+                       "ringattn: sequence 0 has a negative length (-1)", invalid_argument);
+  const std::vector<std::int32_t> decreasing{0, 3, 1};
+  const std::vector<std::int64_t> two{0, 0};
+  CHECK_THROWS_AS(owned_new_rows(0, 2, decreasing, two), invalid_argument);
+  CHECK_THROWS_AS((void)owner_of(5, 0), invalid_argument);
+  CHECK_THROWS_AS((void)owner_of(-1, 2), invalid_argument);
+  CHECK(owner_of(5, 2) == 1);
+  // Every new token is kept by exactly one rank.
+  const std::vector<std::int64_t> lengths{7};
+  std::size_t kept = 0;
+  for (int r = 0; r < 3; ++r)
+    kept += owned_new_rows(r, 3, cu_new, lengths).size();
+  CHECK(kept == 2);
 }
