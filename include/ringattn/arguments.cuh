@@ -100,8 +100,9 @@ struct attention_arguments {
     if (!has_window(m))
       r.require(window_left == -1 && window_right == -1, "window_left (", window_left,
                 ") and window_right (", window_right, ") are set but the mask is ", to_string(m),
-                ", which takes no window: use ringattn::sliding_window_mask or "
-                "ringattn::causal_window_mask");
+                ", which takes no window: use the BlockKernel ringattn::sliding_window or "
+                "ringattn::causal_window (ringattn::host_reference<ringattn::sliding_window_mask> "
+                "or <ringattn::causal_window_mask> on the host), or leave both at -1");
     if (m == mask_kind::causal_window) {
       r.require(window_left >= 0, "the causal window mask needs window_left >= 0 (got ",
                 window_left, "); without one it is ringattn::causal_mask");

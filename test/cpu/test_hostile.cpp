@@ -454,3 +454,98 @@ TEST_CASE("huge finite logits: finite outputs at every P, the P = 1 answer") {
     CHECK(worst < 1e-2); // bf16 rounding of a mean of two values below 1 in magnitude
   }
 }
+
+// Two ring objects called at once on one rank's communicator (forbidden: their messages would
+// mix): the second call is refused naming it, the group breaks, and every rank's call fails with
+// an error instead of a wrong answer, a crash or a hang.
+TEST_CASE("two objects called at once on one rank's communicator are refused, on every rank") {
+  const attention_arguments args{4, 2, 64, 0.0f};
+  const std::vector<std::int32_t> cu{0, 40, 64};
+  std::mt19937_64 rng(test::fresh_seed());
+  test::sharded_case<zigzag, T> c(cu, 2, args, mask_kind::causal, rng);
+  in_process_group group(2, std::chrono::milliseconds(2000));
+  std::string a0, b0, a1;
+  const auto errors = test::on_ranks(group, [&](int r, in_process_communicator& comm) {
+    ring_attention<zigzag, in_process_communicator, causal> a(comm, args, cu);
+    ring_attention<zigzag, in_process_communicator, causal> b(comm, args, cu);
+    if (r == 0) {
+      // A's call waits in its agreement for rank 1 (late by 300 ms) while B's call starts.
+      std::thread second([&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        try {
+          (void)c.forward_rank(b, 0);
+        } catch (const std::exception& e) {
+          b0 = e.what();
+        }
+      });
+      try {
+        (void)c.forward_rank(a, 0);
+      } catch (const std::exception& e) {
+        a0 = e.what();
+      }
+      second.join();
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      try {
+        (void)c.forward_rank(a, 1);
+      } catch (const std::exception& e) {
+        a1 = e.what();
+      }
+    }
+  });
+  for (const auto& e : errors)
+    CHECK(test::message(e) == "");
+  const std::string why = "two threads use rank 0's communicator at once";
+  CAPTURE(a0);
+  CAPTURE(b0);
+  CAPTURE(a1);
+  CHECK(b0.find(why) != std::string::npos);
+  CHECK(a0.find(why) != std::string::npos);
+  CHECK(a1.find(why) != std::string::npos);
+}
+
+// The wording after a call-time timeout: the failed call names itself and its all-gather, the
+// next call names the broken group and its cause; no "at plan time", one "ringattn:" prefix.
+TEST_CASE("after a call's agreement times out, the errors name the call, not the plan") {
+  const attention_arguments args{4, 2, 64, 0.0f};
+  const std::vector<std::int32_t> cu{0, 64};
+  std::mt19937_64 rng(test::fresh_seed());
+  test::sharded_case<zigzag, T> c(cu, 3, args, mask_kind::causal, rng);
+  in_process_group group(3, std::chrono::milliseconds(200));
+  std::vector<std::string> first(3), second(3);
+  const auto errors = test::on_ranks(group, [&](int r, in_process_communicator& comm) {
+    ring_attention<zigzag, in_process_communicator, causal> attn(comm, args, cu);
+    if (r == 2) std::this_thread::sleep_for(std::chrono::milliseconds(700));
+    for (std::string* out : {&first[r], &second[r]}) {
+      try {
+        (void)c.forward_rank(attn, r);
+      } catch (const communication_error& e) {
+        *out = e.what();
+      }
+    }
+  });
+  for (const auto& e : errors)
+    CHECK(test::message(e) == "");
+  auto prefixes = [](const std::string& m) {
+    std::size_t n = 0;
+    for (std::size_t at = m.find("ringattn:"); at != std::string::npos;
+         at = m.find("ringattn:", at + 1))
+      ++n;
+    return n;
+  };
+  for (int r = 0; r < 2; ++r) {
+    CAPTURE(r);
+    CAPTURE(first[r]);
+    CAPTURE(second[r]);
+    const std::string rank = "ringattn: rank " + std::to_string(r);
+    CHECK(first[r] == rank + ", call 1 (forward_host): timed out after 200 ms waiting for rank " +
+                          "2 to join an all-gather");
+    CHECK(
+        second[r].starts_with(rank + ", call 2 (forward_host): this in-process group is broken ("));
+    CHECK(second[r].find("all-gather: timed out after 200 ms") != std::string::npos);
+    CHECK(second[r].find("at plan time") == std::string::npos);
+    CHECK(prefixes(first[r]) == 1);
+    CHECK(prefixes(second[r]) == 1);
+  }
+  CHECK(second[2].find("this in-process group is broken (") != std::string::npos);
+}

@@ -246,6 +246,8 @@ TEST_CASE("windows that do not fit the mask are refused at plan time, on every r
   };
   refused(host_reference<causal_mask>{}, {4, 4, 64, 0.0f, 8, 0}, "takes no window");
   refused(host_reference<full_mask>{}, {4, 4, 64, 0.0f, -1, 3}, "takes no window");
+  refused(host_reference<causal_mask>{}, {4, 4, 64, 0.0f, 8, 0},
+          "use the BlockKernel ringattn::sliding_window or ringattn::causal_window");
   refused(host_reference<causal_window_mask>{}, {4, 4, 64, 0.0f, -1, 0}, "needs window_left >= 0");
   refused(host_reference<causal_window_mask>{}, {4, 4, 64, 0.0f, 8, 2}, "sees no key ahead");
   refused(host_reference<sliding_window_mask>{}, {4, 4, 64, 0.0f, -2, 0}, "must be >= 0, or -1");

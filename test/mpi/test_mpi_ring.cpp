@@ -269,6 +269,14 @@ TEST_CASE("MPI: a late rank: the others fail within the timeout; a retry fails a
     CAPTURE(again);
     CHECK(again.find("this MPI communicator is broken (") != std::string::npos);
     CHECK(again.find("create a new mpi_communicator") != std::string::npos);
+    // The retry names itself once, and the cause as it happened (a call's all-gather or a step).
+    CHECK(again.starts_with("ringattn: rank " + std::to_string(r) +
+                            ", call 2 (forward_host): this MPI communicator is broken (rank "));
+    CHECK(again.find("at plan time") == std::string::npos);
+    CHECK(again.find("ringattn:", 1) == std::string::npos);
+    if (r != last)
+      CHECK(again.find("(rank " + std::to_string(r) + ", all-gather: timed out after 300 ms") !=
+            std::string::npos);
     CHECK(seconds_since(retry) < 0.1);
   }
   MPI_Barrier(MPI_COMM_WORLD); // everyone, the late rank included, goes on together
@@ -296,7 +304,7 @@ TEST_CASE("MPI: a rank late at plan time makes the others fail with an error, no
     }
     if (r != last)
       CHECK(what == "ringattn: rank " + std::to_string(r) +
-                        ", at plan time: timed out after 300 ms waiting for every rank to join a "
+                        ", all-gather: timed out after 300 ms waiting for every rank to join a "
                         "collective");
   }
   MPI_Barrier(MPI_COMM_WORLD);

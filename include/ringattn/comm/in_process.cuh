@@ -17,6 +17,11 @@
 //! failure and asking for a new group. Offers carry the call number the ring gives each call
 //! (`begin_call`) and the step, so nothing of one call is ever taken by another.
 //!
+//! One call at a time per rank: while a thread is inside a call (`enter_call`, which the ring
+//! takes for each call) or an operation of rank r, another thread's operation or call on rank r
+//! breaks the group and throws `invalid_argument` naming it, since the two would trade each
+//! other's messages. Calls of a rank's objects one after another, from any thread, are fine.
+//!
 //! \code
 //! ringattn::in_process_group group(4);
 //! std::vector<std::thread> threads;
@@ -37,6 +42,7 @@
 #include <mutex>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -53,8 +59,8 @@ public:
   explicit in_process_group(int size, std::chrono::milliseconds timeout = std::chrono::seconds(60))
       : size_(checked_size(size)), timeout_(timeout), posts_(static_cast<std::size_t>(size_)),
         ready_(posts_.size(), nullptr), copied_(posts_.size(), nullptr),
-        devices_(posts_.size(), -1), taken_(posts_.size(), false),
-        gathered_(posts_.size(), nullptr), joined_(posts_.size(), -1) {}
+        devices_(posts_.size(), -1), taken_(posts_.size(), false), users_(posts_.size()),
+        holds_(posts_.size(), 0), gathered_(posts_.size(), nullptr), joined_(posts_.size(), -1) {}
   in_process_group(const in_process_group&) = delete;
   in_process_group& operator=(const in_process_group&) = delete;
 
@@ -128,10 +134,11 @@ private:
     cudaEvent_t copied = nullptr; // device exchange: the receiver's copy of it is complete
   };
 
-  //! "rank r, step s" (or "rank r, at plan time" for step < 0): where an error happened.
+  //! "rank r, step s" (or "rank r, all-gather" for step < 0: the agreement of a plan or of a
+  //! call): where an error happened.
   static std::string where(int rank, std::int64_t step) {
     return "rank " + std::to_string(rank) +
-           (step >= 0 ? ", step " + std::to_string(step) : std::string(", at plan time"));
+           (step >= 0 ? ", step " + std::to_string(step) : std::string(", all-gather"));
   }
 
   // Waits on `changed_` until `ready()` or timeout/abort; throws naming the ranks and the step.
@@ -175,6 +182,42 @@ private:
     return size;
   }
 
+  //! Takes rank `rank` for the calling thread (a thread's nested takes count), or, if another
+  //! thread holds it, breaks the group and throws (the caller holds the lock).
+  void take_rank(int rank, std::int64_t step) {
+    const auto r = static_cast<std::size_t>(rank);
+    const std::thread::id me = std::this_thread::get_id();
+    if (holds_[r] > 0 && users_[r] != me) {
+      const std::string why =
+          where(rank, step) + ": two threads use rank " + std::to_string(rank) +
+          "'s communicator at once (one call at a time per rank: a rank's ring objects are "
+          "called one after another, never concurrently)";
+      if (aborted_.empty()) aborted_ = why;
+      changed_.notify_all();
+      throw invalid_argument("ringattn: " + why);
+    }
+    users_[r] = me;
+    ++holds_[r];
+  }
+  void release_rank(int rank) noexcept {
+    const auto r = static_cast<std::size_t>(rank);
+    if (--holds_[r] == 0) users_[r] = std::thread::id();
+  }
+  //! Rank `rank` taken for one operation (the caller holds the lock while it is made and ends).
+  class rank_use {
+  public:
+    rank_use(in_process_group& g, int rank, std::int64_t step) : g_(g), rank_(rank) {
+      g_.take_rank(rank, step);
+    }
+    ~rank_use() { g_.release_rank(rank_); }
+    rank_use(const rank_use&) = delete;
+    rank_use& operator=(const rank_use&) = delete;
+
+  private:
+    in_process_group& g_;
+    int rank_;
+  };
+
   //! Throws at once if the group is broken (the caller holds the lock).
   void require_live(int rank, std::int64_t step) const {
     if (!aborted_.empty())
@@ -192,6 +235,8 @@ private:
   std::vector<cudaEvent_t> ready_, copied_; // per rank, for device exchanges
   std::vector<int> devices_;                // per rank: its device (-1 before prepare_device)
   std::vector<bool> taken_;                 // per rank: its communicator was handed out
+  std::vector<std::thread::id> users_;      // per rank: the thread inside a call or operation
+  std::vector<int> holds_;                  // per rank: that thread's takes (0: the rank is free)
 
   //! Lets device `from` access device `to`'s memory directly, if the hardware can.
   static void enable_peer(int from, int to) {
@@ -232,6 +277,7 @@ public:
     check_peer(to, step);
     check_peer(from, step);
     g.require_live(rank_, step);
+    const in_process_group::rank_use use(g, rank_, step);
     // 1. offer our buffer to `to`.
     g.wait(
         lock, [&] { return g.posts_[rank_].consumed; }, rank_, to, step,
@@ -270,6 +316,7 @@ public:
     check_peer(to, step);
     check_peer(from, step);
     g.require_live(rank_, step);
+    const in_process_group::rank_use use(g, rank_, step);
     if (g.ready_[static_cast<std::size_t>(rank_)] == nullptr)
       throw invalid_argument("ringattn: " + in_process_group::where(rank_, step) +
                              ": device exchange before prepare_device()");
@@ -311,6 +358,7 @@ public:
     in_process_group& g = *group_;
     std::unique_lock<std::mutex> lock(g.mutex_);
     g.require_live(rank_, -1);
+    const in_process_group::rank_use use(g, rank_, -1);
     const std::int64_t gen = g.generation_;
     g.gathered_[rank_] = send;
     g.joined_[rank_] = gen;
@@ -361,6 +409,27 @@ public:
   //! Numbers the ring's call that follows (the same on every rank): offers of one call are never
   //! taken by another.
   void begin_call(std::uint64_t call) noexcept { call_ = call; }
+
+  //! This rank taken by the calling thread for one call, until the returned object ends: another
+  //! thread's call or operation on this rank meanwhile breaks the group (see the file notes).
+  class call_use {
+  public:
+    explicit call_use(in_process_group& g, int rank) : g_(&g), rank_(rank) {
+      std::lock_guard<std::mutex> lock(g.mutex_);
+      g.take_rank(rank, -1);
+    }
+    ~call_use() {
+      std::lock_guard<std::mutex> lock(g_->mutex_);
+      g_->release_rank(rank_);
+    }
+    call_use(const call_use&) = delete;
+    call_use& operator=(const call_use&) = delete;
+
+  private:
+    in_process_group* g_;
+    int rank_;
+  };
+  [[nodiscard]] call_use enter_call() { return call_use(*group_, rank_); }
 
 private:
   friend class in_process_group;

@@ -269,9 +269,9 @@ private:
       std::lock_guard<std::mutex> lock(kept_mutex);
       kept.emplace_back(req, gather_);
     }
-    throw communication_error(
-        "ringattn: rank " + std::to_string(rank_) + ", at plan time: timed out after " +
-        std::to_string(timeout_.count()) + " ms waiting for every rank to join a collective");
+    throw communication_error("ringattn: rank " + std::to_string(rank_) +
+                              ", all-gather: timed out after " + std::to_string(timeout_.count()) +
+                              " ms waiting for every rank to join a collective");
   }
   // Waits (bounded) until the work enqueued on `stream` so far is done.
   void settle(cudaStream_t stream, std::int64_t step) {

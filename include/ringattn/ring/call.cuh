@@ -68,6 +68,16 @@ void require_message_size(validation& v, const C& comm, std::size_t bytes, const
               " (use more ranks, or fewer kv heads per ring)");
 }
 
+//! `what` without the location a communicator put first ("ringattn: rank R: ", "ringattn: rank
+//! R, all-gather: "), for a message that names the call instead.
+inline std::string without_location(const std::string& what, int rank) {
+  const std::string head = "ringattn: rank " + std::to_string(rank);
+  if (!what.starts_with(head) || what.size() == head.size()) return what;
+  if (what[head.size()] != ':' && what[head.size()] != ',') return what;
+  const std::size_t colon = what.find(": ", head.size());
+  return colon == std::string::npos ? what : what.substr(colon + 2);
+}
+
 //! The call guard of one `ring_attention` object.
 template <class Communicator>
 class call_gate {
@@ -103,6 +113,14 @@ public:
       std::atomic<bool>& flag;
       ~release() { flag.store(false); }
     } done{busy_};
+    // A communicator that can tell holds this rank for the whole call, so that another object's
+    // call on the same rank at the same time is refused instead of trading messages with it.
+    [[maybe_unused]] const auto use = [&] {
+      if constexpr (requires { comm_.enter_call(); })
+        return comm_.enter_call();
+      else
+        return 0;
+    }();
     if constexpr (agrees_every_call<Communicator>) {
       agree(ok, kind, type);
     } else {
@@ -139,13 +157,11 @@ private:
     try {
       comm_.all_gather(&mine, sizeof mine, all_.data());
     } catch (const communication_error& e) { // a rank missing: the communicator is broken now
-      comm_.abort(e.what());
-      std::string m = e.what();
-      const std::string plan_time =
-          "ringattn: rank " + std::to_string(comm_.rank()) + ", at plan time: ";
-      if (m.starts_with(plan_time)) m.erase(0, plan_time.size());
-      throw communication_error(concat("ringattn: rank ", comm_.rank(), ", call ", mine.call, " (",
-                                       to_string(kind), "): ", m));
+      const std::string m =
+          concat("ringattn: rank ", comm_.rank(), ", call ", mine.call, " (", to_string(kind),
+                 "): ", without_location(e.what(), comm_.rank()));
+      comm_.abort(m);
+      throw communication_error(m);
     }
     ok.throw_if_invalid();
     validation v = validation::ok();
