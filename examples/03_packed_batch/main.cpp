@@ -3,7 +3,9 @@
 // Round-robin gives every rank the same number of tokens (to within one per sequence) for any mix
 // of lengths, so short and long sequences in one batch keep the ranks balanced under a causal
 // mask. The ring runs on P simulated ranks (threads, the host path); every output row is checked
-// against the float64 oracle. Everything is fixed at compile time.
+// against the float64 oracle. The policies are fixed at compile time; `--ranks` picks P.
+#include "../common/example.hpp"
+
 #include <ringattn/comm/in_process.cuh>
 #include <ringattn/ring_attention.cuh>
 #include <ringattn/ringattn.cuh>
@@ -15,7 +17,6 @@
 #include <vector>
 
 namespace {
-constexpr int ranks = 4;
 constexpr std::int32_t lengths[] = {1, 7, 300, 31, 1024, 5, 611, 2, 129};
 constexpr ringattn::attention_arguments args{8, 2, 64, 0.0f};
 using partitioner = ringattn::round_robin;
@@ -24,7 +25,13 @@ using T = __nv_bfloat16;
 using ring = ringattn::ring_attention<partitioner, ringattn::in_process_communicator, mask>;
 } // namespace
 
-int main() try {
+int main(int argc, char** argv) try {
+  int ranks = 4;
+  example::flags("packed_batch",
+                 "Nine packed sequences of 1 to 1024 tokens, round-robin over the ranks, causal, "
+                 "on the host; every output row against the float64 oracle.")
+      .add("ranks", ranks, "ranks (threads of this process)", 1, 64)
+      .parse(argc, argv);
   std::vector<std::int32_t> cu{0};
   for (std::int32_t l : lengths)
     cu.push_back(cu.back() + l);
@@ -42,7 +49,7 @@ int main() try {
              v = random(tokens * args.kv_heads * d);
   const ringattn::partition_plan<partitioner> plan(cu, ranks);
   std::vector<T> out(q.size(), ringattn::from_float<T>(-12345.0f)); // poisoned
-  std::vector<std::exception_ptr> errors(ranks);
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(ranks));
   ringattn::in_process_group group(ranks);
   std::vector<std::thread> threads;
   for (int r = 0; r < ranks; ++r)
@@ -104,6 +111,9 @@ int main() try {
   std::printf("relative error of every output row against the float64 oracle: %.2e -> %s\n", err,
               ok ? "OK" : "FAILED");
   return ok ? 0 : 1;
+} catch (const example::help_requested& h) {
+  std::printf("%s", h.text.c_str());
+  return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "%s\n", e.what());
   return 1;
