@@ -6,16 +6,32 @@ RINGATTN_TORCH_CUDA_ARCHITECTURES picks the GPU architectures (default "80;90a")
 passes anything else, MAX_JOBS bounds the parallel build.
 """
 
+import hashlib
 import os
 import pathlib
 import shlex
 import shutil
 import subprocess
+import sys
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 HERE = pathlib.Path(__file__).resolve().parent
+
+
+def cmake_build_name(environ, torch):
+    """The CMake build folder's name for this install: a hash of everything that decides what
+    CMake configures (the options above, CMAKE_ARGS, the CUDA compiler found, and the Torch
+    package and Python that build it), so that an install with other options or another PyTorch
+    configures afresh instead of reusing a cache made for the last one."""
+    parts = [f"{name}={environ.get(name, '')}" for name in (
+        "RINGATTN_TORCH_DEVICE", "RINGATTN_TORCH_CUDA_ARCHITECTURES", "CMAKE_ARGS",
+        "CMAKE_BUILD_TYPE", "CUDACXX", "CUDA_HOME", "CUDA_PATH", "CXX", "CC")]
+    parts += [f"nvcc={shutil.which('nvcc') or ''}", f"torch={torch.__version__}",
+              f"torch_path={torch.utils.cmake_prefix_path}", f"python={sys.executable}"]
+    digest = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+    return f"cmake-{digest}"
 
 
 class CMakeExtension(Extension):
@@ -28,7 +44,7 @@ class CMakeBuild(build_ext):
         import torch
 
         output = pathlib.Path(self.get_ext_fullpath(ext.name)).resolve()
-        build = pathlib.Path(self.build_temp).resolve() / "cmake"
+        build = pathlib.Path(self.build_temp).resolve() / cmake_build_name(os.environ, torch)
         args = [
             "cmake", "-S", str(HERE), "-B", str(build),
             f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}",
@@ -46,4 +62,5 @@ class CMakeBuild(build_ext):
         subprocess.check_call(["cmake", "--build", str(build), "-j", jobs])
 
 
-setup(ext_modules=[CMakeExtension("ringattn_torch._C")], cmdclass={"build_ext": CMakeBuild})
+if __name__ == "__main__" or os.environ.get("RINGATTN_SETUP_IMPORT") != "1":
+    setup(ext_modules=[CMakeExtension("ringattn_torch._C")], cmdclass={"build_ext": CMakeBuild})

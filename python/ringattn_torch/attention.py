@@ -3,6 +3,9 @@ process; CUDA tensors over an NCCL communicator made from the group, CPU tensors
 CPU backend) or over virtual ranks (every rank a thread of this process, on one device)."""
 
 import collections
+import datetime
+import hashlib
+import operator
 import threading
 from typing import Optional, Sequence, Tuple
 
@@ -24,10 +27,14 @@ def _window(mask: str, window: Optional[Sequence[int]]) -> Tuple[int, int]:
         raise ValueError(f"ringattn: unknown mask '{mask}' (one of {', '.join(MASKS)})")
     if window is None:
         return (-1, -1)
-    if isinstance(window, int):
+    if isinstance(window, int) and not isinstance(window, bool):
         return (int(window), 0 if mask == "causal_window" else int(window))
-    left, right = window
-    return (int(left), int(right))
+    try:
+        left, right = window
+        return (operator.index(left), operator.index(right))
+    except (TypeError, ValueError):
+        raise ValueError(f"ringattn: window is an int or (left, right) of ints, -1 unbounded "
+                         f"(got {window!r})") from None
 
 
 def _stream(device: torch.device) -> int:
@@ -210,6 +217,17 @@ def _check_tensors(q, k, v):
                              f"{t.dim()} dimensions)")
 
 
+def _check_whole_batch(q, k, v, cu):
+    """q, k and v hold the whole packed batch of `cu` (a ring of one rank, or every virtual
+    rank's shards together), on one device."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.device != q.device:
+            raise ValueError(f"ringattn: {name} is on {t.device} but q is on {q.device}")
+        if t.size(0) != cu[-1]:
+            raise ValueError(f"ringattn: {name} has {t.size(0)} tokens but cu_seqlens holds "
+                             f"{cu[-1]} (the whole packed batch)")
+
+
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: CuSeqlens, *,
                    group: Optional[dist.ProcessGroup] = None, partitioner: str = "zigzag",
                    mask: str = "causal", window: Optional[Sequence[int]] = None,
@@ -230,18 +248,24 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
     size must divide q_heads, and it and kv_heads one another). Returns out [local tokens, q_heads,
     head_dim_v] and lse [q_heads, local tokens] (fp32, natural log, not differentiable).
     Collective: every rank of the group calls it with the same layout."""
-    _check_tensors(q, k, v)
-    check_partitioner(partitioner)
-    if schedule not in SCHEDULES:
-        raise ValueError(f"ringattn: unknown schedule '{schedule}' (one of "
-                         f"{', '.join(SCHEDULES)})")
-    key = _layout_key(q, k, v, cu_seqlens_list(cu_seqlens), partitioner, mask, schedule,
-                      _window(mask, window), softmax_scale)
-    device = q.device
+    device = q.device if isinstance(q, torch.Tensor) else None
     if group is None and not (dist.is_available() and dist.is_initialized()):
+        key, cu = _checked_call(q, k, v, cu_seqlens, partitioner, mask, schedule, window,
+                                softmax_scale)
+        # A ring of one rank: its shard is the whole batch.
+        _check_whole_batch(q, k, v, cu)
         return RingAttentionFunction.apply(q, k, v, _virtual_runner(key, 1, device))
     if group is None:
         group = dist.group.WORLD
+    # Every rank checks its call, then the ranks agree on the verdicts and the layouts before
+    # anything else: a rank whose own checks fail still takes part, so that every rank raises.
+    problem, key = None, None
+    try:
+        key, _ = _checked_call(q, k, v, cu_seqlens, partitioner, mask, schedule, window,
+                               softmax_scale)
+    except (TypeError, ValueError) as e:
+        problem = e
+    _agree(group, timeout, problem, key, q)
     comm = _group_communicator(group, device, timeout)
     index = device.index if device.type == "cuda" and device.index is not None else (
         torch.cuda.current_device() if device.type == "cuda" else -1)
@@ -252,6 +276,83 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
         comm.drop()
         raise
     return RingAttentionFunction.apply(q, k, v, _GroupRunner(comm, plan, device))
+
+
+def _checked_call(q, k, v, cu_seqlens, partitioner, mask, schedule, window, softmax_scale):
+    """The checks every entry point makes on the calling rank, and the call's layout key."""
+    _check_tensors(q, k, v)
+    check_partitioner(partitioner)
+    if schedule not in SCHEDULES:
+        raise ValueError(f"ringattn: unknown schedule '{schedule}' (one of "
+                         f"{', '.join(SCHEDULES)})")
+    cu = cu_seqlens_list(cu_seqlens)
+    key = _layout_key(q, k, v, cu, partitioner, mask, schedule, _window(mask, window),
+                      softmax_scale)
+    return key, cu
+
+
+#: Bytes of a call's verdict in the agreement: ok, the layout's fingerprint, the reason.
+_VERDICT_BYTES = 256
+_agreement_groups = {}
+
+
+def _agreement_group(group, timeout: float):
+    """The group the ranks agree over before each call, on the host: `group` itself where its
+    backend takes CPU tensors (gloo), else a gloo group of the same ranks, made once."""
+    key = (group.group_name, float(timeout))
+    with _lock:
+        made = _agreement_groups.get(key)
+    if made is not None:
+        return made
+    backend = str(dist.get_backend(group))
+    if "gloo" in backend:
+        made = group
+    else:
+        made = dist.new_group(dist.get_process_group_ranks(group), backend="gloo",
+                              timeout=datetime.timedelta(seconds=timeout),
+                              use_local_synchronization=True)
+    with _lock:
+        _agreement_groups.setdefault(key, made)
+        return _agreement_groups[key]
+
+
+def _fingerprint(key, q) -> bytes:
+    """8 bytes that differ where two ranks' calls differ in what plans the ring: the layout key
+    and the device kind (the dtype is the ring's own check, at the call)."""
+    text = repr((key, q.device.type))
+    return hashlib.blake2b(text.encode(), digest_size=8).digest()
+
+
+def _agree(group, timeout: float, problem: Optional[Exception], key, q) -> None:
+    """One small all-gather of every rank's verdict on its call (ok, or its reason) and the
+    fingerprint of its layout; then the same outcome on every rank: this rank's own error where
+    it refused, else a ValueError naming the first rank that refused or whose layout differs
+    from rank 0's. Raises before any plan or kernel; nothing is left half done."""
+    g = _agreement_group(group, timeout)
+    mine = torch.zeros(_VERDICT_BYTES, dtype=torch.uint8)
+    if problem is None:
+        mine[0] = 1
+        mine[1:9] = torch.frombuffer(bytearray(_fingerprint(key, q)), dtype=torch.uint8)
+    else:
+        text = str(problem)
+        if text.startswith("ringattn: "):
+            text = text[len("ringattn: "):]
+        raw = text.encode()[:_VERDICT_BYTES - 9]
+        mine[9:9 + len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+    parts = [torch.empty_like(mine) for _ in range(dist.get_world_size(g))]
+    dist.all_gather(parts, mine, group=g)
+    if problem is not None:
+        raise problem
+    for r, p in enumerate(parts):
+        if int(p[0]) != 1:
+            reason = bytes(p[9:].tolist()).rstrip(b"\0").decode(errors="replace")
+            raise ValueError(f"ringattn: rank {r} rejected the call: {reason}")
+    for r, p in enumerate(parts[1:], start=1):
+        if not torch.equal(p[1:9], parts[0][1:9]):
+            raise ValueError(f"ringattn: rank {r} calls with another layout than rank 0 (its "
+                             f"partitioner, mask, schedule, window, scale, head counts, widths, "
+                             f"cu_seqlens or device kind differ; every rank of the group "
+                             f"calls with the same layout)")
 
 
 def _virtual_runner(key, ranks: int, device: torch.device) -> _VirtualRunner:
@@ -286,20 +387,9 @@ def virtual_ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     under `partitioner` as a ring of `ranks` processes would. Returns out and lse of the whole
     batch in its own order, with autograd. For testing a layout on one device, and for the
     host path on CPU tensors."""
-    _check_tensors(q, k, v)
-    check_partitioner(partitioner)
-    if schedule not in SCHEDULES:
-        raise ValueError(f"ringattn: unknown schedule '{schedule}' (one of "
-                         f"{', '.join(SCHEDULES)})")
-    if not isinstance(ranks, int) or ranks < 1:
+    if not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 1:
         raise ValueError(f"ringattn: ranks must be a positive int (got {ranks!r})")
-    cu = cu_seqlens_list(cu_seqlens)
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.device != q.device:
-            raise ValueError(f"ringattn: {name} is on {t.device} but q is on {q.device}")
-        if cu and t.size(0) != cu[-1]:
-            raise ValueError(f"ringattn: {name} has {t.size(0)} tokens but cu_seqlens holds "
-                             f"{cu[-1]} (the whole packed batch)")
-    key = _layout_key(q, k, v, cu, partitioner, mask, schedule, _window(mask, window),
-                      softmax_scale)
+    key, cu = _checked_call(q, k, v, cu_seqlens, partitioner, mask, schedule, window,
+                            softmax_scale)
+    _check_whole_batch(q, k, v, cu)
     return RingAttentionFunction.apply(q, k, v, _virtual_runner(key, ranks, q.device))

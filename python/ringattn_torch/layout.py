@@ -1,6 +1,7 @@
 """Where the tokens of a packed batch live: each rank's token indices and positions under a
 partitioner, and sharding a full packed tensor into a rank's shard and back."""
 
+import operator
 from typing import Optional, Sequence, Tuple, Union
 
 import torch
@@ -14,12 +15,41 @@ CuSeqlens = Union[torch.Tensor, Sequence[int]]
 
 
 def cu_seqlens_list(cu_seqlens: CuSeqlens) -> Tuple[int, ...]:
-    """`cu_seqlens` as a tuple of ints (a CUDA tensor is copied to the host, which waits for it)."""
+    """`cu_seqlens` as a tuple of ints (a CUDA tensor is copied to the host, which waits for it),
+    checked: integers (an integer tensor, or ints; never a float such as 36.5 or 36.0), at least
+    one offset, starting at 0, never decreasing, below 2^31. Raises ValueError naming the first
+    fault."""
     if isinstance(cu_seqlens, torch.Tensor):
         if cu_seqlens.dim() != 1:
             raise ValueError("ringattn: cu_seqlens must be 1-D (batch + 1 offsets)")
-        return tuple(int(x) for x in cu_seqlens.tolist())
-    return tuple(int(x) for x in cu_seqlens)
+        if cu_seqlens.dtype.is_floating_point or cu_seqlens.dtype.is_complex or \
+                cu_seqlens.dtype == torch.bool:
+            raise ValueError(f"ringattn: cu_seqlens must hold integers (got a tensor of "
+                             f"{cu_seqlens.dtype})")
+        values = cu_seqlens.tolist()
+    else:
+        values = list(cu_seqlens)
+    offsets = []
+    for i, x in enumerate(values):
+        if isinstance(x, bool) or isinstance(x, float):
+            raise ValueError(f"ringattn: cu_seqlens must hold integers (entry {i} is {x!r})")
+        try:
+            offsets.append(operator.index(x))
+        except TypeError:
+            raise ValueError(f"ringattn: cu_seqlens must hold integers (entry {i} is "
+                             f"{x!r})") from None
+    if not offsets:
+        raise ValueError("ringattn: cu_seqlens must hold batch + 1 offsets (got none)")
+    if offsets[0] != 0:
+        raise ValueError(f"ringattn: cu_seqlens must start at 0 (got {offsets[0]})")
+    for i in range(1, len(offsets)):
+        if offsets[i] < offsets[i - 1]:
+            raise ValueError(f"ringattn: cu_seqlens must not decrease (entry {i}: "
+                             f"{offsets[i - 1]} then {offsets[i]})")
+    if offsets[-1] >= 2 ** 31:
+        raise ValueError(f"ringattn: cu_seqlens holds {offsets[-1]} tokens, beyond the int32 "
+                         f"offsets of the library (at most 2^31 - 1)")
+    return tuple(offsets)
 
 
 def check_partitioner(partitioner: str) -> str:

@@ -115,3 +115,50 @@ def _plans_and_refusals(rank, ranks):
 
 def test_group_plans_kept_and_refusals_reach_every_rank():
     run_ranks(3, _plans_and_refusals)
+
+
+def _refusals_everywhere(rank, ranks):
+    """Each refusal on one rank (a different rank each round), 20 rounds: every rank raises,
+    the refusing rank its own error and the others one naming it; nobody waits, and the next
+    valid call gives the first call's result."""
+    cu = [0, 30, 61]
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (ra.shard(x, cu) for x in inputs(cu, 4, 2, 64, 64, torch.float32, "cpu", g))
+    first, _ = ra.ring_attention(q, k, v, cu)
+    # (what the refusing rank passes, what it is told, what the others are told)
+    cases = [
+        (dict(q=q[0]), "must be [tokens, heads, dim]", "rejected the call"),
+        (dict(mask="diagonal"), "unknown mask 'diagonal'", "rejected the call"),
+        (dict(partitioner="striped"), "unknown partitioner 'striped'", "rejected the call"),
+        (dict(schedule="tree"), "unknown schedule 'tree'", "rejected the call"),
+        (dict(mask="sliding_window", window=(1, 2, 3)), "window is an int or (left, right)",
+         "rejected the call"),
+        (dict(cu=[0, 30.5, 61]), "must hold integers", "rejected the call"),
+        (dict(cu=[0, 31, 61]), "another layout than rank 0", "another layout than rank 0"),
+        (dict(mask="full"), "another layout than rank 0", "another layout than rank 0"),
+        (dict(q=q.double(), k=k.double(), v=v.double()), "dtype", "rejected call"),
+        (dict(q=q[:-1], k=k[:-1], v=v[:-1]), "but rank", "rejected call"),
+    ]
+    for round in range(20):
+        for i, (bad, own, others) in enumerate(cases):
+            refusing = (round + i) % ranks
+            mine = bad if rank == refusing else {}
+            args = dict(q=q, k=k, v=v, cu=cu)
+            args.update({n: mine[n] for n in ("q", "k", "v", "cu") if n in mine})
+            options = {n: x for n, x in mine.items() if n not in ("q", "k", "v", "cu")}
+            with pytest.raises((ValueError, TypeError)) as e:
+                ra.ring_attention(args["q"], args["k"], args["v"], args["cu"], **options)
+            text = str(e.value)
+            if "another layout" in others:
+                assert others in text, (round, i, text)
+            elif rank == refusing:
+                assert own in text, (round, i, text)
+            else:
+                assert f"rank {refusing} " in text and others in text, (round, i, text)
+        after, _ = ra.ring_attention(q, k, v, cu)
+        assert torch.equal(after, first), round
+
+
+@pytest.mark.parametrize("ranks", [2, 3, 4])
+def test_refusals_on_one_rank_reach_every_rank_every_time(ranks):
+    run_ranks(ranks, _refusals_everywhere)

@@ -50,9 +50,34 @@ def test_virtual_all_to_all_every_partitioner_and_mask(partitioner, mask):
 
 
 def test_all_to_all_refuses_heads_that_do_not_split():
-    q = torch.zeros(40, 4, 64)
-    with pytest.raises(Exception, match="4 q heads do not split over 3 ranks"):
-        ra.virtual_ring_attention(q, q, q, [0, 40], 3, schedule="all_to_all")
+    # Repeated: the ranks are threads, and a race shows only now and then.
+    q = torch.randn(40, 4, 64)
+    for _ in range(20):
+        with pytest.raises(ValueError, match="4 q heads do not split over 3 ranks"):
+            ra.virtual_ring_attention(q, q, q, [0, 40], 3, schedule="all_to_all")
+    out, _ = ra.virtual_ring_attention(q, q, q, [0, 40], 4, schedule="all_to_all")
+    ref, _ = ra.virtual_ring_attention(q, q, q, [0, 40], 4)
+    assert torch.allclose(out, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_refusals_on_virtual_ranks_repeat_cleanly():
+    # Every refusal of the bindings and the ring, 20 times over: an exception each time, never a
+    # crash, and the ring runs after them.
+    cu = [0, 10, 21]
+    q = torch.randn(21, 2, 64)
+    for _ in range(20):
+        with pytest.raises(ValueError, match="dtype"):
+            x = q.double()
+            ra.virtual_ring_attention(x, x, x, cu, 3)
+        with pytest.raises(ValueError, match="tokens"):
+            ra.virtual_ring_attention(q[:-1], q[:-1], q[:-1], cu, 3)
+        with pytest.raises(ValueError, match="head_dim 48 is not supported"):
+            x = torch.randn(21, 2, 48)
+            ra.virtual_ring_attention(x, x, x, cu, 3)
+        with pytest.raises(ValueError, match="must hold integers"):
+            ra.virtual_ring_attention(q, q, q, [0, 10.5, 21], 3)
+    out, _ = ra.virtual_ring_attention(q, q, q, cu, 3)
+    assert torch.isfinite(out).all()
 
 
 def test_separate_widths_and_scale():
@@ -135,6 +160,33 @@ def test_refusals_name_the_problem():
     # The ring still runs after every refusal above.
     out, _ = ra.virtual_ring_attention(q, q, q, cu, 2)
     assert torch.isfinite(out).all()
+
+
+def test_shards_and_cu_seqlens_are_checked_without_a_process_group():
+    # One rank without a group: its shard is the whole batch, so the tensors' tokens must be
+    # cu_seqlens' total; cu_seqlens must be integers that start at 0 and never decrease.
+    q = torch.randn(301, 2, 64)
+    with pytest.raises(ValueError, match="q has 301 tokens but cu_seqlens holds 10"):
+        ra.ring_attention(q, q, q, [0, 10])
+    with pytest.raises(ValueError, match="must hold integers"):
+        ra.ring_attention(q, q, q, [0, 36.5, 301])
+    with pytest.raises(ValueError, match="must hold integers"):
+        ra.ring_attention(q, q, q, [0, 301.0])
+    with pytest.raises(ValueError, match="must hold integers"):
+        ra.ring_attention(q, q, q, torch.tensor([0.0, 301.0]))
+    with pytest.raises(ValueError, match="must hold integers"):
+        ra.virtual_ring_attention(q, q, q, [0, 36.5, 301], 2)
+    with pytest.raises(ValueError, match="must not decrease"):
+        ra.ring_attention(q, q, q, [0, 200, 100, 301])
+    with pytest.raises(ValueError, match="must start at 0"):
+        ra.ring_attention(q, q, q, [1, 301])
+    with pytest.raises(ValueError, match="must hold integers"):
+        ra.token_indices([0, 2.5], ranks=2, rank=0)
+    # Integer tensors and numpy-style integers are fine, and the answer is the whole batch's.
+    out, lse = ra.ring_attention(q, q, q, torch.tensor([0, 100, 301], dtype=torch.int64))
+    assert out.shape == (301, 2, 64) and torch.isfinite(out).all() and torch.isfinite(lse).all()
+    ref, ref_lse = ra.virtual_ring_attention(q, q, q, [0, 100, 301], 1)
+    assert torch.equal(out, ref) and torch.equal(lse, ref_lse)
 
 
 def test_cuda_tensors_without_the_device_path_are_refused():
