@@ -105,11 +105,12 @@ struct attention_arguments {
                 "or <ringattn::causal_window_mask> on the host), or leave both at -1");
     if (m == mask_kind::causal_window) {
       r.require(window_left >= 0, "the causal window mask needs window_left >= 0 (got ",
-                window_left, "); without one it is ringattn::causal_mask");
+                window_left, "); without one it is the BlockKernel ringattn::causal");
       r.require(window_right <= 0,
                 "the causal window mask sees no key ahead of the query, but "
                 "window_right is ",
-                window_right, " (leave it -1 or 0, or use sliding_window_mask)");
+                window_right,
+                " (leave it -1 or 0, or use the BlockKernel ringattn::sliding_window)");
     }
     return r;
   }

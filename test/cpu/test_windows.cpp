@@ -249,7 +249,11 @@ TEST_CASE("windows that do not fit the mask are refused at plan time, on every r
   refused(host_reference<causal_mask>{}, {4, 4, 64, 0.0f, 8, 0},
           "use the BlockKernel ringattn::sliding_window or ringattn::causal_window");
   refused(host_reference<causal_window_mask>{}, {4, 4, 64, 0.0f, -1, 0}, "needs window_left >= 0");
+  refused(host_reference<causal_window_mask>{}, {4, 4, 64, 0.0f, -1, 0},
+          "without one it is the BlockKernel ringattn::causal");
   refused(host_reference<causal_window_mask>{}, {4, 4, 64, 0.0f, 8, 2}, "sees no key ahead");
+  refused(host_reference<causal_window_mask>{}, {4, 4, 64, 0.0f, 8, 2},
+          "or use the BlockKernel ringattn::sliding_window)");
   refused(host_reference<sliding_window_mask>{}, {4, 4, 64, 0.0f, -2, 0}, "must be >= 0, or -1");
   // Ranks that disagree on the window fail together.
   in_process_group group(2);
