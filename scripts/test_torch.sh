@@ -2,10 +2,12 @@
 # The PyTorch extension's tests: builds python/ with CMake against the Torch package of a PyTorch,
 # installs it there with pip, and runs pytest python/tests (GPU tests report "skipped" without a
 # GPU). The PyTorch is $RINGATTN_TORCH_PYTHON's, else python3's where it imports torch, else
-# PyPI's torch 2.11 in a virtual environment under build/torch-venv (made once, then reused).
-# PyTorch's CPU-only wheels are not on PyPI, so that one is the standard wheel: its CUDA build
-# runs CPU tensors on a machine without a GPU, which is what the host-path tests need.
-# With no arguments it then runs the host tests 20 times more.
+# PyPI's torch 2.11 in a virtual environment made once per machine and reused by every checkout:
+# under $RINGATTN_CACHE (default ${XDG_CACHE_HOME:-~/.cache}/ringattn), named by the PyTorch and
+# Python versions; build/torch-venv where that folder cannot be written. PyTorch's CPU-only wheels
+# are not on PyPI, so that one is the standard wheel (about 5 GB with its CUDA libraries): its
+# CUDA build runs CPU tensors on a machine without a GPU, which is what the host-path tests need.
+# With no arguments it then runs the training example on the CPU and the host tests 20 times more.
 # Usage: scripts/test_torch.sh [pytest arguments]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,12 +17,18 @@ require_nvcc torch
 py=${RINGATTN_TORCH_PYTHON:-}
 if [ -z "$py" ] && python3 -c "import torch" >/dev/null 2>&1; then py=python3; fi
 if [ -z "$py" ]; then
-  venv=build/torch-venv
+  torch_version=2.11.0
+  cache=${RINGATTN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ringattn}
+  venv="$cache/torch-$torch_version-py$(python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
+  mkdir -p "$cache" 2>/dev/null && [ -w "$cache" ] || venv=build/torch-venv
   if [ ! -x "$venv/bin/python" ]; then
     python3 -m venv "$venv" 2>/dev/null || { apt_install torch python3-venv && python3 -m venv "$venv"; }
   fi
   py=$venv/bin/python
-  "$py" -c "import torch" >/dev/null 2>&1 || "$py" -m pip install --quiet "torch==2.11.0" numpy
+  if ! "$py" -c "import torch" >/dev/null 2>&1; then
+    echo "torch: installing PyTorch $torch_version into $venv (once per machine; about 5 GB)"
+    "$py" -m pip install --quiet "torch==$torch_version" numpy
+  fi
 fi
 # What the build and the tests need beside PyTorch: pytest, and a setuptools that builds wheels.
 "$py" -c "import pytest" >/dev/null 2>&1 || "$py" -m pip install --quiet pytest
@@ -34,10 +42,13 @@ echo "torch: $("$py" -c 'import torch; print(torch.__version__, torch.__file__)'
 export RINGATTN_TORCH_CUDA_ARCHITECTURES=${RINGATTN_TORCH_CUDA_ARCHITECTURES:-90a}
 "$py" -m pip install --quiet --no-build-isolation --no-deps ./python
 "$py" -m pytest -q -rs python/tests "$@"
-# With no arguments (the full run, as in CI): the host tests (test_host.py, test_group.py: virtual
+# With no arguments (the full run, as in CI): the training example on CPU threads (2 gloo
+# processes, checked against SDPA), then the host tests (test_host.py, test_group.py: virtual
 # ranks on threads, 2-4 gloo processes, every refusal) 20 times more in a row, so that a race
 # between ranks that shows only now and then fails the run.
 if [ $# -eq 0 ]; then
+  "$py" -m torch.distributed.run --standalone --nproc-per-node 2 \
+    examples/06_torch_training/train.py --device cpu --steps 10 --check
   log="${TMPDIR:-/tmp}/ringattn-host-tests.log"
   for run in $(seq 20); do
     "$py" -m pytest -q -p no:cacheprovider python/tests/test_host.py python/tests/test_group.py \
