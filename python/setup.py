@@ -27,7 +27,7 @@ def cmake_build_name(environ, torch):
     configures afresh instead of reusing a cache made for the last one."""
     parts = [f"{name}={environ.get(name, '')}" for name in (
         "RINGATTN_TORCH_DEVICE", "RINGATTN_TORCH_CUDA_ARCHITECTURES", "CMAKE_ARGS",
-        "CMAKE_BUILD_TYPE", "CUDACXX", "CUDA_HOME", "CUDA_PATH", "CXX", "CC")]
+        "CMAKE_BUILD_TYPE", "CUDACXX", "CUDAHOSTCXX", "CUDA_HOME", "CUDA_PATH", "CXX", "CC")]
     parts += [f"nvcc={shutil.which('nvcc') or ''}", f"torch={torch.__version__}",
               f"torch_path={torch.utils.cmake_prefix_path}", f"python={sys.executable}"]
     digest = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
