@@ -40,6 +40,23 @@ function(ringattn_warnings target)
   endif()
 endfunction()
 
+# ringattn_test_executable(<target>): an executable CTest runs joins ringattn_tests, and
+# ringattn_device_tests too where it has CUDA sources.
+function(ringattn_test_executable target)
+  if(NOT TARGET ringattn_tests)
+    return()
+  endif()
+  add_dependencies(ringattn_tests ${target})
+  get_target_property(sources ${target} SOURCES)
+  foreach(src IN LISTS sources)
+    get_source_file_property(language ${src} LANGUAGE)
+    if(src MATCHES "\\.cu$" OR language STREQUAL "CUDA")
+      add_dependencies(ringattn_device_tests ${target})
+      return()
+    endif()
+  endforeach()
+endfunction()
+
 # ringattn_add_doctest_suite(<label> MAIN <main> SOURCES <files...> [SUPPORT <files...>]
 #                            LIBRARIES <libs...>)
 # One executable per label; one CTest test per source file (doctest --source-file filter), named
@@ -51,6 +68,7 @@ function(ringattn_add_doctest_suite label)
   add_executable(${exe} ${arg_MAIN} ${arg_SOURCES} ${arg_SUPPORT})
   target_link_libraries(${exe} PRIVATE ${arg_LIBRARIES} ringattn_doctest Threads::Threads)
   ringattn_warnings(${exe})
+  ringattn_test_executable(${exe})
   foreach(src IN LISTS arg_SOURCES)
     get_filename_component(stem ${src} NAME_WE)
     get_filename_component(name ${src} NAME)

@@ -1,22 +1,81 @@
 #!/usr/bin/env bash
-# The README's test command: installs what is missing, then configures, builds and runs every
-# test (labels cpu, mpi, gpu, packaging, compile), then the sanitizer runs and the PyTorch
-# extension's tests. GPU tests report "Skipped" where no GPU exists.
-# Usage: scripts/test.sh [workflow preset]
+# The README's test command. Installs what is missing (scripts/setup.sh), then runs the tests in
+# two tiers, each phase announced with the time it takes on a 2-core machine without a GPU:
+#   fast  the host, MPI and PyTorch-host tests, with the GPU tests and examples compiled for sm_90a
+#         (GPU tests report "Skipped" where no GPU exists);
+#   full  what fast leaves out: the benchmarks, the stress repeats, the GPU tests' device code for
+#         sm_80, the host suites under AddressSanitizer + UndefinedBehaviorSanitizer (asan) and
+#         ThreadSanitizer (tsan), the libFuzzer targets for a bounded time (fuzz), and the PyTorch
+#         extension with its device path (its tests, the host tests 20 times more in a row).
+# Usage: scripts/test.sh          both tiers (what CI runs)
+#        scripts/test.sh fast     the fast tier alone
+#        scripts/test.sh full     the full tier alone (it builds what it needs)
+#        scripts/test.sh PRESET   one CMake workflow preset (for instance gpu on a GPU machine)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+started=$(date +%s)
 source scripts/setup.sh
-# With no argument: the ci workflow, then the host suites again under AddressSanitizer +
-# UndefinedBehaviorSanitizer (asan: cpu and mpi), ThreadSanitizer (tsan: cpu) and the libFuzzer
-# targets for a bounded time (fuzz), then the PyTorch extension's tests (scripts/test_torch.sh). A
-# preset name runs that workflow alone (for instance gpu on a GPU machine).
-if [ $# -gt 0 ]; then
-  cmake --workflow --preset "$1"
-else
-  for preset in ci asan tsan fuzz; do
-    echo "== workflow $preset"
-    cmake --workflow --preset "$preset"
-  done
-  echo "== PyTorch extension"
+
+phase_start=0
+# phase NAME EXPECTED: announces a phase; done_phase: how long it took.
+phase() {
+  phase_name=$1
+  phase_start=$(date +%s)
+  echo "== $1 (about $2 on 2 cores)"
+}
+done_phase() { echo "== $phase_name: done in $(($(date +%s) - phase_start)) s"; }
+
+tier_fast() {
+  local t0
+  t0=$(date +%s)
+  phase "fast 1/3: configure, build the tests and examples (device code for sm_90a)" "12 min"
+  cmake --preset ci
+  cmake --build --preset fast
+  done_phase
+  phase "fast 2/3: the cpu, mpi, packaging, compile and docs tests (gpu: skipped without a GPU)" \
+    "3 min"
+  ctest --preset fast
+  done_phase
+  phase "fast 3/3: the PyTorch extension's host path and its tests (the first run installs PyTorch, about 5 GB)" \
+    "4 min, and the download"
+  bash scripts/test_torch.sh host
+  done_phase
+  echo "== fast tier passed in $(($(date +%s) - t0)) s"
+}
+
+tier_full() {
+  local t0
+  t0=$(date +%s)
+  phase "full 1/6: the benchmarks (sm_90a) and the stress repeats of the in-process communicator" \
+    "6 min"
+  cmake --workflow --preset full
+  done_phase
+  phase "full 2/6: the GPU tests' device code for sm_80" "9 min"
+  cmake --workflow --preset sm80
+  done_phase
+  phase "full 3/6: asan (AddressSanitizer + UndefinedBehaviorSanitizer: cpu and mpi suites)" "8 min"
+  cmake --workflow --preset asan
+  done_phase
+  phase "full 4/6: tsan (ThreadSanitizer: cpu suite)" "7 min"
+  cmake --workflow --preset tsan
+  done_phase
+  phase "full 5/6: fuzz (the planner and validation, bounded time)" "2 min"
+  cmake --workflow --preset fuzz
+  done_phase
+  phase "full 6/6: the PyTorch extension with its device path; its host tests 20 times in a row" \
+    "14 min"
   bash scripts/test_torch.sh
-fi
+  done_phase
+  echo "== full tier passed in $(($(date +%s) - t0)) s"
+}
+
+case "${1:-all}" in
+all)
+  tier_fast
+  tier_full
+  ;;
+fast) tier_fast ;;
+full) tier_full ;;
+*) cmake --workflow --preset "$1" ;;
+esac
+echo "== all passed in $(($(date +%s) - started)) s (set-up included)"

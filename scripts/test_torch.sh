@@ -7,12 +7,22 @@
 # Python versions; build/torch-venv where that folder cannot be written. PyTorch's CPU-only wheels
 # are not on PyPI, so that one is the standard wheel (about 5 GB with its CUDA libraries): its
 # CUDA build runs CPU tensors on a machine without a GPU, which is what the host-path tests need.
-# With no arguments it then runs the training example on the CPU and the host tests 20 times more.
-# Usage: scripts/test_torch.sh [pytest arguments]
+# Modes: host builds the host path alone (RINGATTN_TORCH_DEVICE=OFF: no nvcc compile) and runs the
+# tests and the training example on the CPU; full (the default) builds the device path too, and
+# with no pytest arguments runs the training example on the CPU and the host tests 20 times more.
+# Usage: scripts/test_torch.sh [host|full] [pytest arguments]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/common.sh
-require_nvcc torch
+mode=full
+case "${1:-}" in
+host | full)
+  mode=$1
+  shift
+  ;;
+esac
+if [ "$mode" = host ]; then export RINGATTN_TORCH_DEVICE=${RINGATTN_TORCH_DEVICE:-OFF}; fi
+[ "${RINGATTN_TORCH_DEVICE:-ON}" = OFF ] || require_nvcc torch
 
 py=${RINGATTN_TORCH_PYTHON:-}
 if [ -z "$py" ] && python3 -c "import torch" >/dev/null 2>&1; then py=python3; fi
@@ -42,13 +52,15 @@ echo "torch: $("$py" -c 'import torch; print(torch.__version__, torch.__file__)'
 export RINGATTN_TORCH_CUDA_ARCHITECTURES=${RINGATTN_TORCH_CUDA_ARCHITECTURES:-90a}
 "$py" -m pip install --quiet --no-build-isolation --no-deps ./python
 "$py" -m pytest -q -rs python/tests "$@"
-# With no arguments (the full run, as in CI): the training example on CPU threads (2 gloo
-# processes, checked against SDPA), then the host tests (test_host.py, test_group.py: virtual
-# ranks on threads, 2-4 gloo processes, every refusal) 20 times more in a row, so that a race
-# between ranks that shows only now and then fails the run.
+# With no pytest arguments: the training example on CPU threads (2 gloo processes, checked against
+# SDPA); in full mode then the host tests (test_host.py, test_group.py: virtual ranks on threads,
+# 2-4 gloo processes, every refusal) 20 times more in a row, so that a race between ranks that
+# shows only now and then fails the run.
 if [ $# -eq 0 ]; then
   "$py" -m torch.distributed.run --standalone --nproc-per-node 2 \
     examples/06_torch_training/train.py --device cpu --steps 10 --check
+fi
+if [ $# -eq 0 ] && [ "$mode" = full ]; then
   log="${TMPDIR:-/tmp}/ringattn-host-tests.log"
   for run in $(seq 20); do
     "$py" -m pytest -q -p no:cacheprovider python/tests/test_host.py python/tests/test_group.py \
