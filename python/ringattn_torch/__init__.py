@@ -11,12 +11,11 @@ batch out over the ranks.
 """
 
 from ._library import has_device_path
-from .attention import (MASKS, SCHEDULES, RingAttentionFunction, ring_attention,
-                        virtual_ring_attention)
+from .attention import MASKS, SCHEDULES, ring_attention, virtual_ring_attention
 from .layout import PARTITIONERS, position_ids, shard, token_indices, unshard
 
 __all__ = [
-    "MASKS", "PARTITIONERS", "SCHEDULES", "RingAttentionFunction", "has_device_path",
+    "MASKS", "PARTITIONERS", "SCHEDULES", "has_device_path",
     "position_ids", "ring_attention", "shard", "token_indices", "unshard",
     "virtual_ring_attention",
 ]

@@ -7,7 +7,7 @@ import datetime
 import hashlib
 import operator
 import threading
-from typing import Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -183,27 +183,6 @@ class _VirtualRunner:
         return tuple(grads)
 
 
-class RingAttentionFunction(torch.autograd.Function):
-    """out, lse = RingAttentionFunction.apply(q, k, v, runner): the ring's forward, and its
-    backward through the library's backward. lse is not differentiable."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, runner):
-        out, lse = runner.forward(q, k, v)
-        ctx.runner = runner
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.mark_non_differentiable(lse)
-        return out, lse
-
-    @staticmethod
-    def backward(ctx, dout, dlse):
-        q, k, v, out, lse = ctx.saved_tensors
-        if dout is None:
-            dout = torch.zeros_like(out)
-        dq, dk, dv = ctx.runner.backward(q, k, v, out, lse, _unit_last_stride(dout))
-        return dq, dk, dv, None
-
-
 def _unit_last_stride(x: torch.Tensor) -> torch.Tensor:
     return x if x.dim() == 3 and (x.size(2) <= 1 or x.stride(2) == 1) else x.contiguous()
 
@@ -247,25 +226,74 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
     ring (K/V pass around the ring), all_gather or all_to_all (heads traded for tokens; the group
     size must divide q_heads, and it and kv_heads one another). Returns out [local tokens, q_heads,
     head_dim_v] and lse [q_heads, local tokens] (fp32, natural log, not differentiable).
-    Collective: every rank of the group calls it with the same layout."""
-    device = q.device if isinstance(q, torch.Tensor) else None
-    if group is None and not (dist.is_available() and dist.is_initialized()):
-        key, cu = _checked_call(q, k, v, cu_seqlens, partitioner, mask, schedule, window,
-                                softmax_scale)
-        # A ring of one rank: its shard is the whole batch.
-        _check_whole_batch(q, k, v, cu)
-        return RingAttentionFunction.apply(q, k, v, _virtual_runner(key, 1, device))
-    if group is None:
-        group = dist.group.WORLD
-    # Every rank checks its call, then the ranks agree on the verdicts and the layouts before
-    # anything else: a rank whose own checks fail still takes part, so that every rank raises.
-    problem, key = None, None
+    Collective: every rank of the group calls it with the same layout. Works under torch.compile
+    (one custom op, `torch.ops.ringattn_torch.attention`, with its backward op)."""
+    group_name = ""
+    if group is not None or (dist.is_available() and dist.is_initialized()):
+        group_name = _group_name(group)
+    return _call(q, k, v, cu_seqlens, 0, group_name, partitioner, mask, window, softmax_scale,
+                 schedule, timeout)
+
+
+@torch.compiler.assume_constant_result
+def _group_name(group) -> str:
+    return (group if group is not None else dist.group.WORLD).group_name
+
+
+def _call(q, k, v, cu_seqlens, ranks, group_name, partitioner, mask, window, softmax_scale,
+          schedule, timeout):
+    """The custom op's call: the arguments in the op's types. What cannot take those types (a
+    cu_seqlens that is not integers, a window that is not an int or a pair, a q that is not a
+    tensor) travels as `problem`, raised by the op on this rank while the others learn of it in
+    the agreement, as for every other refusal."""
+    problem = ""
+    cu = []
     try:
-        key, _ = _checked_call(q, k, v, cu_seqlens, partitioner, mask, schedule, window,
-                               softmax_scale)
-    except (TypeError, ValueError) as e:
-        problem = e
-    _agree(group, timeout, problem, key, q)
+        cu = list(cu_seqlens_list(cu_seqlens))
+        window = list(_window(mask, window))
+    except ValueError as e:
+        problem, window = str(e), [-1, -1]
+    tensors = []
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            problem = problem or f"ringattn: {name} must be a tensor (got {type(t).__name__})"
+            t = torch.empty(0, 0, 0)
+        tensors.append(t)
+    return torch.ops.ringattn_torch.attention(
+        *tensors, cu, ranks, group_name, str(partitioner), str(mask), window,
+        None if softmax_scale is None else float(softmax_scale), str(schedule), float(timeout),
+        problem)
+
+
+def _runner(q, k, v, cu, ranks, group_name, partitioner, mask, window, softmax_scale, schedule,
+            timeout, problem, agree: bool):
+    """The runner of a call: virtual ranks (`ranks` > 0, or a ring of one rank without a group),
+    or this rank of `group_name`'s ring, whose ranks first agree on the call where `agree`."""
+    device = q.device
+    if not group_name:
+        if problem:
+            raise ValueError(problem)
+        key, cu = _checked_call(q, k, v, cu, partitioner, mask, schedule, window,
+                                softmax_scale)
+        # A ring of one rank, or every virtual rank: q, k, v hold the whole batch.
+        _check_whole_batch(q, k, v, cu)
+        return _virtual_runner(key, max(ranks, 1), device)
+    group = _resolve_group(group_name)
+    if agree:
+        # Every rank checks its call, then the ranks agree on the verdicts and the layouts
+        # before anything else: a rank whose own checks fail still takes part, so that every
+        # rank raises.
+        verdict, key = None, None
+        try:
+            if problem:
+                raise ValueError(problem)
+            key, _ = _checked_call(q, k, v, cu, partitioner, mask, schedule, window,
+                                   softmax_scale)
+        except (TypeError, ValueError) as e:
+            verdict = e
+        _agree(group, timeout, verdict, key, q)
+    else:
+        key, _ = _checked_call(q, k, v, cu, partitioner, mask, schedule, window, softmax_scale)
     comm = _group_communicator(group, device, timeout)
     index = device.index if device.type == "cuda" and device.index is not None else (
         torch.cuda.current_device() if device.type == "cuda" else -1)
@@ -275,7 +303,79 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
     except Exception:
         comm.drop()
         raise
-    return RingAttentionFunction.apply(q, k, v, _GroupRunner(comm, plan, device))
+    return _GroupRunner(comm, plan, device)
+
+
+def _resolve_group(name: str):
+    if name == dist.group.WORLD.group_name:
+        return dist.group.WORLD
+    return dist.distributed_c10d._resolve_process_group(name)
+
+
+@torch.library.custom_op("ringattn_torch::attention", mutates_args=())
+def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: List[int],
+                  ranks: int, group_name: str, partitioner: str, mask: str, window: List[int],
+                  softmax_scale: Optional[float], schedule: str, timeout: float,
+                  problem: str) -> Tuple[torch.Tensor, torch.Tensor]:
+    runner = _runner(q, k, v, cu_seqlens, ranks, group_name, partitioner, mask, window,
+                     softmax_scale, schedule, timeout, problem, agree=True)
+    return runner.forward(q, k, v)
+
+
+@torch.library.custom_op("ringattn_torch::attention_backward", mutates_args=())
+def _attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                           out: torch.Tensor, lse: torch.Tensor, dout: torch.Tensor,
+                           cu_seqlens: List[int], ranks: int, group_name: str, partitioner: str,
+                           mask: str, window: List[int], softmax_scale: Optional[float],
+                           schedule: str,
+                           timeout: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    # The forward's plan, kept by its communicator (its ranks agreed on it then).
+    runner = _runner(q, k, v, cu_seqlens, ranks, group_name, partitioner, mask, window,
+                     softmax_scale, schedule, timeout, "", agree=False)
+    return runner.backward(q, k, v, out, lse, _unit_last_stride(dout))
+
+
+@_attention_op.register_fake
+def _(q, k, v, cu_seqlens, ranks, group_name, partitioner, mask, window, softmax_scale,
+      schedule, timeout, problem):
+    if problem:
+        raise ValueError(problem)
+    _check_tensors(q, k, v)
+    out = q.new_empty(q.size(0), q.size(1), v.size(2))
+    lse = q.new_empty(q.size(1), q.size(0), dtype=torch.float32)
+    return out, lse
+
+
+@_attention_backward_op.register_fake
+def _(q, k, v, out, lse, dout, *args):
+    return (torch.empty_like(q, memory_format=torch.contiguous_format),
+            torch.empty_like(k, memory_format=torch.contiguous_format),
+            torch.empty_like(v, memory_format=torch.contiguous_format))
+
+
+#: The op's arguments after q, k, v: those the backward op takes again.
+_ARGUMENTS = ("cu_seqlens", "ranks", "group_name", "partitioner", "mask", "window",
+              "softmax_scale", "schedule", "timeout")
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v = inputs[:3]
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.arguments = inputs[3:3 + len(_ARGUMENTS)]
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward(ctx, dout, dlse):
+    q, k, v, out, lse = ctx.saved_tensors
+    if dout is None:
+        dout = torch.zeros_like(out)
+    dq, dk, dv = torch.ops.ringattn_torch.attention_backward(q, k, v, out, lse, dout,
+                                                            *ctx.arguments)
+    return (dq, dk, dv) + (None,) * (len(_ARGUMENTS) + 1)
+
+
+_attention_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 def _checked_call(q, k, v, cu_seqlens, partitioner, mask, schedule, window, softmax_scale):
@@ -389,7 +489,5 @@ def virtual_ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     host path on CPU tensors."""
     if not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 1:
         raise ValueError(f"ringattn: ranks must be a positive int (got {ranks!r})")
-    key, cu = _checked_call(q, k, v, cu_seqlens, partitioner, mask, schedule, window,
-                            softmax_scale)
-    _check_whole_batch(q, k, v, cu)
-    return RingAttentionFunction.apply(q, k, v, _virtual_runner(key, ranks, q.device))
+    return _call(q, k, v, cu_seqlens, ranks, "", partitioner, mask, window, softmax_scale,
+                 schedule, 0.0)
