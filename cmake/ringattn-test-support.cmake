@@ -40,13 +40,16 @@ function(ringattn_warnings target)
   endif()
 endfunction()
 
-# ringattn_test_executable(<target>): an executable CTest runs joins ringattn_tests, and
-# ringattn_device_tests too where it has CUDA sources.
+# ringattn_test_executable(<target> [FULL]): an executable that tests run joins
+# ringattn_fast_tests (unless FULL: the full tier alone builds it, and its tests carry the label
+# full), and ringattn_device_tests where it has CUDA sources.
 function(ringattn_test_executable target)
-  if(NOT TARGET ringattn_tests)
+  if(NOT TARGET ringattn_fast_tests)
     return()
   endif()
-  add_dependencies(ringattn_tests ${target})
+  if(NOT "FULL" IN_LIST ARGN)
+    add_dependencies(ringattn_fast_tests ${target})
+  endif()
   get_target_property(sources ${target} SOURCES)
   foreach(src IN LISTS sources)
     get_source_file_property(language ${src} LANGUAGE)
@@ -57,18 +60,22 @@ function(ringattn_test_executable target)
   endforeach()
 endfunction()
 
-# ringattn_add_doctest_suite(<label> MAIN <main> SOURCES <files...> [SUPPORT <files...>]
-#                            LIBRARIES <libs...>)
+# ringattn_add_doctest_suite(<label> [FULL] MAIN <main> SOURCES <files...>
+#                            [SUPPORT <files...>] LIBRARIES <libs...>)
 # One executable per label; one CTest test per source file (doctest --source-file filter), named
 # <label>.<file stem>; SUPPORT files (helpers without test cases) are compiled in, not registered.
 # GPU suites (gpu, multigpu) map exit code 77 to "Skipped".
 function(ringattn_add_doctest_suite label)
-  cmake_parse_arguments(arg "" "MAIN" "SOURCES;SUPPORT;LIBRARIES" ${ARGN})
+  cmake_parse_arguments(arg "FULL" "MAIN" "SOURCES;SUPPORT;LIBRARIES" ${ARGN})
   set(exe ringattn_test_${label})
   add_executable(${exe} ${arg_MAIN} ${arg_SOURCES} ${arg_SUPPORT})
   target_link_libraries(${exe} PRIVATE ${arg_LIBRARIES} ringattn_doctest Threads::Threads)
   ringattn_warnings(${exe})
-  ringattn_test_executable(${exe})
+  if(arg_FULL)
+    ringattn_test_executable(${exe} FULL)
+  else()
+    ringattn_test_executable(${exe})
+  endif()
   foreach(src IN LISTS arg_SOURCES)
     get_filename_component(stem ${src} NAME_WE)
     get_filename_component(name ${src} NAME)
@@ -79,6 +86,9 @@ function(ringattn_add_doctest_suite label)
     elseif(label STREQUAL "multigpu") # also under -L gpu; skipped with fewer than two GPUs
       set_tests_properties(${label}.${stem} PROPERTIES LABELS "gpu;multigpu"
         SKIP_RETURN_CODE 77 RESOURCE_LOCK gpu TIMEOUT 300)
+    endif()
+    if(arg_FULL)
+      set_property(TEST ${label}.${stem} APPEND PROPERTY LABELS full)
     endif()
   endforeach()
 endfunction()

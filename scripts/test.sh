@@ -3,10 +3,12 @@
 # two tiers, each phase announced with the time it takes on a 2-core machine without a GPU:
 #   fast  the host, MPI and PyTorch-host tests, with the GPU tests and examples compiled for sm_90a
 #         (GPU tests report "Skipped" where no GPU exists);
-#   full  what fast leaves out: the benchmarks, the stress repeats, the GPU tests' device code for
-#         sm_80, the host suites under AddressSanitizer + UndefinedBehaviorSanitizer (asan) and
-#         ThreadSanitizer (tsan), the libFuzzer targets for a bounded time (fuzz), and the PyTorch
-#         extension with its device path (its tests, the host tests 20 times more in a row).
+#   full  what fast leaves out (tests labelled stress or full): the benchmarks, the multi-GPU and
+#         MPI-GPU tests and every header compiled by nvcc (sm_90a), the stress repeats, the GPU
+#         tests' device code for sm_80, the host suites under AddressSanitizer +
+#         UndefinedBehaviorSanitizer (asan) and ThreadSanitizer (tsan), the libFuzzer targets for
+#         a bounded time (fuzz), and the PyTorch extension with its device path (the host tests
+#         20 times in a row against it).
 # Usage: scripts/test.sh          both tiers (what CI runs)
 #        scripts/test.sh fast     the fast tier alone
 #        scripts/test.sh full     the full tier alone (it builds what it needs)
@@ -28,12 +30,12 @@ done_phase() { echo "== $phase_name: done in $(($(date +%s) - phase_start)) s"; 
 tier_fast() {
   local t0
   t0=$(date +%s)
-  phase "fast 1/3: configure, build the tests and examples (device code for sm_90a)" "12 min"
+  phase "fast 1/3: configure, build the tests and examples (device code for sm_90a)" "9 min"
   cmake --preset ci
   cmake --build --preset fast
   done_phase
   phase "fast 2/3: the cpu, mpi, packaging, compile and docs tests (gpu: skipped without a GPU)" \
-    "3 min"
+    "2 min"
   ctest --preset fast
   done_phase
   phase "fast 3/3: the PyTorch extension's host path and its tests (the first run installs PyTorch, about 5 GB)" \
@@ -46,8 +48,8 @@ tier_fast() {
 tier_full() {
   local t0
   t0=$(date +%s)
-  phase "full 1/6: the benchmarks (sm_90a) and the stress repeats of the in-process communicator" \
-    "6 min"
+  phase "full 1/6: the rest of the sm_90a build (benchmarks, multi-GPU and MPI-GPU tests), every header through nvcc, the stress repeats" \
+    "12 min"
   cmake --workflow --preset full
   done_phase
   phase "full 2/6: the GPU tests' device code for sm_80" "9 min"
@@ -64,7 +66,7 @@ tier_full() {
   done_phase
   phase "full 6/6: the PyTorch extension with its device path; its host tests 20 times in a row" \
     "14 min"
-  bash scripts/test_torch.sh
+  bash scripts/test_torch.sh repeat
   done_phase
   echo "== full tier passed in $(($(date +%s) - t0)) s"
 }

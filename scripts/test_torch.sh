@@ -9,14 +9,16 @@
 # CUDA build runs CPU tensors on a machine without a GPU, which is what the host-path tests need.
 # Modes: host builds the host path alone (RINGATTN_TORCH_DEVICE=OFF: no nvcc compile) and runs the
 # tests and the training example on the CPU; full (the default) builds the device path too, and
-# with no pytest arguments runs the training example on the CPU and the host tests 20 times more.
-# Usage: scripts/test_torch.sh [host|full] [pytest arguments]
+# with no pytest arguments runs the training example on the CPU and the host tests 20 times more;
+# repeat builds the device path and runs the host tests 20 times in a row, nothing else (the
+# full test tier, after the fast one ran the rest).
+# Usage: scripts/test_torch.sh [host|full|repeat] [pytest arguments]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/common.sh
 mode=full
 case "${1:-}" in
-host | full)
+host | full | repeat)
   mode=$1
   shift
   ;;
@@ -42,25 +44,25 @@ if [ -z "$py" ]; then
 fi
 # What the build and the tests need beside PyTorch: pytest, and a setuptools that builds wheels.
 "$py" -c "import pytest" >/dev/null 2>&1 || "$py" -m pip install --quiet pytest
-"$py" - <<'PY' || "$py" -m pip install --quiet "setuptools>=70.1,<82"
+"$py" - <<'PY' || "$py" -m pip install --quiet "setuptools>=77,<82"
 import sys, setuptools
-sys.exit(tuple(int(x) for x in setuptools.__version__.split(".")[:2]) < (70, 1))
+sys.exit(tuple(int(x) for x in setuptools.__version__.split(".")[:2]) < (77, 0))
 PY
 echo "torch: $("$py" -c 'import torch; print(torch.__version__, torch.__file__)')"
 # The host compiler CMake finds by default; GPU architectures from the environment (default
 # 80;90a; the tests build sm_90a alone, which is what runs them on a Hopper GPU).
 export RINGATTN_TORCH_CUDA_ARCHITECTURES=${RINGATTN_TORCH_CUDA_ARCHITECTURES:-90a}
 "$py" -m pip install --quiet --no-build-isolation --no-deps ./python
-"$py" -m pytest -q -rs python/tests "$@"
+[ "$mode" = repeat ] || "$py" -m pytest -q -rs python/tests "$@"
 # With no pytest arguments: the training example on CPU threads (2 gloo processes, checked against
-# SDPA); in full mode then the host tests (test_host.py, test_group.py: virtual ranks on threads,
+# SDPA); in the full and repeat modes the host tests (test_host.py, test_group.py: virtual ranks on threads,
 # 2-4 gloo processes, every refusal) 20 times more in a row, so that a race between ranks that
 # shows only now and then fails the run.
-if [ $# -eq 0 ]; then
+if [ $# -eq 0 ] && [ "$mode" != repeat ]; then
   "$py" -m torch.distributed.run --standalone --nproc-per-node 2 \
     examples/06_torch_training/train.py --device cpu --steps 10 --check
 fi
-if [ $# -eq 0 ] && [ "$mode" = full ]; then
+if [ $# -eq 0 ] && [ "$mode" != host ]; then
   log="${TMPDIR:-/tmp}/ringattn-host-tests.log"
   for run in $(seq 20); do
     "$py" -m pytest -q -p no:cacheprovider python/tests/test_host.py python/tests/test_group.py \
