@@ -235,8 +235,8 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
                  schedule, timeout)
 
 
-@torch.compiler.assume_constant_result
 def _group_name(group) -> str:
+    # Traced by torch.compile as an attribute of the group, guarded on the group.
     return (group if group is not None else dist.group.WORLD).group_name
 
 
