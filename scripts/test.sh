@@ -30,16 +30,16 @@ done_phase() { echo "== $phase_name: done in $(($(date +%s) - phase_start)) s"; 
 tier_fast() {
   local t0
   t0=$(date +%s)
-  phase "fast 1/3: configure, build the tests and examples (device code for sm_90a)" "9 min"
+  phase "fast 1/3: configure, build the tests and examples (device code for sm_90a)" "10 min"
   cmake --preset ci
   cmake --build --preset fast
   done_phase
   phase "fast 2/3: the cpu, mpi, packaging, compile and docs tests (gpu: skipped without a GPU)" \
-    "2 min"
+    "1.5 min"
   ctest --preset fast
   done_phase
-  phase "fast 3/3: the PyTorch extension's host path and its tests (the first run installs PyTorch, about 5 GB)" \
-    "4 min, and the download"
+  phase "fast 3/3: the PyTorch extension's host path and its tests (a machine's first run also downloads PyTorch, about 5 GB)" \
+    "3 min"
   bash scripts/test_torch.sh host
   done_phase
   echo "== fast tier passed in $(($(date +%s) - t0)) s"
@@ -49,23 +49,23 @@ tier_full() {
   local t0
   t0=$(date +%s)
   phase "full 1/6: the rest of the sm_90a build (benchmarks, multi-GPU and MPI-GPU tests), every header through nvcc, the stress repeats" \
-    "12 min"
+    "9 min"
   cmake --workflow --preset full
   done_phase
-  phase "full 2/6: the GPU tests' device code for sm_80" "9 min"
+  phase "full 2/6: the GPU tests' device code for sm_80" "6.5 min"
   cmake --workflow --preset sm80
   done_phase
-  phase "full 3/6: asan (AddressSanitizer + UndefinedBehaviorSanitizer: cpu and mpi suites)" "8 min"
+  phase "full 3/6: asan (AddressSanitizer + UndefinedBehaviorSanitizer: cpu and mpi suites)" "10.5 min"
   cmake --workflow --preset asan
   done_phase
-  phase "full 4/6: tsan (ThreadSanitizer: cpu suite)" "7 min"
+  phase "full 4/6: tsan (ThreadSanitizer: cpu suite, the stress repeats included)" "7.5 min"
   cmake --workflow --preset tsan
   done_phase
-  phase "full 5/6: fuzz (the planner and validation, bounded time)" "2 min"
+  phase "full 5/6: fuzz (the planner and validation, bounded time)" "1 min"
   cmake --workflow --preset fuzz
   done_phase
   phase "full 6/6: the PyTorch extension with its device path; its host tests 20 times in a row" \
-    "14 min"
+    "13 min"
   bash scripts/test_torch.sh repeat
   done_phase
   echo "== full tier passed in $(($(date +%s) - t0)) s"
