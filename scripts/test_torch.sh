@@ -49,6 +49,17 @@ import sys, setuptools
 sys.exit(tuple(int(x) for x in setuptools.__version__.split(".")[:2]) < (77, 0))
 PY
 echo "torch: $("$py" -c 'import torch; print(torch.__version__, torch.__file__)')"
+# The extension shares PyTorch's C++ runtime: a CXX or CUDAHOSTCXX without the shared libstdc++ (a
+# GCC installed with the static runtime alone) is refused by its configure, so the system's g++
+# builds it instead where there is one.
+for var in CXX CUDAHOSTCXX; do
+  compiler=${!var:-}
+  if [ -n "$compiler" ] && [ ! -e "$("$compiler" -print-file-name=libstdc++.so 2>/dev/null)" ] &&
+    [ -x /usr/bin/g++ ]; then
+    echo "torch: $var=$compiler has no shared libstdc++; building with /usr/bin/g++"
+    export "$var=/usr/bin/g++"
+  fi
+done
 # The host compiler CMake finds by default; GPU architectures from the environment (default
 # 80;90a; the tests build sm_90a alone, which is what runs them on a Hopper GPU).
 export RINGATTN_TORCH_CUDA_ARCHITECTURES=${RINGATTN_TORCH_CUDA_ARCHITECTURES:-90a}
