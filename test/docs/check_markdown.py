@@ -7,6 +7,7 @@ Usage: check_markdown.py ROOT [FILE.md ...]   (default: README.md, CHANGELOG.md,
 examples/**/README.md, bench/**/README.md, python/README.md under ROOT). Exit 1 with one line per
 fault."""
 
+import functools
 import pathlib
 import re
 import sys
@@ -36,7 +37,9 @@ def slug(heading: str) -> str:
     return text.replace(" ", "-")
 
 
-def anchors(path: pathlib.Path) -> set:
+@functools.lru_cache(maxsize=None)
+def anchors(path: pathlib.Path) -> frozenset:
+    """The fragments GitHub gives `path`'s headings (read once per file)."""
     seen, out = {}, set()
     fenced = False
     for line in path.read_text(encoding="utf-8").splitlines():
@@ -50,7 +53,7 @@ def anchors(path: pathlib.Path) -> set:
         n = seen.get(base, 0)
         seen[base] = n + 1
         out.add(base if n == 0 else f"{base}-{n}")
-    return out
+    return frozenset(out)
 
 
 def check(path: pathlib.Path, root: pathlib.Path) -> list:
