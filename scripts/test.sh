@@ -18,30 +18,26 @@ cd "$(dirname "$0")/.."
 started=$(date +%s)
 source scripts/setup.sh
 
-phase_start=0
-# phase NAME EXPECTED: announces a phase; done_phase: how long it took.
+# phase NAME EXPECTED COMMAND...: announces a phase, runs it, says how long it took.
 phase() {
-  phase_name=$1
-  phase_start=$(date +%s)
-  echo "== $1 (about $2 on 2 cores)"
+  local name=$1 expected=$2 t0
+  shift 2
+  t0=$(date +%s)
+  echo "== $name (about $expected on 2 cores)"
+  "$@"
+  echo "== $name: done in $(($(date +%s) - t0)) s"
 }
-done_phase() { echo "== $phase_name: done in $(($(date +%s) - phase_start)) s"; }
+build_fast() { cmake --preset ci && cmake --build --preset fast; }
 
 tier_fast() {
   local t0
   t0=$(date +%s)
-  phase "fast 1/3: configure, build the tests and examples (device code for sm_90a)" "10 min"
-  cmake --preset ci
-  cmake --build --preset fast
-  done_phase
+  phase "fast 1/3: configure, build the tests and examples (device code for sm_90a)" "10 min" \
+    build_fast
   phase "fast 2/3: the cpu, mpi, packaging, compile and docs tests (gpu: skipped without a GPU)" \
-    "1.5 min"
-  ctest --preset fast
-  done_phase
+    "1.5 min" ctest --preset fast
   phase "fast 3/3: the PyTorch extension's host path and its tests (a machine's first run also downloads PyTorch, about 5 GB)" \
-    "3 min"
-  bash scripts/test_torch.sh host
-  done_phase
+    "3 min" bash scripts/test_torch.sh host
   echo "== fast tier passed in $(($(date +%s) - t0)) s"
 }
 
@@ -49,25 +45,16 @@ tier_full() {
   local t0
   t0=$(date +%s)
   phase "full 1/6: the rest of the sm_90a build (benchmarks, multi-GPU and MPI-GPU tests), every header through nvcc, the stress repeats" \
-    "9 min"
-  cmake --workflow --preset full
-  done_phase
-  phase "full 2/6: the GPU tests' device code for sm_80" "6.5 min"
-  cmake --workflow --preset sm80
-  done_phase
-  phase "full 3/6: asan (AddressSanitizer + UndefinedBehaviorSanitizer: cpu and mpi suites)" "10.5 min"
-  cmake --workflow --preset asan
-  done_phase
-  phase "full 4/6: tsan (ThreadSanitizer: cpu suite, the stress repeats included)" "7.5 min"
-  cmake --workflow --preset tsan
-  done_phase
-  phase "full 5/6: fuzz (the planner and validation, bounded time)" "1 min"
-  cmake --workflow --preset fuzz
-  done_phase
+    "9 min" cmake --workflow --preset full
+  phase "full 2/6: the GPU tests' device code for sm_80" "6.5 min" cmake --workflow --preset sm80
+  phase "full 3/6: asan (AddressSanitizer + UndefinedBehaviorSanitizer: cpu and mpi suites)" \
+    "10.5 min" cmake --workflow --preset asan
+  phase "full 4/6: tsan (ThreadSanitizer: cpu suite, the stress repeats included)" "7.5 min" \
+    cmake --workflow --preset tsan
+  phase "full 5/6: fuzz (the planner and validation, bounded time)" "1 min" \
+    cmake --workflow --preset fuzz
   phase "full 6/6: the PyTorch extension with its device path; its host tests 20 times in a row" \
-    "13 min"
-  bash scripts/test_torch.sh repeat
-  done_phase
+    "13 min" bash scripts/test_torch.sh repeat
   echo "== full tier passed in $(($(date +%s) - t0)) s"
 }
 
