@@ -456,25 +456,29 @@ def _agree(group, timeout: float, problem: Optional[Exception], key, q) -> None:
 
 
 def _virtual_runner(key, ranks: int, device: torch.device) -> _VirtualRunner:
+    """The runner of `ranks` virtual ranks for `key` on `device`, made once (its plan and its
+    ranks' token indices on the device) and kept with the plans: the forward and the backward of
+    every later call reuse it."""
     index = -1
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
     full_key = (key, ranks, index)
     with _lock:
-        entry = _virtual_plans.get(full_key)
-        if entry is not None:
+        runner = _virtual_plans.get(full_key)
+        if runner is not None:
             _virtual_plans.move_to_end(full_key)
-    if entry is None:
-        partitioner, cu = key[0], key[-1]
-        with _device_scope(device):
-            plan = _make_plan(None, ranks, index, key)
-        indices = [token_indices(cu, partitioner, rank=r, ranks=ranks) for r in range(ranks)]
-        entry = (plan, indices)
-        with _lock:
-            _virtual_plans[full_key] = entry
-            while len(_virtual_plans) > PLANS_PER_COMMUNICATOR:
-                _virtual_plans.popitem(last=False)
-    return _VirtualRunner(entry[0], entry[1], device)
+            return runner
+    partitioner, cu = key[0], key[-1]
+    with _device_scope(device):
+        plan = _make_plan(None, ranks, index, key)
+    indices = [token_indices(cu, partitioner, rank=r, ranks=ranks) for r in range(ranks)]
+    runner = _VirtualRunner(plan, indices,
+                            torch.device("cuda", index) if index >= 0 else torch.device("cpu"))
+    with _lock:
+        _virtual_plans[full_key] = runner
+        while len(_virtual_plans) > PLANS_PER_COMMUNICATOR:
+            _virtual_plans.popitem(last=False)
+    return runner
 
 
 def virtual_ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
