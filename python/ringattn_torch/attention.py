@@ -312,7 +312,21 @@ def _resolve_group(name: str):
     return dist.distributed_c10d._resolve_process_group(name)
 
 
-@torch.library.custom_op("ringattn_torch::attention", mutates_args=())
+# The ops are defined by schema, with one implementation for every device
+# (CompositeExplicitAutograd), a fake one for tracing and the autograd formula below. Unlike
+# torch.library.custom_op this does not make the first call of the process import torch._dynamo
+# (a second or more; a training loop's first optimizer step imports it anyway).
+_lib = torch.library.Library("ringattn_torch", "DEF")
+_lib.define("attention(Tensor q, Tensor k, Tensor v, int[] cu_seqlens, int ranks, str group_name, "
+            "str partitioner, str mask, int[] window, float? softmax_scale, str schedule, "
+            "float timeout, str problem) -> (Tensor, Tensor)")
+_lib.define("attention_backward(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
+            "Tensor dout, int[] cu_seqlens, int ranks, str group_name, str partitioner, "
+            "str mask, int[] window, float? softmax_scale, str schedule, float timeout) "
+            "-> (Tensor, Tensor, Tensor)")
+
+
+@torch.library.impl(_lib, "attention", "CompositeExplicitAutograd")
 def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: List[int],
                   ranks: int, group_name: str, partitioner: str, mask: str, window: List[int],
                   softmax_scale: Optional[float], schedule: str, timeout: float,
@@ -322,7 +336,7 @@ def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens:
     return runner.forward(q, k, v)
 
 
-@torch.library.custom_op("ringattn_torch::attention_backward", mutates_args=())
+@torch.library.impl(_lib, "attention_backward", "CompositeExplicitAutograd")
 def _attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            out: torch.Tensor, lse: torch.Tensor, dout: torch.Tensor,
                            cu_seqlens: List[int], ranks: int, group_name: str, partitioner: str,
@@ -335,7 +349,7 @@ def _attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return runner.backward(q, k, v, out, lse, _unit_last_stride(dout))
 
 
-@_attention_op.register_fake
+@torch.library.register_fake("ringattn_torch::attention", lib=_lib)
 def _(q, k, v, cu_seqlens, ranks, group_name, partitioner, mask, window, softmax_scale,
       schedule, timeout, problem):
     if problem:
@@ -346,7 +360,7 @@ def _(q, k, v, cu_seqlens, ranks, group_name, partitioner, mask, window, softmax
     return out, lse
 
 
-@_attention_backward_op.register_fake
+@torch.library.register_fake("ringattn_torch::attention_backward", lib=_lib)
 def _(q, k, v, out, lse, dout, *args):
     return (torch.empty_like(q, memory_format=torch.contiguous_format),
             torch.empty_like(k, memory_format=torch.contiguous_format),
@@ -375,7 +389,8 @@ def _backward(ctx, dout, dlse):
     return (dq, dk, dv) + (None,) * (len(_ARGUMENTS) + 1)
 
 
-_attention_op.register_autograd(_backward, setup_context=_setup_context)
+torch.library.register_autograd("ringattn_torch::attention", _backward,
+                                setup_context=_setup_context, lib=_lib)
 
 
 def _checked_call(q, k, v, cu_seqlens, partitioner, mask, schedule, window, softmax_scale):
