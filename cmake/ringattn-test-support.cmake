@@ -41,23 +41,12 @@ function(ringattn_warnings target)
 endfunction()
 
 # ringattn_test_executable(<target> [FULL]): an executable that tests run joins
-# ringattn_fast_tests (unless FULL: the full tier alone builds it, and its tests carry the label
-# full), and ringattn_device_tests where it has CUDA sources.
+# ringattn_fast_tests, unless FULL (the full tier alone builds it, and its tests carry the label
+# full).
 function(ringattn_test_executable target)
-  if(NOT TARGET ringattn_fast_tests)
-    return()
-  endif()
-  if(NOT "FULL" IN_LIST ARGN)
+  if(TARGET ringattn_fast_tests AND NOT "FULL" IN_LIST ARGN)
     add_dependencies(ringattn_fast_tests ${target})
   endif()
-  get_target_property(sources ${target} SOURCES)
-  foreach(src IN LISTS sources)
-    get_source_file_property(language ${src} LANGUAGE)
-    if(src MATCHES "\\.cu$" OR language STREQUAL "CUDA")
-      add_dependencies(ringattn_device_tests ${target})
-      return()
-    endif()
-  endforeach()
 endfunction()
 
 # ringattn_add_doctest_suite(<label> [FULL] MAIN <main> SOURCES <files...>

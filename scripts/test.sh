@@ -4,11 +4,11 @@
 #   fast  the host, MPI and PyTorch-host tests, with the GPU tests and examples compiled for sm_90a
 #         (GPU tests report "Skipped" where no GPU exists);
 #   full  what fast leaves out (tests labelled stress or full): the benchmarks, the multi-GPU and
-#         MPI-GPU tests and every header compiled by nvcc (sm_90a), the stress repeats, the GPU
-#         tests' device code for sm_80, the host suites under AddressSanitizer +
+#         MPI-GPU tests and every header compiled by nvcc (sm_90a), the stress repeats, the
+#         single-GPU suite's device code for sm_80, the host suites under AddressSanitizer +
 #         UndefinedBehaviorSanitizer (asan) and ThreadSanitizer (tsan), the libFuzzer targets for
 #         a bounded time (fuzz), and the PyTorch extension with its device path (the host tests
-#         20 times in a row against it).
+#         10 times in a row against it).
 # Usage: scripts/test.sh          both tiers (what CI runs)
 #        scripts/test.sh fast     the fast tier alone
 #        scripts/test.sh full     the full tier alone (it builds what it needs)
@@ -46,15 +46,15 @@ tier_full() {
   t0=$(date +%s)
   phase "full 1/6: the rest of the sm_90a build (benchmarks, multi-GPU and MPI-GPU tests), every header through nvcc, the stress repeats" \
     "9 min" cmake --workflow --preset full
-  phase "full 2/6: the GPU tests' device code for sm_80" "6.5 min" cmake --workflow --preset sm80
+  phase "full 2/6: the single-GPU suite's device code for sm_80" "5 min" cmake --workflow --preset sm80
   phase "full 3/6: asan (AddressSanitizer + UndefinedBehaviorSanitizer: cpu and mpi suites)" \
     "10.5 min" cmake --workflow --preset asan
   phase "full 4/6: tsan (ThreadSanitizer: cpu suite, the stress repeats included)" "7.5 min" \
     cmake --workflow --preset tsan
   phase "full 5/6: fuzz (the planner and validation, bounded time)" "1 min" \
     cmake --workflow --preset fuzz
-  phase "full 6/6: the PyTorch extension with its device path; its host tests 20 times in a row" \
-    "13 min" bash scripts/test_torch.sh repeat
+  phase "full 6/6: the PyTorch extension with its device path; its host tests 10 times in a row" \
+    "10 min" bash scripts/test_torch.sh repeat
   echo "== full tier passed in $(($(date +%s) - t0)) s"
 }
 

@@ -9,8 +9,8 @@
 # CUDA build runs CPU tensors on a machine without a GPU, which is what the host-path tests need.
 # Modes: host builds the host path alone (RINGATTN_TORCH_DEVICE=OFF: no nvcc compile) and runs the
 # tests and the training example on the CPU; full (the default) builds the device path too, and
-# with no pytest arguments runs the training example on the CPU and the host tests 20 times more;
-# repeat builds the device path and runs the host tests 20 times in a row, nothing else (the
+# with no pytest arguments runs the training example on the CPU and the host tests 10 times more;
+# repeat builds the device path and runs the host tests 10 times in a row, nothing else (the
 # full test tier, after the fast one ran the rest).
 # Usage: scripts/test_torch.sh [host|full|repeat] [pytest arguments]
 set -euo pipefail
@@ -67,7 +67,7 @@ export RINGATTN_TORCH_CUDA_ARCHITECTURES=${RINGATTN_TORCH_CUDA_ARCHITECTURES:-90
 [ "$mode" = repeat ] || "$py" -m pytest -q -rs python/tests "$@"
 # With no pytest arguments: the training example on CPU threads (2 gloo processes, checked against
 # SDPA); in the full and repeat modes the host tests (test_host.py, test_group.py: virtual ranks on threads,
-# 2-4 gloo processes, every refusal) 20 times more in a row, so that a race between ranks that
+# 2-4 gloo processes, every refusal) 10 times more in a row, so that a race between ranks that
 # shows only now and then fails the run.
 if [ $# -eq 0 ] && [ "$mode" != repeat ]; then
   "$py" -m torch.distributed.run --standalone --nproc-per-node 2 \
@@ -75,9 +75,9 @@ if [ $# -eq 0 ] && [ "$mode" != repeat ]; then
 fi
 if [ $# -eq 0 ] && [ "$mode" != host ]; then
   log="${TMPDIR:-/tmp}/ringattn-host-tests.log"
-  for run in $(seq 20); do
+  for run in $(seq 10); do
     "$py" -m pytest -q -p no:cacheprovider python/tests/test_host.py python/tests/test_group.py \
-      >"$log" 2>&1 || { cat "$log"; echo "host tests: run $run of 20 failed"; exit 1; }
+      >"$log" 2>&1 || { cat "$log"; echo "host tests: run $run of 10 failed"; exit 1; }
   done
-  echo "host tests: 20 runs in a row passed ($(tail -n 1 "$log"))"
+  echo "host tests: 10 runs in a row passed ($(tail -n 1 "$log"))"
 fi
