@@ -55,9 +55,11 @@ struct sharded_case {
   };
 
   //! Runs `attn.forward_host` on rank r's shards into poisoned outputs with an aligned workspace
-  //! (`null_lse` passes a null LSE pointer, for validation tests).
+  //! (`null_lse` passes a null LSE pointer, for validation tests; `max_logit`, where given, is
+  //! poisoned, sized to q_heads and asked for).
   template <class Ring>
-  rank_output forward_rank(Ring& attn, int r, bool null_lse = false) const {
+  rank_output forward_rank(Ring& attn, int r, bool null_lse = false,
+                           std::vector<float>* max_logit = nullptr) const {
     const std::int64_t n = plan.local_tokens(r);
     const int qh = args.q_heads, kvh = args.kv_heads, d = args.qk_dim(), dv = args.v_dim();
     rank_output o{std::vector<T>(static_cast<std::size_t>(n * qh * dv), poison<T>()),
@@ -68,11 +70,33 @@ struct sharded_case {
     const auto& q = qs[static_cast<std::size_t>(r)];
     const auto& k = ks[static_cast<std::size_t>(r)];
     const auto& v = vs[static_cast<std::size_t>(r)];
+    if (max_logit) max_logit->assign(static_cast<std::size_t>(qh), 7.0f);
     attn.forward_host(thd_view<const T>(q.data(), n, qh, d), thd_view<const T>(k.data(), n, kvh, d),
                       thd_view<const T>(v.data(), n, kvh, dv), thd_view<T>(o.out.data(), n, qh, dv),
-                      null_lse ? nullptr : o.lse.data(),
+                      null_lse ? nullptr : o.lse.data(), max_logit ? max_logit->data() : nullptr,
                       std::span<std::byte>(ws).subspan(pad, bytes));
     return o;
+  }
+
+  //! The largest error of a rank's max logits against the oracle's, relative above 1 in
+  //! magnitude; infinite where a head's value is not what the oracle's non-finite one asks for:
+  //! NaN for NaN, not finite for +inf (the kernels' row sum is NaN there), -inf for -inf.
+  static double max_logit_error(const std::vector<float>& got, const std::vector<double>& want) {
+    double e = got.size() == want.size() ? 0.0 : HUGE_VAL;
+    for (std::size_t h = 0; h < got.size() && h < want.size(); ++h) {
+      const double g = got[h], w = want[h];
+      bool ok = true;
+      if (std::isnan(w))
+        ok = std::isnan(g);
+      else if (std::isinf(w))
+        ok = w > 0 ? !std::isfinite(g) : g == w;
+      else if (!std::isfinite(g))
+        ok = false;
+      else
+        e = std::max(e, std::abs(g - w) / std::max(1.0, std::abs(w)));
+      if (!ok) e = HUGE_VAL;
+    }
+    return e;
   }
 
   //! Rank r's part of the error against the oracle: sum of squared output differences, sum of

@@ -26,6 +26,8 @@
 //!     attn(comm, {.q_heads = 32, .kv_heads = 8, .head_dim = 128}, cu_seqlens);
 //! std::vector<std::byte> ws(attn.host_workspace_bytes<__nv_bfloat16>());
 //! attn.forward_host(q, k, v, out, lse, ws);   // this rank's shards; lse [q_heads, local tokens]
+//! std::vector<float> max_logit(32);            // per head, over every rank (QK-clip)
+//! attn.forward_host(q, k, v, out, lse, max_logit.data(), ws);
 //! \endcode
 //!
 //! Thread safety: one object serves one call at a time (calls reuse its schedules and events); a
@@ -41,6 +43,7 @@
 #include <ringattn/ring/call.cuh>
 #include <ringattn/ring/device_executor.cuh>
 #include <ringattn/ring/host_executor.cuh>
+#include <ringattn/ring/max_logit.cuh>
 #include <ringattn/ring/schedule.cuh>
 #include <ringattn/ring/schedules.cuh>
 #include <ringattn/ring/validation.cuh>
@@ -52,11 +55,13 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <span>
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 namespace ringattn {
 
@@ -95,7 +100,8 @@ public:
                                                BlockKernel::name, Schedule::name, fingerprint_)),
         schedule_(Schedule::plan(plan_, comm.rank(), args.window(BlockKernel::mask), args)),
         checks_(args, plan_.local_tokens(comm.rank()), comm.rank()),
-        gate_(comm, fingerprint_, layout<__half>().largest_message(false)) {}
+        gate_(comm, fingerprint_, layout<__half>().largest_message(false)),
+        max_logits_(static_cast<std::size_t>(comm.size()) * static_cast<std::size_t>(args.q_heads)) {}
 
   const partition_plan<Partitioner>& plan() const noexcept { return plan_; }
   const schedule_type& schedule() const noexcept { return schedule_; }
@@ -129,10 +135,11 @@ public:
     return layout<T>().forward_bytes();
   }
   //! The device path adds the BlockKernel's scratch (cuDNN's workspace, say), known once
-  //! `prepare_device()` has planned it.
+  //! `prepare_device()` has planned it, and two `[q_heads]` fp32 buffers for the max logit's
+  //! reduction over the ranks.
   template <element T>
   std::size_t device_workspace_bytes() const {
-    return with_scratch(layout<T>().forward_bytes(), false);
+    return max_logit_buffers<T>() + detail::max_logit_buffer_bytes(args_.q_heads);
   }
   //! Workspace of `backward_host`: two ring buffers of the largest block with its dK/dV, this
   //! rank's fp32 dQ and D; `backward` adds one fp32 dK/dV share of the largest block.
@@ -178,10 +185,29 @@ public:
                     std::type_identity_t<thd_view<const T>> k,
                     std::type_identity_t<thd_view<const T>> v, thd_view<T> out, float* lse,
                     std::span<std::byte> workspace) {
-    guarded<T>(validate_forward(q, k, v, out, lse, workspace), call::forward_host, [&] {
-      Schedule::template host_forward<BlockKernel, Communicator, T>(comm_, schedule_, args_, q, k,
-                                                                    v, out, lse, workspace);
-    });
+    forward_host<T>(q, k, v, out, lse, nullptr, workspace);
+  }
+  //! The same, also writing `max_logit` (`[q_heads]` fp32; null: not computed, at no cost): for
+  //! each query head, the largest logit `scale * q . k` over every query of every rank and every
+  //! key the mask lets it see; -inf for a head no query of which sees a key, NaN where a NaN or an
+  //! infinity reached the head's logits. Every rank gets the same values; every rank passes a
+  //! buffer, or none does.
+  template <element T>
+  void forward_host(std::type_identity_t<thd_view<const T>> q,
+                    std::type_identity_t<thd_view<const T>> k,
+                    std::type_identity_t<thd_view<const T>> v, thd_view<T> out, float* lse,
+                    float* max_logit, std::span<std::byte> workspace) {
+    guarded<T>(
+        validate_forward(q, k, v, out, lse, workspace), call::forward_host,
+        [&] {
+          if (max_logit)
+            std::fill(max_logit, max_logit + args_.q_heads, -std::numeric_limits<float>::infinity());
+          Schedule::template host_forward<BlockKernel, Communicator, T>(
+              comm_, schedule_, args_, q, k, v, out, lse, max_logit, workspace);
+          if (max_logit)
+            detail::reduce_max_logit_host(comm_, max_logit, args_.q_heads, std::span(max_logits_));
+        },
+        max_logit != nullptr);
   }
 
   //! The ring backward on host memory: from this rank's shards, the forward's `out` and `lse`
@@ -250,22 +276,48 @@ public:
       std::type_identity_t<thd_view<const T>> q, std::type_identity_t<thd_view<const T>> k,
       std::type_identity_t<thd_view<const T>> v, thd_view<T> out, float* lse, void* workspace,
       std::size_t workspace_bytes, cudaStream_t stream) {
+    forward<T>(q, k, v, out, lse, nullptr, workspace, workspace_bytes, stream);
+  }
+  //! The same, also writing `max_logit` (`[q_heads]` fp32 device memory; null: not computed, at
+  //! no cost), as `forward_host` does: the ranks' maxima meet in P - 1 exchanges of `q_heads`
+  //! floats on `stream` after the last block.
+  template <class T>
+  requires(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) void forward(
+      std::type_identity_t<thd_view<const T>> q, std::type_identity_t<thd_view<const T>> k,
+      std::type_identity_t<thd_view<const T>> v, thd_view<T> out, float* lse, float* max_logit,
+      void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
     const std::span<std::byte> ws(static_cast<std::byte*>(workspace), workspace_bytes);
     using buffer = ring_checks::named_buffer;
-    const buffer buffers[] = {{q.data, "q"},     {k.data, "k"}, {v.data, "v"},
-                              {out.data, "out"}, {lse, "lse"},  {workspace, "the workspace"}};
+    const buffer buffers[] = {{q.data, "q"},     {k.data, "k"},
+                              {v.data, "v"},     {out.data, "out"},
+                              {lse, "lse"},      {max_logit, "max_logit"},
+                              {workspace, "the workspace"}};
     auto device = [&](validation& ok) {
       ring_checks::device_forward<T>(ok, device_ ? device_->comm.device() : -1, stream, buffers, q,
                                      thd_view<const T>(out), lse);
       if constexpr (requires { BlockKernel::check_forward_views(ok, q, k, v); })
         BlockKernel::check_forward_views(ok, q, k, v);
+      if constexpr (requires { BlockKernel::device_max_logit; })
+        ok.require(max_logit == nullptr || BlockKernel::device_max_logit, "the BlockKernel ",
+                   BlockKernel::name,
+                   " computes no max logit on the device (the native kernels do); pass a null "
+                   "max_logit");
     };
     const validation ok = checks_.forward(q, k, v, thd_view<const T>(out), lse, ws,
                                           device_ ? device_workspace_bytes<T>() : 0, device);
-    guarded<T>(ok, call::forward, [&] {
-      Schedule::template device_forward<BlockKernel, Communicator, T>(
-          comm_, schedule_, *device_, args_, q, k, v, out, lse, ws.data(), stream);
-    });
+    guarded<T>(
+        ok, call::forward,
+        [&] {
+          const int heads = args_.q_heads;
+          if (max_logit) detail::clear_max_logit(max_logit, heads, stream);
+          Schedule::template device_forward<BlockKernel, Communicator, T>(
+              comm_, schedule_, *device_, args_, q, k, v, out, lse, max_logit, ws.data(), stream);
+          if (max_logit)
+            detail::reduce_max_logit_device(
+                comm_, max_logit, heads, reinterpret_cast<float*>(ws.data() + max_logit_buffers<T>()),
+                max_logit_first_step, stream);
+        },
+        max_logit != nullptr);
   }
 
   //! The ring backward on device memory, asynchronous on `stream`: the arguments of
@@ -313,11 +365,18 @@ private:
   std::size_t with_scratch(std::size_t ring_bytes, bool backward) const {
     return detail::with_scratch<BlockKernel>(device_.get(), ring_bytes, backward);
   }
+  //! Where the max logit's reduction buffers start in the device forward's workspace.
+  template <element T>
+  std::size_t max_logit_buffers() const {
+    return ring_workspace::align(with_scratch(layout<T>().forward_bytes(), false));
+  }
+  //! The max logit's exchanges are numbered from here: past every step and tag of the schedules.
+  static constexpr std::int64_t max_logit_first_step = std::int64_t{1} << 40;
   using call = detail::call_kind;
   using ring_checks = detail::ring_checks;
   template <class T, class Body>
-  void guarded(const validation& ok, call kind, Body&& body) {
-    gate_.run(ok, kind, dtype_of_v<T>, layout<T>(), std::forward<Body>(body));
+  void guarded(const validation& ok, call kind, Body&& body, bool max_logit = false) {
+    gate_.run(ok, kind, dtype_of_v<T>, layout<T>(), std::forward<Body>(body), max_logit);
   }
 
   Communicator& comm_;
@@ -332,6 +391,7 @@ private:
                          detail::ring_device_resources<BlockKernel>, detail::no_device_resources>;
   std::unique_ptr<device_resources> device_;
   detail::call_gate<Communicator> gate_;
+  std::vector<float> max_logits_; // the host reduction's every-rank maxima, [size(), q_heads]
 };
 
 } // namespace ringattn

@@ -4,7 +4,8 @@
 // {1, 3, 4}; the all-to-all at 1 and 4), forward and backward, element by element
 // (strict_check.hpp); the merge of partial states; the sharded decode with NaN in q_new, k_new,
 // v_new and in one rank's cache. Packed batches with empty and one-token sequences element by
-// element too.
+// element too. The max logit, asked for in every forward: NaN on every rank for a head whose
+// logits met a NaN or an infinity, the oracle's value elsewhere.
 #include "../decode_case.hpp"
 #include "../ranks.hpp"
 #include "../strict_check.hpp"
@@ -32,6 +33,16 @@ constexpr float inf_value = std::numeric_limits<float>::infinity();
 // The host ring's tolerances (test_ring.cpp, test_ring_backward.cpp).
 constexpr test::strict_bounds host_bounds{4e-3, 1e-5, 4e-3};
 
+// Every rank's max logits against the oracle's (sharded_case::max_logit_error: NaN where a
+// head's logits met a NaN, not finite where they met +inf, fp32 rounding elsewhere).
+template <class P>
+void check_max_logit(const test::sharded_case<P, T>& c,
+                     const std::vector<std::vector<float>>& max_logits) {
+  const auto want = c.oracle().max_logit;
+  for (const auto& got : max_logits)
+    CHECK(c.max_logit_error(got, want) < 1e-6);
+}
+
 // Every rank's host forward and backward of `c` under `Mask` and `Schedule`.
 template <class P, class Mask, class Schedule>
 std::pair<std::vector<typename test::sharded_case<P, T>::rank_output>,
@@ -40,15 +51,17 @@ host_run(const test::sharded_backward_case<P, T>& c) {
   const int ranks = c.plan.ranks();
   std::vector<typename test::sharded_case<P, T>::rank_output> outs(ranks);
   std::vector<typename test::sharded_backward_case<P, T>::rank_grads> grads(ranks);
+  std::vector<std::vector<float>> max_logits(ranks);
   in_process_group group(ranks);
   const auto errors = test::on_ranks(group, [&](int r, in_process_communicator& comm) {
     ring_attention<P, in_process_communicator, Mask, Schedule> attn(comm, c.args,
                                                                     c.plan.cu_seqlens());
-    outs[r] = c.forward_rank(attn, r);
+    outs[r] = c.forward_rank(attn, r, false, &max_logits[r]);
     grads[r] = c.backward_rank(attn, r, outs[r]);
   });
   for (const auto& e : errors)
     REQUIRE(test::message(e) == "");
+  check_max_logit(c, max_logits);
   return {outs, grads};
 }
 

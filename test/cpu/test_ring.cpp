@@ -28,6 +28,8 @@ using test::on_ranks;
 struct ring_result {
   double out_error = 0.0; // relative L2 of the bf16 output against the oracle
   double lse_error = 0.0; // max |lse - oracle|
+  double max_logit_error = 0.0; // the largest on any rank (sharded_case::max_logit_error)
+  bool max_logit_agrees = true; // every rank got the same bits
   std::uint64_t bytes = 0, expected_bytes = 0;
 };
 
@@ -38,10 +40,11 @@ ring_result run_ring(const test::sharded_case<P, __nv_bfloat16>& c) {
   std::vector<typename test::sharded_case<P, __nv_bfloat16>::error_parts> parts(
       static_cast<std::size_t>(ranks));
   std::vector<std::uint64_t> sent(static_cast<std::size_t>(ranks), 0), want(sent);
+  std::vector<std::vector<float>> max_logits(static_cast<std::size_t>(ranks));
   in_process_group group(ranks);
   const auto errors = on_ranks(group, [&](int r, in_process_communicator& comm) {
     ring_attention<P, in_process_communicator, Mask> attn(comm, c.args, c.plan.cu_seqlens());
-    const auto out = c.forward_rank(attn, r);
+    const auto out = c.forward_rank(attn, r, false, &max_logits[static_cast<std::size_t>(r)]);
     parts[static_cast<std::size_t>(r)] = c.rank_error(r, out, ref);
     sent[static_cast<std::size_t>(r)] = comm.bytes_sent();
     // Every step but the last sends the block it just used: its source's tokens.
@@ -59,6 +62,10 @@ ring_result run_ring(const test::sharded_case<P, __nv_bfloat16>& c) {
     res.lse_error = std::max(res.lse_error, parts[static_cast<std::size_t>(r)].lse);
     res.bytes += sent[static_cast<std::size_t>(r)];
     res.expected_bytes += want[static_cast<std::size_t>(r)];
+    const auto& ml = max_logits[static_cast<std::size_t>(r)];
+    res.max_logit_error = std::max(res.max_logit_error, c.max_logit_error(ml, ref.max_logit));
+    res.max_logit_agrees = res.max_logit_agrees &&
+                           std::memcmp(ml.data(), max_logits[0].data(), ml.size() * 4) == 0;
   }
   res.out_error = std::sqrt(num / den);
   return res;
@@ -82,6 +89,9 @@ void check_matrix() {
       // Tolerances: fp64 blocks, fp32 state, bf16 output (relative 2^-9 per element at worst).
       CHECK(res.out_error < 4e-3);
       CHECK(res.lse_error < 1e-5);
+      // fp64 logits rounded to fp32 once.
+      CHECK(res.max_logit_error < 1e-6);
+      CHECK(res.max_logit_agrees);
       CHECK(res.bytes == res.expected_bytes);
       if (ranks == 1) error_p1 = res.out_error;
       if (ranks == 8) CHECK(res.out_error <= 1.2 * error_p1);
@@ -156,6 +166,43 @@ TEST_CASE("a rank that rejects its call makes every rank fail at once with its r
   CHECK(message(errors[1]) == "ringattn: lse is a null pointer");
   CHECK(message(errors[0]) ==
         "ringattn: rank 1 rejected call 1 (forward_host): lse is a null pointer");
+}
+
+TEST_CASE("the max logit: asked by one rank alone, every rank refuses; asked or not, the same "
+          "output") {
+  in_process_group group(3, std::chrono::seconds(30));
+  std::mt19937_64 rng(test::fresh_seed());
+  const auto cu = test::random_cu_seqlens(3, 0, 40, rng);
+  const attention_arguments a{4, 2, 64, 0.0f};
+  test::sharded_case<zigzag, __nv_bfloat16> c(cu, 3, a, mask_kind::causal, rng);
+  const auto errors = on_ranks(group, [&](int r, in_process_communicator& comm) {
+    ring_attention<zigzag, in_process_communicator, causal> attn(comm, a, cu);
+    std::vector<float> max_logit;
+    const bool refused = [&] {
+      try {
+        (void)c.forward_rank(attn, r, false, r == 2 ? &max_logit : nullptr);
+      } catch (const invalid_argument& e) {
+        const std::string m = e.what();
+        const std::string want =
+            r == 0 ? "ringattn: rank 2 asks for the max logit but rank 0 does not (every rank "
+                     "passes a buffer, or none does)"
+                   : "ringattn: rank 2 asks for the max logit but rank 0 does not";
+        if (m.rfind(want, 0) != 0) throw std::runtime_error("rank " + std::to_string(r) + ": " + m);
+        return true;
+      }
+      return false;
+    }();
+    if (!refused) throw std::runtime_error("rank " + std::to_string(r) + " ran the call");
+    // The communicator is still usable; the max logit changes nothing else.
+    const auto plain = c.forward_rank(attn, r);
+    const auto asked = c.forward_rank(attn, r, false, &max_logit);
+    if (plain.out.size() != asked.out.size() ||
+        std::memcmp(plain.out.data(), asked.out.data(), plain.out.size() * 2) != 0 ||
+        std::memcmp(plain.lse.data(), asked.lse.data(), plain.lse.size() * 4) != 0)
+      throw std::runtime_error("rank " + std::to_string(r) + ": the outputs differ");
+  });
+  for (const auto& e : errors)
+    CHECK(message(e) == "");
 }
 
 TEST_CASE("a rank whose own arguments are invalid makes every rank fail at once, at plan time") {

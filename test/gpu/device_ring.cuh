@@ -77,10 +77,21 @@ std::uint64_t expected_backward_bytes(const Ring& attn, const Plan& plan, int r,
 template <class P, class T>
 struct device_rank_run {
   typename sharded_case<P, T>::rank_output output;
+  std::vector<float> max_logit; // asked for in the first forward where the kernel computes it
   bool repeatable = true;     // two forwards gave the same bits (when asked for)
-  std::uint64_t sent = 0;     // bytes this rank sent in one forward
-  std::uint64_t expected = 0; // what the plan says it sends: the blocks it forwards
+  std::uint64_t sent = 0;     // bytes this rank sent in the first forward
+  std::uint64_t expected = 0; // what the plan says it sends: the blocks it forwards (and the
+                              // max logits, P - 1 times)
 };
+
+//! Whether a device BlockKernel computes the max logit (all but the cuDNN model).
+template <class Kernel>
+constexpr bool device_max_logit = [] {
+  if constexpr (requires { Kernel::device_max_logit; })
+    return Kernel::device_max_logit;
+  else
+    return true;
+}();
 
 //! Rank r's device forward through `comm` on the current device. The host joins the stream with
 //! the communicator's bounded `wait` where it has one (NCCL), else synchronises.
@@ -97,33 +108,40 @@ device_rank_run<P, T> device_ring_rank(const sharded_case<P, T>& c, int r, Comm&
   device_buffer<T> q(c.qs[at]), k(c.ks[at]), v(c.vs[at]);
   device_buffer<T> out(std::vector<T>(static_cast<std::size_t>(n * a.q_heads * dv), poison<T>()));
   device_buffer<float> lse(std::vector<float>(static_cast<std::size_t>(n * a.q_heads), -7.0f));
+  device_buffer<float> max_logit(std::vector<float>(static_cast<std::size_t>(a.q_heads), 7.0f));
   const std::size_t bytes = attn.template device_workspace_bytes<T>();
   device_buffer<std::byte> ws(bytes);
   cudaStream_t stream;
   RINGATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   const std::uint64_t sent_before = comm.bytes_sent();
-  auto once = [&] {
+  // The first forward asks for the max logit (where the kernel has it), a repeat does not: the
+  // two must still agree bit for bit.
+  auto once = [&](bool with_max_logit) {
     attn.forward(thd_view<const T>(q.get(), n, a.q_heads, a.head_dim),
                  thd_view<const T>(k.get(), n, a.kv_heads, a.head_dim),
                  thd_view<const T>(v.get(), n, a.kv_heads, dv),
-                 thd_view<T>(out.get(), n, a.q_heads, dv), lse.get(), ws.get(), bytes, stream);
+                 thd_view<T>(out.get(), n, a.q_heads, dv), lse.get(),
+                 with_max_logit ? max_logit.get() : nullptr, ws.get(), bytes, stream);
     if constexpr (requires { comm.wait(stream); })
       comm.wait(stream);
     else
       RINGATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
     return std::pair{out.download(), lse.download()};
   };
+  constexpr bool asks = device_max_logit<Mask>;
   device_rank_run<P, T> res;
-  auto [o1, l1] = once();
+  auto [o1, l1] = once(asks);
+  res.sent = comm.bytes_sent() - sent_before;
+  if (asks) res.max_logit = max_logit.download();
   if (repeat) {
-    auto [o2, l2] = once();
+    auto [o2, l2] = once(false);
     res.repeatable = std::memcmp(o1.data(), o2.data(), o1.size() * sizeof(T)) == 0 &&
                      std::memcmp(l1.data(), l2.data(), l1.size() * sizeof(float)) == 0;
   }
   RINGATTN_CUDA_CHECK(cudaStreamDestroy(stream));
   res.output = {std::move(o1), std::move(l1)};
-  res.sent = (comm.bytes_sent() - sent_before) / (repeat ? 2 : 1);
-  res.expected = expected_forward_bytes<Schedule>(attn, r, ranks);
+  res.expected = expected_forward_bytes<Schedule>(attn, r, ranks) +
+                 (asks ? static_cast<std::uint64_t>(ranks - 1) * a.q_heads * sizeof(float) : 0);
   return res;
 }
 
@@ -169,6 +187,12 @@ void check_device_ring(const sharded_case<P, T>& c,
     num += e.num, den += e.den, lse = std::max(lse, e.lse);
     CHECK(run.repeatable);
     CHECK(run.sent == run.expected);
+    if (!run.max_logit.empty()) {
+      // fp32 logits of bf16 inputs: the lse's tolerance; every rank the same bits.
+      CHECK(c.max_logit_error(run.max_logit, ref.max_logit) < 2e-3);
+      CHECK(std::memcmp(run.max_logit.data(), runs[0].max_logit.data(),
+                        run.max_logit.size() * sizeof(float)) == 0);
+    }
   }
   CHECK(std::sqrt(num / den) < 8e-3);
   CHECK(lse < 2e-3);

@@ -4,7 +4,8 @@
 // compared element by element (strict_check.hpp): every output and gradient the oracle makes
 // non-finite is non-finite, every other one outside the planted token's sequence finite and
 // within the bf16 tolerances (inside it, the tensor cores' 0 x NaN may spread a NaN to a masked
-// neighbour in the same tile); a row's NaN is never taken for "saw no key".
+// neighbour in the same tile); a row's NaN is never taken for "saw no key". The max logit is NaN
+// on every rank for exactly the heads whose logits the planted element reached.
 #include "strict_ring.cuh"
 
 #include <ringattn/partition/contiguous.cuh>
@@ -30,6 +31,10 @@ void check_planted(attention_arguments a, std::initializer_list<int> ranks_list)
         // The tensor cores may spread the NaN within the planted token's sequence (0 x NaN in a
         // shared tile, strict_check.hpp); never beyond it.
         const int seq = test::sequence_of(c, t);
+        // The max logit: NaN exactly for the heads whose logits met the NaN (or the +inf).
+        const auto want = c.oracle().max_logit;
+        for (const auto& run : fwd)
+          CHECK(c.max_logit_error(run.max_logit, want) < 2e-3);
         test::check_strict(test::strict_forward(c, test::outputs_of(fwd), seq),
                            test::strict_backward(c, test::grads_of(bwd), seq),
                            where != test::planted_in::dout, true, test::device_bf16_bounds);

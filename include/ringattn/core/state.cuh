@@ -30,6 +30,12 @@
 //! head_dim], 512-byte rows 16 KB apart, made a merge cost twice as much against plain output
 //! (docs/kernels.md).
 //!
+//! `max_logit`, where a caller asks for it (else null, and no kernel spends anything on it), is
+//! the per-head maximum of the logits the merged blocks saw: `max_logit[h] = max scale * q . k`
+//! over every (row, key) of head h that the mask lets through, -inf while none was seen. A block
+//! row whose weight sum is NaN (a NaN or an infinity reached its logits) makes its head's value
+//! NaN, which no later maximum replaces (`max_logit_of`, `nan_max`).
+//!
 //! \code
 //! ringattn::attention_state s{o_workspace, lse_out, sum_workspace, tokens, q_heads, head_dim};
 //! // ring steps merge into s; then finalise writes o / sum in the output dtype and the lse
@@ -52,6 +58,8 @@ struct attention_state {
   std::int64_t tokens = 0;
   std::int32_t q_heads = 0;
   std::int32_t head_dim = 0;
+  //! [q_heads]: the heads' max logits so far (natural units), or null where nobody asked.
+  float* max_logit = nullptr;
 
   RINGATTN_HOST_DEVICE constexpr float* o_row(std::int64_t t, std::int32_t h) const {
     return o + (h * tokens + t) * head_dim;
@@ -107,6 +115,18 @@ RINGATTN_HOST_DEVICE inline float final_lse(float ref, float sum) {
 //! The normalising factor 1 / sum of a row's output (0 for a row that saw no key, whose o is 0).
 RINGATTN_HOST_DEVICE inline float inverse_sum(float sum) {
   return saw_key(sum) ? 1.0f / sum : 0.0f;
+}
+
+//! The larger of two max logits, NaN when either is NaN (a maximum that drops NaN would turn a
+//! non-finite input into a finite answer).
+RINGATTN_HOST_DEVICE constexpr float nan_max(float a, float b) {
+  return a != a ? a : b != b ? b : (b > a ? b : a);
+}
+
+//! What a block row adds to its head's max logit: its largest logit `row_max` (natural units)
+//! where it saw a key, NaN where its weight sum `sum` is NaN, -inf where it saw none.
+RINGATTN_HOST_DEVICE constexpr float max_logit_of(float row_max, float sum) {
+  return sum != sum ? sum : saw_key(sum) ? row_max : -__builtin_huge_valf();
 }
 
 //! One element of one (row, head) merged from `parts` partial states, in the order r = 0, 1, ...:

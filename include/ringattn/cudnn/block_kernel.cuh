@@ -417,6 +417,9 @@ struct cudnn_kernel : host_reference<Mask> {
   using backward_algorithm = Algorithm;
   //! `prepare_device` plans the backward with the forward: cuDNN builds nothing during a call.
   static constexpr bool plans_backward_at_prepare = true;
+  //! Its device forward computes no max logit (the host twin does): a ring refuses a device
+  //! forward that asks for one.
+  static constexpr bool device_max_logit = false;
 
   using forward_schedule = detail::cudnn_step;
   using backward_schedule = detail::cudnn_step;

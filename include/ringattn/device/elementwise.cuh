@@ -21,6 +21,14 @@ __global__ void fill_kernel(V* p, std::int64_t n, V value) {
     p[i] = value;
 }
 
+//! `acc[i] = nan_max(acc[i], in[i])` for i < n (the max logits of another rank). (A template
+//! only so that every translation unit may define it.)
+template <int Unused = 0>
+__global__ void max_logit_kernel(float* acc, const float* in, int n) {
+  for (int i = static_cast<int>(threadIdx.x); i < n; i += static_cast<int>(blockDim.x))
+    acc[i] = nan_max(acc[i], in[i]);
+}
+
 //! o / sum of every row of a (head-major) state into `out`, and the row's lse over its reference
 //! (the thread that handles a row's first pair).
 template <class T>

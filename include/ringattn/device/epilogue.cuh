@@ -78,6 +78,41 @@ __device__ __forceinline__ void finish_row(const forward_params<T>& p, int h, st
   }
 }
 
+//! Raises `*at` to `x` unless it is already larger, NaN winning over every number: a
+//! non-negative float orders as its bits read as a signed int, a negative one inversely to its
+//! bits read unsigned, and NaN (made the positive quiet NaN) above +inf in the first order and
+//! below every negative number in the second.
+__device__ __forceinline__ void atomic_max_logit(float* at, float x) {
+  if (x == -__builtin_huge_valf()) return;
+  if (x != x) x = __int_as_float(0x7fc00000);
+  if (__float_as_int(x) >= 0)
+    atomicMax(reinterpret_cast<int*>(at), __float_as_int(x));
+  else
+    atomicMin(reinterpret_cast<unsigned*>(at), __float_as_uint(x));
+}
+
+//! A block row's contribution to its head's max logit (state.cuh's `max_logit_of`): `m` is the
+//! row's running max in log2 units, `l` this lane's part of its sum (summed over the quad here;
+//! every lane of the quad must call it). -inf for a row that is not live.
+__device__ __forceinline__ float row_max_logit(bool live, float m, float l) {
+  constexpr float ln2 = 0.6931471805599453f;
+  float sum = l;
+  sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+  sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+  return live ? max_logit_of(m * ln2, sum) : -__builtin_huge_valf();
+}
+
+//! Adds the rows a warp finished (every lane's `x`, from `row_max_logit`; all of head `h`) to the
+//! state's max logit with one atomic. Every lane of the warp must call it.
+template <class T>
+__device__ __forceinline__ void add_max_logit(const forward_params<T>& p, int h, int lane,
+                                              float x) {
+#pragma unroll
+  for (int lane_mask = 4; lane_mask < 32; lane_mask *= 2)
+    x = nan_max(x, __shfl_xor_sync(0xffffffffu, x, lane_mask));
+  if (lane == 0) atomic_max_logit(p.state.max_logit + h, x);
+}
+
 //! `finish_row` reading the state's old values itself.
 template <class T, int D, epilogue E, class Acc>
 __device__ __forceinline__ void finish_row(const forward_params<T>& p, int h, std::int64_t row,

@@ -210,6 +210,16 @@ __global__ void __launch_bounds__(Warps * 32, Warps == 4 && D <= 128 ? 2 : 1)
   }
   cp_async_wait_all();
 
+  if (p.state.max_logit != nullptr) { // asked for: the warp's rows' largest logit, one atomic
+    float x = -__builtin_huge_valf();
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+        x = nan_max(x, row_max_logit(wrow + mt * 16 + (lane >> 2) + r * 8 < rows_valid, m[mt][r],
+                                     l[mt][r]));
+    add_max_logit(p, h, lane, x);
+  }
   // The block's (o, lse) per row, then merge into the state (or write it plainly).
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)

@@ -378,6 +378,11 @@ __global__ void __launch_bounds__(sm90_threads, 1) block_forward_sm90_kernel(for
     wgmma_wait<0>();
     fence_operands(o);
   }
+  if (p.state.max_logit != nullptr) { // asked for: the warp's rows' largest logit, one atomic
+    const float x0 = row_max_logit(wrow + (lane >> 2) < rows_valid, m[0], l[0]);
+    const float x1 = row_max_logit(wrow + (lane >> 2) + 8 < rows_valid, m[1], l[1]);
+    add_max_logit(p, h, lane, nan_max(x0, x1));
+  }
   if constexpr (Reduce) {
     // merge_path::reduce. Each consumer writes its rows' share, o_b * exp(lse_b - ref) (rounded
     // as finish_row rounds it), into its half of the free stage of "tile total" as dense fp32

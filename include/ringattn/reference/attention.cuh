@@ -69,6 +69,9 @@ tensor to_tensor(thd_view<const T> v) {
 struct forward_result {
   tensor out;              //!< [tokens, q_heads, head_dim_v]
   std::vector<double> lse; //!< [q_heads, tokens], natural log; -inf for rows that see no key
+  //! [q_heads]: the largest logit `scale * q . k` a head's queries see (NaN where a logit is NaN,
+  //! -inf where none sees a key); `attention_forward` alone fills it.
+  std::vector<double> max_logit;
   double lse_at(std::int32_t h, std::int64_t t) const {
     return lse[static_cast<std::size_t>(h * out.tokens + t)];
   }
@@ -161,14 +164,19 @@ inline forward_result attention_forward(const tensor& q, const tensor& k, const 
   const double scale = args.scale();
   const std::int32_t group = args.q_heads / args.kv_heads;
   forward_result r{tensor(q.tokens, q.heads, v.dim),
-                   std::vector<double>(static_cast<std::size_t>(q.heads * q.tokens), -inf)};
+                   std::vector<double>(static_cast<std::size_t>(q.heads * q.tokens), -inf),
+                   std::vector<double>(static_cast<std::size_t>(q.heads), -inf)};
   std::vector<double> s;
   for (std::size_t b = 0; b + 1 < cu_seqlens.size(); ++b) {
     const std::int64_t begin = cu_seqlens[b], end = cu_seqlens[b + 1];
     for (std::int64_t t = begin; t < end; ++t)
-      for (std::int32_t h = 0; h < q.heads; ++h)
+      for (std::int32_t h = 0; h < q.heads; ++h) {
         r.lse[static_cast<std::size_t>(h * q.tokens + t)] = detail::forward_row(
             q, k, v, t, h, h / group, begin, end, mask, scale, s, r.out.row(t, h));
+        double& most = r.max_logit[static_cast<std::size_t>(h)];
+        for (const double x : s) // the row's scores, -inf where masked
+          if (!std::isnan(most) && (x > most || std::isnan(x))) most = x;
+      }
   }
   return r;
 }
@@ -187,7 +195,8 @@ inline forward_result attention_forward_rows(const tensor& q, const tensor& k, c
   const std::int32_t group = args.q_heads / args.kv_heads;
   const auto n = static_cast<std::int64_t>(rows.size());
   forward_result r{tensor(n, q.heads, v.dim),
-                   std::vector<double>(static_cast<std::size_t>(q.heads * n), -inf)};
+                   std::vector<double>(static_cast<std::size_t>(q.heads * n), -inf),
+                   {}};
   std::vector<double> s;
   for (std::int64_t i = 0; i < n; ++i) {
     const std::int64_t t = rows[static_cast<std::size_t>(i)];

@@ -46,10 +46,10 @@ template <class BlockKernel, class Communicator, element T>
 void host_all_gather_forward(Communicator& comm, const ring_schedule& s,
                              const attention_arguments& args, thd_view<const T> q,
                              thd_view<const T> k, thd_view<const T> v, thd_view<T> out, float* lse,
-                             std::span<std::byte> workspace) {
+                             float* max_logit, std::span<std::byte> workspace) {
   const ring_workspace ws = all_gather_workspace(s, args, sizeof(T));
   std::byte* base = workspace.data();
-  const attention_state state = ws.state(base, lse);
+  const attention_state state = ws.state(base, lse, max_logit);
   reset(state);
   const auto own = ws.kv_slot_views<T>(base, 0, s.q_tokens());
   copy_own_block_host(k, v, own);
@@ -126,14 +126,16 @@ void device_all_gather_forward(Communicator& comm, const ring_schedule& s,
                                ring_device_resources<BlockKernel>& d,
                                const attention_arguments& args, thd_view<const T> q,
                                thd_view<const T> k, thd_view<const T> v, thd_view<T> out,
-                               float* lse, std::byte* workspace, cudaStream_t stream) {
+                               float* lse, float* max_logit, std::byte* workspace,
+                               cudaStream_t stream) {
   const ring_workspace ws = all_gather_workspace(s, args, sizeof(T));
   const bool dense = out.dense();
   if (s.ranks() == 1) { // one block: nothing to gather, the ring's path
-    device_ring_forward<BlockKernel>(comm, s, d, args, q, k, v, out, lse, workspace, stream);
+    device_ring_forward<BlockKernel>(comm, s, d, args, q, k, v, out, lse, max_logit, workspace,
+                                     stream);
     return;
   }
-  const attention_state state = ws.state(workspace, lse);
+  const attention_state state = ws.state(workspace, lse, max_logit);
   std::byte* scratch = workspace + ring_workspace::align(ws.forward_bytes());
   if (s.needs_reset()) reset(state, stream);
   const auto own = ws.kv_slot_views<T>(workspace, 0, s.q_tokens());

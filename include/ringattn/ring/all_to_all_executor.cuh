@@ -182,7 +182,7 @@ pieces_at unpack_kvq(Engine& e, const all_to_all_plan& p, const all_to_all_works
 template <class T, class Engine>
 void all_to_all_forward(Engine& e, const all_to_all_plan& p, thd_view<const T> q,
                         thd_view<const T> k, thd_view<const T> v, thd_view<T> out, float* lse,
-                        std::byte* base) {
+                        float* max_logit, std::byte* base) {
   const all_to_all_workspace ws(p, sizeof(T));
   const auto& f = ws.forward();
   const head_split& h = p.heads();
@@ -212,7 +212,8 @@ void all_to_all_forward(Engine& e, const all_to_all_plan& p, thd_view<const T> q
   const auto oa = dense_at<T>(base, f.out, group, hq, dv);
   float* lse_all = at(base, f.lse);
   e.template forward<T>(p.local(), la, qa, ka, va,
-                        attention_state{at(base, f.o), lse_all, at(base, f.sum), group, hq, dv},
+                        attention_state{at(base, f.o), lse_all, at(base, f.sum), group, hq, dv,
+                                        max_logit ? max_logit + h.q_begin(mine) : nullptr},
                         oa);
   nvtx_range range("all-to-all out", 0, r);
   // Each group member's output rows and its columns of the gathered lse ([hq, G]): this rank's
@@ -439,9 +440,9 @@ struct host_all_to_all_engine {
 template <class BlockKernel, class Communicator, element T>
 void host_all_to_all_forward(Communicator& comm, const all_to_all_plan& p, thd_view<const T> q,
                              thd_view<const T> k, thd_view<const T> v, thd_view<T> out, float* lse,
-                             std::span<std::byte> workspace) {
+                             float* max_logit, std::span<std::byte> workspace) {
   host_all_to_all_engine<BlockKernel, Communicator> e{comm};
-  all_to_all_forward<T>(e, p, q, k, v, out, lse, workspace.data());
+  all_to_all_forward<T>(e, p, q, k, v, out, lse, max_logit, workspace.data());
 }
 
 template <class BlockKernel, class Communicator, element T>
@@ -521,16 +522,17 @@ void device_all_to_all_forward(Communicator& comm, const all_to_all_plan& p,
                                ring_device_resources<BlockKernel>& d,
                                const attention_arguments& args, thd_view<const T> q,
                                thd_view<const T> k, thd_view<const T> v, thd_view<T> out,
-                               float* lse, std::byte* workspace, cudaStream_t stream) {
+                               float* lse, float* max_logit, std::byte* workspace,
+                               cudaStream_t stream) {
   if (p.ranks() == 1) {
     device_ring_forward<BlockKernel, Communicator, T>(comm, p.local(), d, args, q, k, v, out, lse,
-                                                      workspace, stream);
+                                                      max_logit, workspace, stream);
     return;
   }
   const all_to_all_workspace ws(p, sizeof(T));
   device_all_to_all_engine<BlockKernel, Communicator> e{
       comm, d, workspace + all_to_all_workspace::align(ws.forward_bytes()), stream};
-  all_to_all_forward<T>(e, p, q, k, v, out, lse, workspace);
+  all_to_all_forward<T>(e, p, q, k, v, out, lse, max_logit, workspace);
 }
 
 template <class BlockKernel, class Communicator, class T>

@@ -6,7 +6,8 @@
 //!
 //! Over a communicator with cheap host collectives (in-process, MPI) every call opens with one
 //! small all-gather of a `call_header`: which ring (the plan's fingerprint), which call of it,
-//! which entry point, which dtype, and whether the rank's own arguments hold (with its reason).
+//! which entry point, which dtype, whether it asks for the max logit (a collective of its own),
+//! and whether the rank's own arguments hold (with its reason).
 //! So a rank that rejects its arguments, or ranks that disagree on the dtype or the direction,
 //! make every rank throw `invalid_argument` before anything is sent, and the communicator stays
 //! usable for the next call. A failure after that (a timeout, a peer's abort, an exception in a
@@ -48,6 +49,7 @@ struct call_header {
   std::uint64_t call = 0; //!< calls of this object so far, this one included
   call_kind kind = call_kind::forward_host;
   dtype type = dtype::bf16;
+  std::uint8_t max_logit = 0; //!< 1: the call asks for the max logit
   std::uint8_t ok = 1;   //!< 0: this rank rejected its arguments
   char reason[160] = {}; //!< its reason, cut to fit
 };
@@ -92,17 +94,19 @@ public:
   }
 
   //! Runs `body` as call `kind` with element type `type` (its messages laid out by `layout`),
-  //! after the checks in the file notes; `own` is this rank's validation of the call's arguments.
+  //! after the checks in the file notes; `own` is this rank's validation of the call's arguments,
+  //! `max_logit` whether it asks for the max logit.
   template <class Layout, class Body>
   requires requires(const Layout& l) { l.largest_message(true); }
-  void run(const validation& own, call_kind kind, dtype type, const Layout& layout, Body&& body) {
+  void run(const validation& own, call_kind kind, dtype type, const Layout& layout, Body&& body,
+           bool max_logit = false) {
     const bool backward = kind == call_kind::backward || kind == call_kind::backward_host;
-    run(own, kind, type, layout.largest_message(backward), std::forward<Body>(body));
+    run(own, kind, type, layout.largest_message(backward), std::forward<Body>(body), max_logit);
   }
   //! The same for a call whose largest message is `largest_message` bytes.
   template <class Body>
   void run(const validation& own, call_kind kind, dtype type, std::size_t largest_message,
-           Body&& body) {
+           Body&& body, bool max_logit = false) {
     validation ok = own;
     require_message_size(ok, comm_, largest_message, to_string(kind));
     error_rank_scope scope(comm_.rank());
@@ -122,7 +126,7 @@ public:
         return 0;
     }();
     if constexpr (agrees_every_call<Communicator>) {
-      agree(ok, kind, type);
+      agree(ok, kind, type, max_logit);
     } else {
       if (!ok) comm_.abort(ok.reason());
       ok.throw_if_invalid();
@@ -144,12 +148,13 @@ public:
 private:
   // One all-gather of every rank's header (into storage made at plan time: a call allocates
   // nothing), then the same verdict on every rank.
-  void agree(const validation& ok, call_kind kind, dtype type) {
+  void agree(const validation& ok, call_kind kind, dtype type, bool max_logit) {
     call_header mine;
     mine.plan = plan_;
     mine.call = ++calls_;
     mine.kind = kind;
     mine.type = type;
+    mine.max_logit = max_logit ? 1 : 0;
     mine.ok = ok ? 1 : 0;
     const std::string& why = ok.reason();
     std::memcpy(mine.reason, why.data(), std::min(why.size(), sizeof mine.reason - 1));
@@ -183,6 +188,10 @@ private:
                 " but rank 0 calls ", to_string(first.kind));
       v.require(x.type == first.type, "rank ", r, " calls ", to_string(x.kind), " with ",
                 to_string(x.type), " but rank 0 with ", to_string(first.type));
+      v.require(x.max_logit == first.max_logit, "rank ", r,
+                x.max_logit ? " asks for the max logit but rank 0 does not"
+                            : " passes no max_logit but rank 0 does",
+                " (every rank passes a buffer, or none does)");
     }
     v.throw_if_invalid();
   }

@@ -129,9 +129,10 @@ template <class BlockKernel, class Communicator, class T>
 void device_ring_forward(Communicator& comm, const ring_schedule& s,
                          ring_device_resources<BlockKernel>& d, const attention_arguments& args,
                          thd_view<const T> q, thd_view<const T> k, thd_view<const T> v,
-                         thd_view<T> out, float* lse, std::byte* workspace, cudaStream_t stream) {
+                         thd_view<T> out, float* lse, float* max_logit, std::byte* workspace,
+                         cudaStream_t stream) {
   const ring_workspace ws(s.q_tokens(), s.max_kv_tokens(), args, sizeof(T));
-  const attention_state state = ws.state(workspace, lse);
+  const attention_state state = ws.state(workspace, lse, max_logit);
   std::byte* scratch = workspace + ring_workspace::align(ws.forward_bytes());
   const bool dense = out.dense();
   if (s.forward_epilogue(0, dense) == step_epilogue::plain) {

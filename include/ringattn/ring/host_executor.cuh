@@ -50,10 +50,11 @@ void write_host_gradients(const float* dq_acc, const float* dk_acc, const float*
 template <class BlockKernel, class Communicator, element T>
 void host_ring_forward(Communicator& comm, const ring_schedule& s, const attention_arguments& args,
                        thd_view<const T> q, thd_view<const T> k, thd_view<const T> v,
-                       thd_view<T> out, float* lse, std::span<std::byte> workspace) {
+                       thd_view<T> out, float* lse, float* max_logit,
+                       std::span<std::byte> workspace) {
   const ring_workspace ws(s.q_tokens(), s.max_kv_tokens(), args, sizeof(T));
   std::byte* base = workspace.data();
-  const attention_state state = ws.state(base, lse);
+  const attention_state state = ws.state(base, lse, max_logit);
   reset(state);
   copy_own_block_host(k, v, ws.kv_slot_views<T>(base, 0, s.q_tokens()));
   for (const ring_step& step : s.steps()) {

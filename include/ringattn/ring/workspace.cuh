@@ -81,15 +81,17 @@ public:
     const auto e = static_cast<std::int64_t>(k_elements(tokens));
     return {thd_view<T>(k, tokens, kvh_, dk_), thd_view<T>(k + e, tokens, kvh_, dv_)};
   }
-  //! The fp32 state in the workspace (o, then the weight sums) with the caller's lse.
-  attention_state state(std::byte* base, float* lse) const {
+  //! The fp32 state in the workspace (o, then the weight sums) with the caller's lse and max
+  //! logits (null where not asked for).
+  attention_state state(std::byte* base, float* lse, float* max_logit = nullptr) const {
     std::byte* o = base + slots() * kv_slot();
     return {reinterpret_cast<float*>(o),
             lse,
             reinterpret_cast<float*>(o + state_o_bytes()),
             n_,
             qh_,
-            dv_};
+            dv_,
+            max_logit};
   }
 
   // ---- backward
