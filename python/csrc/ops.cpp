@@ -136,23 +136,29 @@ struct Plan : torch::CustomClassHolder {
   }
 
   //! out, lse of every rank here. `out` and `lse` may be given (written in place), else made.
-  std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>>
+  //! With `max_logit`, also every rank's max logits (`[q_heads]` fp32, the same on every rank);
+  //! else that list is empty.
+  std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<at::Tensor>>
   forward(const std::vector<at::Tensor>& q, const std::vector<at::Tensor>& k,
           const std::vector<at::Tensor>& v, std::optional<std::vector<at::Tensor>> out,
-          std::optional<std::vector<at::Tensor>> lse, std::int64_t stream) {
-    std::vector<at::Tensor> outs, lses;
+          std::optional<std::vector<at::Tensor>> lse, std::int64_t stream, bool max_logit) {
+    std::vector<at::Tensor> outs, lses, max_logits;
     std::vector<forward_io> io;
     at::Tensor ws;
     const element_type type = prepared(false, q, [&](element_type t) {
       const std::size_t n = check_count(q.size(), "q");
       check_count(k.size(), "k"), check_count(v.size(), "v");
-      outs.resize(n), lses.resize(n), io.resize(n);
+      outs.resize(n), lses.resize(n), io.resize(n), max_logits.resize(max_logit ? n : 0);
       for (std::size_t i = 0; i < n; ++i) {
         check(q[i], q[0], "q"), check(k[i], q[0], "k"), check(v[i], q[0], "v");
         outs[i] = given(out, i, "out", q[0], {q[i].size(0), q[i].size(1), v[i].size(2)});
         lses[i] = given_lse(lse, i, q[i]);
         io[i] = {view_of(q[i]), view_of(k[i]), view_of(v[i]), view_of(outs[i]),
                  lses[i].data_ptr<float>()};
+        if (max_logit) {
+          max_logits[i] = at::empty({q[i].size(1)}, q[i].options().dtype(at::kFloat));
+          io[i].max_logit = max_logits[i].data_ptr<float>();
+        }
       }
       ws = workspace(t, false, q[0]);
     });
@@ -160,7 +166,7 @@ struct Plan : torch::CustomClassHolder {
       impl->forward(type, io, ws.data_ptr(), static_cast<std::size_t>(ws.numel()),
                     reinterpret_cast<void*>(stream));
     });
-    return {outs, lses};
+    return {outs, lses, max_logits};
   }
 
   //! dq, dk, dv of every rank here (given or made).

@@ -42,6 +42,7 @@ struct view {
 struct forward_io {
   view q, k, v, out;
   float* lse = nullptr;
+  float* max_logit = nullptr; //!< [q_heads], or null: not asked for
 };
 
 //! One rank's tensors of a backward.

@@ -118,15 +118,15 @@ struct ring_calls {
         no_fp32_on_device();
       else
         ring.template forward<T>(as_view<const T>(io.q), as_view<const T>(io.k),
-                                 as_view<const T>(io.v), as_view<T>(io.out), io.lse, ws, bytes,
-                                 stream);
+                                 as_view<const T>(io.v), as_view<T>(io.out), io.lse, io.max_logit,
+                                 ws, bytes, stream);
 #else
       static_assert(!Device, "the device path is compiled by nvcc");
 #endif
     } else {
       ring.template forward_host<T>(as_view<const T>(io.q), as_view<const T>(io.k),
                                     as_view<const T>(io.v), as_view<T>(io.out), io.lse,
-                                    std::span<std::byte>(ws, bytes));
+                                    io.max_logit, std::span<std::byte>(ws, bytes));
     }
   }
 

@@ -136,10 +136,10 @@ class _GroupRunner:
             self.communicator.drop()
             raise
 
-    def forward(self, q, k, v):
-        outs, lses = self._guarded(
-            lambda: self.plan.forward([q], [k], [v], None, None, _stream(self.device)))
-        return outs[0], lses[0]
+    def forward(self, q, k, v, max_logit):
+        outs, lses, max_logits = self._guarded(lambda: self.plan.forward(
+            [q], [k], [v], None, None, _stream(self.device), max_logit))
+        return outs[0], lses[0], max_logits[0] if max_logit else _no_max_logit(q)
 
     def backward(self, q, k, v, out, lse, dout):
         dq, dk, dv = self._guarded(lambda: self.plan.backward(
@@ -159,15 +159,17 @@ class _VirtualRunner:
     def _split(self, x, dim=0):
         return [x.index_select(dim, i) for i in self.indices]
 
-    def forward(self, q, k, v):
+    def forward(self, q, k, v, max_logit):
         with _device_scope(self.device):
-            outs, lses = self.plan.forward(self._split(q), self._split(k), self._split(v),
-                                              None, None, _stream(self.device))
+            outs, lses, max_logits = self.plan.forward(
+                self._split(q), self._split(k), self._split(v), None, None,
+                _stream(self.device), max_logit)
         out = torch.empty(q.size(0), q.size(1), v.size(2), dtype=q.dtype, device=q.device)
         out.index_copy_(0, self.all, torch.cat(outs))
         lse = torch.empty(q.size(1), q.size(0), dtype=torch.float32, device=q.device)
         lse.index_copy_(1, self.all, torch.cat(lses, 1))
-        return out, lse
+        # Every rank holds the maxima over them all.
+        return out, lse, max_logits[0] if max_logit else _no_max_logit(q)
 
     def backward(self, q, k, v, out, lse, dout):
         with _device_scope(self.device):
@@ -181,6 +183,11 @@ class _VirtualRunner:
             g.index_copy_(0, self.all, torch.cat(parts))
             grads.append(g)
         return tuple(grads)
+
+
+def _no_max_logit(q: torch.Tensor) -> torch.Tensor:
+    """The op's max-logit output where the call does not ask for it."""
+    return q.new_empty(0, dtype=torch.float32)
 
 
 def _unit_last_stride(x: torch.Tensor) -> torch.Tensor:
@@ -211,7 +218,7 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
                    group: Optional[dist.ProcessGroup] = None, partitioner: str = "zigzag",
                    mask: str = "causal", window: Optional[Sequence[int]] = None,
                    softmax_scale: Optional[float] = None, schedule: str = "ring",
-                   timeout: float = 60.0) -> Tuple[torch.Tensor, torch.Tensor]:
+                   timeout: float = 60.0, return_max_logit: bool = False):
     """Context-parallel attention of this rank's shards, with autograd.
 
     q: [local tokens, q_heads, head_dim], k: [local tokens, kv_heads, head_dim],
@@ -225,14 +232,17 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
     sliding_window, causal_window (with `window` = (left, right), -1 unbounded). `schedule`:
     ring (K/V pass around the ring), all_gather or all_to_all (heads traded for tokens; the group
     size must divide q_heads, and it and kv_heads one another). Returns out [local tokens, q_heads,
-    head_dim_v] and lse [q_heads, local tokens] (fp32, natural log, not differentiable).
+    head_dim_v] and lse [q_heads, local tokens] (fp32, natural log, not differentiable); with
+    `return_max_logit`, also max_logit [q_heads] (fp32, not differentiable): each head's largest
+    logit softmax_scale * q . k over every query of every rank and the keys it sees (QK-clip),
+    the same on every rank (NaN where a NaN or an infinity reached the head's logits).
     Collective: every rank of the group calls it with the same layout. Works under torch.compile
     (one custom op, `torch.ops.ringattn_torch.attention`, with its backward op)."""
     group_name = ""
     if group is not None or (dist.is_available() and dist.is_initialized()):
         group_name = _group_name(group)
     return _call(q, k, v, cu_seqlens, 0, group_name, partitioner, mask, window, softmax_scale,
-                 schedule, timeout)
+                 schedule, timeout, return_max_logit)
 
 
 def _group_name(group) -> str:
@@ -241,7 +251,7 @@ def _group_name(group) -> str:
 
 
 def _call(q, k, v, cu_seqlens, ranks, group_name, partitioner, mask, window, softmax_scale,
-          schedule, timeout):
+          schedule, timeout, max_logit):
     """The custom op's call: the arguments in the op's types. What cannot take those types (a
     cu_seqlens that is not integers, a window that is not an int or a pair, a q that is not a
     tensor) travels as `problem`, raised by the op on this rank while the others learn of it in
@@ -259,14 +269,15 @@ def _call(q, k, v, cu_seqlens, ranks, group_name, partitioner, mask, window, sof
             problem = problem or f"ringattn: {name} must be a tensor (got {type(t).__name__})"
             t = torch.empty(0, 0, 0)
         tensors.append(t)
-    return torch.ops.ringattn_torch.attention(
+    out, lse, most = torch.ops.ringattn_torch.attention(
         *tensors, cu, ranks, group_name, str(partitioner), str(mask), window,
         None if softmax_scale is None else float(softmax_scale), str(schedule), float(timeout),
-        problem)
+        problem, bool(max_logit))
+    return (out, lse, most) if max_logit else (out, lse)
 
 
 def _runner(q, k, v, cu, ranks, group_name, partitioner, mask, window, softmax_scale, schedule,
-            timeout, problem, agree: bool):
+            timeout, problem, agree: bool, max_logit: bool = False):
     """The runner of a call: virtual ranks (`ranks` > 0, or a ring of one rank without a group),
     or this rank of `group_name`'s ring, whose ranks first agree on the call where `agree`."""
     device = q.device
@@ -291,7 +302,9 @@ def _runner(q, k, v, cu, ranks, group_name, partitioner, mask, window, softmax_s
                                    softmax_scale)
         except (TypeError, ValueError) as e:
             verdict = e
-        _agree(group, timeout, verdict, key, q)
+        # Whether the call asks for the max logit is part of what the ranks agree on: it adds a
+        # collective of its own.
+        _agree(group, timeout, verdict, (key, bool(max_logit)), q)
     else:
         key, _ = _checked_call(q, k, v, cu, partitioner, mask, schedule, window, softmax_scale)
     comm = _group_communicator(group, device, timeout)
@@ -319,7 +332,7 @@ def _resolve_group(name: str):
 _lib = torch.library.Library("ringattn_torch", "DEF")
 _lib.define("attention(Tensor q, Tensor k, Tensor v, int[] cu_seqlens, int ranks, str group_name, "
             "str partitioner, str mask, int[] window, float? softmax_scale, str schedule, "
-            "float timeout, str problem) -> (Tensor, Tensor)")
+            "float timeout, str problem, bool max_logit) -> (Tensor, Tensor, Tensor)")
 _lib.define("attention_backward(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
             "Tensor dout, int[] cu_seqlens, int ranks, str group_name, str partitioner, "
             "str mask, int[] window, float? softmax_scale, str schedule, float timeout) "
@@ -329,11 +342,12 @@ _lib.define("attention_backward(Tensor q, Tensor k, Tensor v, Tensor out, Tensor
 @torch.library.impl(_lib, "attention", "CompositeExplicitAutograd")
 def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: List[int],
                   ranks: int, group_name: str, partitioner: str, mask: str, window: List[int],
-                  softmax_scale: Optional[float], schedule: str, timeout: float,
-                  problem: str) -> Tuple[torch.Tensor, torch.Tensor]:
+                  softmax_scale: Optional[float], schedule: str, timeout: float, problem: str,
+                  max_logit: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     runner = _runner(q, k, v, cu_seqlens, ranks, group_name, partitioner, mask, window,
-                     softmax_scale, schedule, timeout, problem, agree=True)
-    return runner.forward(q, k, v)
+                     softmax_scale, schedule, timeout, problem, agree=True,
+                     max_logit=max_logit)
+    return runner.forward(q, k, v, max_logit)
 
 
 @torch.library.impl(_lib, "attention_backward", "CompositeExplicitAutograd")
@@ -351,13 +365,14 @@ def _attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 @torch.library.register_fake("ringattn_torch::attention", lib=_lib)
 def _(q, k, v, cu_seqlens, ranks, group_name, partitioner, mask, window, softmax_scale,
-      schedule, timeout, problem):
+      schedule, timeout, problem, max_logit):
     if problem:
         raise ValueError(problem)
     _check_tensors(q, k, v)
     out = q.new_empty(q.size(0), q.size(1), v.size(2))
     lse = q.new_empty(q.size(1), q.size(0), dtype=torch.float32)
-    return out, lse
+    most = q.new_empty(q.size(1) if max_logit else 0, dtype=torch.float32)
+    return out, lse, most
 
 
 @torch.library.register_fake("ringattn_torch::attention_backward", lib=_lib)
@@ -374,19 +389,20 @@ _ARGUMENTS = ("cu_seqlens", "ranks", "group_name", "partitioner", "mask", "windo
 
 def _setup_context(ctx, inputs, output):
     q, k, v = inputs[:3]
-    out, lse = output
+    out, lse, most = output
     ctx.save_for_backward(q, k, v, out, lse)
     ctx.arguments = inputs[3:3 + len(_ARGUMENTS)]
-    ctx.mark_non_differentiable(lse)
+    ctx.mark_non_differentiable(lse, most)
 
 
-def _backward(ctx, dout, dlse):
+def _backward(ctx, dout, dlse, dmost):
     q, k, v, out, lse = ctx.saved_tensors
     if dout is None:
         dout = torch.zeros_like(out)
     dq, dk, dv = torch.ops.ringattn_torch.attention_backward(q, k, v, out, lse, dout,
                                                             *ctx.arguments)
-    return (dq, dk, dv) + (None,) * (len(_ARGUMENTS) + 1)
+    # No gradient for the arguments after q, k, v: those the backward takes, problem, max_logit.
+    return (dq, dk, dv) + (None,) * (len(_ARGUMENTS) + 2)
 
 
 torch.library.register_autograd("ringattn_torch::attention", _backward,
@@ -466,8 +482,8 @@ def _agree(group, timeout: float, problem: Optional[Exception], key, q) -> None:
         if not torch.equal(p[1:9], parts[0][1:9]):
             raise ValueError(f"ringattn: rank {r} calls with another layout than rank 0 (its "
                              f"partitioner, mask, schedule, window, scale, head counts, widths, "
-                             f"cu_seqlens or device kind differ; every rank of the group "
-                             f"calls with the same layout)")
+                             f"cu_seqlens, device kind or return_max_logit differ; every rank "
+                             f"of the group calls with the same layout)")
 
 
 def _virtual_runner(key, ranks: int, device: torch.device) -> _VirtualRunner:
@@ -499,14 +515,15 @@ def _virtual_runner(key, ranks: int, device: torch.device) -> _VirtualRunner:
 def virtual_ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            cu_seqlens: CuSeqlens, ranks: int, *, partitioner: str = "zigzag",
                            mask: str = "causal", window: Optional[Sequence[int]] = None,
-                           softmax_scale: Optional[float] = None,
-                           schedule: str = "ring") -> Tuple[torch.Tensor, torch.Tensor]:
+                           softmax_scale: Optional[float] = None, schedule: str = "ring",
+                           return_max_logit: bool = False):
     """The whole ring in this process: `ranks` virtual ranks (threads, on q's device) over the
     full packed batch `q`, `k`, `v` ([tokens, heads, dim]), each rank attending to its shard
     under `partitioner` as a ring of `ranks` processes would. Returns out and lse of the whole
-    batch in its own order, with autograd. For testing a layout on one device, and for the
-    host path on CPU tensors."""
+    batch in its own order, with autograd (and, with `return_max_logit`, the heads' max logits,
+    as `ring_attention` returns them). For testing a layout on one device, and for the host path
+    on CPU tensors."""
     if not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 1:
         raise ValueError(f"ringattn: ranks must be a positive int (got {ranks!r})")
     return _call(q, k, v, cu_seqlens, ranks, "", partitioner, mask, window, softmax_scale,
-                 schedule, 0.0)
+                 schedule, 0.0, return_max_logit)

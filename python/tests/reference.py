@@ -47,6 +47,37 @@ def attention(q, k, v, cu_seqlens, mask="causal", window=(-1, -1), softmax_scale
     return torch.cat(outs), torch.cat(lses, 1)
 
 
+def max_logit(q, k, cu_seqlens, mask="causal", window=(-1, -1), softmax_scale=None):
+    """[q_heads]: each head's largest logit scale * q . k over the keys its queries see (float64
+    in, float64 out; -inf for a head no query of which sees a key)."""
+    scale = softmax_scale or 1.0 / math.sqrt(q.size(-1))
+    group = q.size(1) // k.size(1)
+    most = torch.full((q.size(1),), float("-inf"), dtype=q.dtype, device=q.device)
+    cu = [int(x) for x in cu_seqlens]
+    for b, e in zip(cu[:-1], cu[1:]):
+        if e == b:
+            continue
+        qs = q[b:e].transpose(0, 1)
+        ks = k[b:e].transpose(0, 1).repeat_interleave(group, 0)
+        scores = ((qs @ ks.transpose(1, 2)) * scale).masked_fill(
+            ~visible(e - b, mask, window, q.device), float("-inf"))
+        most = torch.maximum(most, scores.flatten(1).max(1).values)
+    return most
+
+
+def check_max_logit(run, q, k, cu_seqlens, mask, window, rtol, atol):
+    """`run(return_max_logit)` calls the ring on q, k (and its v) and returns what it returns:
+    its max logit against the reference's within rtol / atol, and the call's out and lse the
+    same bits as a call without it. Returns the max logit."""
+    want = max_logit(q.double(), k.double(), cu_seqlens, mask, window)
+    out, lse = run(False)
+    out2, lse2, most = run(True)
+    assert most.shape == (q.size(1),) and most.dtype == torch.float32
+    assert torch.allclose(most.double().cpu(), want.cpu(), rtol=rtol, atol=atol), (most, want)
+    assert torch.equal(out, out2) and torch.equal(lse, lse2)
+    return most
+
+
 def rel(a, b):
     """Relative L2 error of a against b (float64)."""
     a, b = a.detach().double(), b.detach().double()

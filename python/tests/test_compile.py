@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 
 import ringattn_torch as ra
-from reference import attention, rel
+from reference import attention, max_logit, rel
 from test_group import run_ranks
 
 
@@ -74,6 +74,23 @@ def test_compiled_with_a_window_and_a_scale_equal_eager():
         q, k, v, cu, 3, partitioner="round_robin", mask="sliding_window", window=(5, 7),
         softmax_scale=0.1))
     _compare(model, torch.randn(120, 64), torch.randn(120, 64), 1e-5)
+
+
+def test_compiled_max_logit_equals_eager():
+    # The max logit as QK-clip reads it: an output of the compiled graph beside the loss.
+    cu = [0, 40, 41, 90]
+    torch.manual_seed(2)
+
+    def attend(q, k, v):
+        out, lse, most = ra.virtual_ring_attention(q, k, v, cu, 2, return_max_logit=True)
+        return out, most
+
+    model = Block(attend)
+    x, dy = torch.randn(90, 64), torch.randn(90, 64)
+    eager = _compare(model, x, dy, 1e-5)
+    with torch.no_grad():
+        q, k, _ = model.qkv(x).double().view(90, 3, model.heads, model.dim).unbind(1)
+    assert torch.allclose(eager[1].double(), max_logit(q, k, cu), rtol=1e-6, atol=0)
 
 
 def test_compiled_refusals_are_the_eager_ones():

@@ -14,8 +14,8 @@ import torch
 import torch.distributed as dist
 
 import ringattn_torch as ra
-from reference import (TOLERANCE, check_against_reference, inputs, random_cu_seqlens,
-                       window_of)
+from reference import (TOLERANCE, check_against_reference, check_max_logit, inputs,
+                       random_cu_seqlens, window_of)
 
 pytestmark = pytest.mark.gpu
 
@@ -35,6 +35,17 @@ def test_virtual_ranks_every_partitioner_and_mask(partitioner, mask, ranks, dtyp
     run = lambda q, k, v: ra.virtual_ring_attention(q, k, v, cu, ranks, partitioner=partitioner,
                                                     mask=mask, window=window)
     check_against_reference(run, q, k, v, cu, mask, window, TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("schedule", ra.SCHEDULES)
+@pytest.mark.parametrize("mask", ra.MASKS)
+def test_virtual_ranks_max_logit(schedule, mask):
+    cu, (q, k, v) = _case(23, torch.bfloat16, longest=200)
+    window = window_of(mask)
+    run = lambda asked: ra.virtual_ring_attention(q, k, v, cu, 4, mask=mask, window=window,
+                                                  schedule=schedule, return_max_logit=asked)
+    # fp32 logits of bf16 inputs on the tensor cores.
+    check_max_logit(run, q, k, cu, mask, window, rtol=2e-3, atol=2e-3)
 
 
 @pytest.mark.parametrize("heads", [(8, 8), (8, 2), (8, 1)])
@@ -75,7 +86,7 @@ def test_outputs_written_in_place_are_all_written():
            for i in idx]
     lse = [torch.full((8, i.numel()), float("nan"), device="cuda") for i in idx]
     plan.forward(shards(q), shards(k), shards(v), out, lse,
-                    torch.cuda.current_stream().cuda_stream)
+                    torch.cuda.current_stream().cuda_stream, False)
     assert not any(torch.isnan(t).any() for t in out + lse)
     full, full_lse = ra.virtual_ring_attention(q, k, v, cu, 2)
     for r, i in enumerate(idx):

@@ -12,7 +12,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import ringattn_torch as ra
-from reference import TOLERANCE, attention, inputs, random_cu_seqlens, rel, window_of
+from reference import (TOLERANCE, attention, inputs, max_logit, random_cu_seqlens, rel,
+                       window_of)
 
 
 def _worker(rank, ranks, store, body, errors):
@@ -57,8 +58,8 @@ def _sharded_case(rank, ranks, partitioner, mask, dtype, schedule="ring"):
     dout = torch.randn(q.shape, generator=g).to(dtype)
     window = window_of(mask)
     mine = [ra.shard(x, cu, partitioner).clone().requires_grad_() for x in (q, k, v)]
-    out, lse = ra.ring_attention(*mine, cu, partitioner=partitioner, mask=mask, window=window,
-                                 schedule=schedule)
+    out, lse, most = ra.ring_attention(*mine, cu, partitioner=partitioner, mask=mask,
+                                       window=window, schedule=schedule, return_max_logit=True)
     out.backward(ra.shard(dout, cu, partitioner))
     full_out = ra.unshard(out.detach(), cu, partitioner)
     full_lse = ra.unshard(lse, cu, partitioner, dim=1)
@@ -71,6 +72,12 @@ def _sharded_case(rank, ranks, partitioner, mask, dtype, schedule="ring"):
               *(rel(a, b.grad) for a, b in zip(grads, r)))
     assert errors[0] < bound_out and errors[1] < bound_lse, errors
     assert max(errors[2:]) < bound_grad, errors
+    # The max logit over every rank, on every rank: the reference's, and rank 0's bits.
+    want = max_logit(q.double(), k.double(), cu, mask, window)
+    assert torch.allclose(most.double(), want, rtol=1e-6, atol=0), (most, want)
+    everyone = [torch.empty_like(most) for _ in range(ranks)]
+    dist.all_gather(everyone, most)
+    assert all(torch.equal(x, everyone[0]) for x in everyone)
 
 
 def _matrix(rank, ranks):
@@ -105,6 +112,9 @@ def _plans_and_refusals(rank, ranks):
         assert "dtype" in str(e.value)
     else:
         assert "rank 1 rejected" in str(e.value) and "dtype" in str(e.value)
+    # Rank 1 alone asks for the max logit: every rank refuses, before any work.
+    with pytest.raises(ValueError, match="rank 1 calls with another layout than rank 0"):
+        ra.ring_attention(q, k, v, cu, return_max_logit=rank == 1)
     # Shards that do not match cu_seqlens, on every rank: the ring's own sentence.
     with pytest.raises(ValueError, match=r"q is \[.*\] but rank .*'s shard is"):
         ra.ring_attention(q[:-1], k[:-1], v[:-1], cu)

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import ringattn_torch as ra
-from reference import (TOLERANCE, check_against_reference, inputs, random_cu_seqlens,
-                       window_of)
+from reference import (TOLERANCE, check_against_reference, check_max_logit, inputs,
+                       random_cu_seqlens, window_of)
 
 
 @pytest.mark.parametrize("partitioner,mask", list(itertools.product(ra.PARTITIONERS, ra.MASKS)))
@@ -47,6 +47,38 @@ def test_virtual_all_to_all_every_partitioner_and_mask(partitioner, mask):
                                                     mask=mask, window=window,
                                                     schedule="all_to_all")
     check_against_reference(run, q, k, v, cu, mask, window, TOLERANCE[torch.float32])
+
+
+@pytest.mark.parametrize("schedule", ra.SCHEDULES)
+@pytest.mark.parametrize("mask", ra.MASKS)
+def test_max_logit_every_schedule_and_mask(schedule, mask):
+    g = torch.Generator().manual_seed(5)
+    cu = [0, 21, 21, 22, 70]  # an empty and a one-token sequence
+    q, k, v = inputs(cu, 8, 2, 64, 64, torch.float32, "cpu", g)
+    q = q * 3  # logits well above 1
+    window = window_of(mask)
+    run = lambda asked: ra.virtual_ring_attention(q, k, v, cu, 4, mask=mask, window=window,
+                                                  schedule=schedule, return_max_logit=asked)
+    check_max_logit(run, q, k, cu, mask, window, rtol=1e-6, atol=0)  # fp64 logits, fp32 out
+    # It takes no gradient, and the backward runs as without it.
+    qg = q.clone().requires_grad_()
+    o, _, m = ra.virtual_ring_attention(qg, k, v, cu, 4, mask=mask, window=window,
+                                        schedule=schedule, return_max_logit=True)
+    assert not m.requires_grad
+    o.sum().backward()
+    assert qg.grad is not None and torch.isfinite(qg.grad).all()
+
+
+def test_max_logit_nan_reaches_its_head_alone():
+    g = torch.Generator().manual_seed(6)
+    cu = [0, 30, 61]
+    q, k, v = inputs(cu, 4, 2, 64, 64, torch.float32, "cpu", g)
+    q[40, 1, 3] = float("nan")  # query head 1 of a token of the second sequence
+    _, _, most = ra.virtual_ring_attention(q, k, v, cu, 3, return_max_logit=True)
+    assert torch.isnan(most[1]) and torch.isfinite(most[[0, 2, 3]]).all()
+    k[5, 1, 0] = float("nan")  # kv head 1 (query heads 2 and 3) of the first sequence
+    _, _, most = ra.virtual_ring_attention(q, k, v, cu, 3, return_max_logit=True)
+    assert torch.isnan(most[1:]).all() and torch.isfinite(most[0])
 
 
 def test_all_to_all_refuses_heads_that_do_not_split():
@@ -130,7 +162,8 @@ def test_outputs_are_written_in_place_where_given():
     shards = lambda x: [x[i] for i in idx]
     out = [torch.full((20, 2, 64), float("nan")) for _ in range(2)]
     lse = [torch.full((2, 20), float("nan")) for _ in range(2)]
-    got_out, got_lse = plan.forward(shards(q), shards(k), shards(v), out, lse, 0)
+    got_out, got_lse = plan.forward(shards(q), shards(k), shards(v), out, lse, 0,
+                                    False)[:2]
     assert all(a is b for a, b in zip(got_out, out)) or all(
         a.data_ptr() == b.data_ptr() for a, b in zip(got_out, out))
     assert not any(torch.isnan(t).any() for t in out + lse)

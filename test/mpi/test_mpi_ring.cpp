@@ -1,7 +1,8 @@
 // The host ring under mpirun: one process per rank, mpi_communicator, every partitioner x mask
 // (windows included) x GQA 1, 4, 8 x packed odd lengths (and q/k 192 with v 128), forward and
 // backward, against the float64 oracle (each rank checks its own shard), on every schedule (the
-// ring, the all-gather and the all-to-all); bytes per rank; plan-time disagreement.
+// ring, the all-gather and the all-to-all), the max logit over every rank included; bytes per
+// rank; plan-time disagreement.
 #include "../all_to_all_bytes.hpp"
 #include "../sharded_backward_case.hpp"
 #include "shared_seed.hpp"
@@ -17,6 +18,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -60,7 +62,8 @@ void check_ring(mpi_communicator& comm, std::uint64_t seed, std::int64_t window_
     ring_attention<P, mpi_communicator, Mask, Schedule> attn(comm, a, cu);
     const int r = comm.rank(), p = comm.size();
     const std::uint64_t before = comm.bytes_sent();
-    const auto out = c.forward_rank(attn, r);
+    std::vector<float> max_logit;
+    const auto out = c.forward_rank(attn, r, false, &max_logit);
     // The ring: every step but the last sends the block it used. The all-gather: the own block
     // to each of the others.
     std::vector<std::int64_t> tokens;
@@ -86,6 +89,12 @@ void check_ring(mpi_communicator& comm, std::uint64_t seed, std::int64_t window_
     // Tolerances as in the threaded test: bf16 output 4e-3 relative, LSE 1e-5.
     CHECK(std::sqrt(total[0] / total[1]) < 4e-3);
     CHECK(lse_err < 1e-5);
+    // The max logit over every rank, on every rank: the oracle's within fp32 rounding, and the
+    // same bits as rank 0's.
+    CHECK(c.max_logit_error(max_logit, ref.max_logit) < 1e-6);
+    std::vector<float> first = max_logit;
+    MPI_Bcast(first.data(), static_cast<int>(first.size()), MPI_FLOAT, 0, MPI_COMM_WORLD);
+    CHECK(std::memcmp(first.data(), max_logit.data(), first.size() * sizeof(float)) == 0);
 
     // Backward from this forward's output: dq, dk, dv of every rank against the oracle's backward.
     const std::uint64_t before_backward = comm.bytes_sent();
