@@ -4,9 +4,10 @@
 #   fast  the host, MPI and PyTorch-host tests, with the GPU tests and examples compiled for sm_90a
 #         (GPU tests report "Skipped" where no GPU exists);
 #   full  what fast leaves out (tests labelled stress or full): the benchmarks, the multi-GPU and
-#         MPI-GPU tests and every header compiled by nvcc (sm_90a), the stress repeats, the
+#         MPI-GPU tests and every header compiled by nvcc (sm_90a), the
 #         single-GPU suite's device code for sm_80, the host suites under AddressSanitizer +
-#         UndefinedBehaviorSanitizer (asan) and ThreadSanitizer (tsan), the libFuzzer targets for
+#         UndefinedBehaviorSanitizer (asan) and ThreadSanitizer (tsan, with the stress repeats:
+#         races show there, with the sanitizer watching), the libFuzzer targets for
 #         a bounded time (fuzz), and the PyTorch extension with its device path (the host tests
 #         10 times in a row against it).
 # Usage: scripts/test.sh          both tiers (what CI runs)
@@ -44,9 +45,9 @@ tier_fast() {
 tier_full() {
   local t0
   t0=$(date +%s)
-  phase "full 1/6: the rest of the sm_90a build (benchmarks, multi-GPU and MPI-GPU tests), every header through nvcc, the stress repeats" \
-    "9 min" cmake --workflow --preset full
-  phase "full 2/6: the single-GPU suite's device code for sm_80" "5 min" cmake --workflow --preset sm80
+  phase "full 1/6: the rest of the sm_90a build (benchmarks, multi-GPU and MPI-GPU tests), every header through nvcc" \
+    "6.5 min" cmake --workflow --preset full
+  phase "full 2/6: the single-GPU suite's device code for sm_80" "6.5 min" cmake --workflow --preset sm80
   phase "full 3/6: asan (AddressSanitizer + UndefinedBehaviorSanitizer: cpu and mpi suites)" \
     "10.5 min" cmake --workflow --preset asan
   phase "full 4/6: tsan (ThreadSanitizer: cpu suite, the stress repeats included)" "7.5 min" \

@@ -52,6 +52,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
