@@ -102,7 +102,8 @@ public:
         schedule_(Schedule::plan(plan_, comm.rank(), args.window(BlockKernel::mask), args)),
         checks_(args, plan_.local_tokens(comm.rank()), comm.rank()),
         gate_(comm, fingerprint_, layout<__half>().largest_message(false)),
-        max_logits_(static_cast<std::size_t>(comm.size()) * static_cast<std::size_t>(args.q_heads)) {}
+        max_logits_(static_cast<std::size_t>(comm.size()) *
+                    static_cast<std::size_t>(args.q_heads)) {}
 
   const partition_plan<Partitioner>& plan() const noexcept { return plan_; }
   const schedule_type& schedule() const noexcept { return schedule_; }
@@ -202,7 +203,8 @@ public:
         validate_forward(q, k, v, out, lse, workspace), call::forward_host,
         [&] {
           if (max_logit)
-            std::fill(max_logit, max_logit + args_.q_heads, -std::numeric_limits<float>::infinity());
+            std::fill(max_logit, max_logit + args_.q_heads,
+                      -std::numeric_limits<float>::infinity());
           Schedule::template host_forward<BlockKernel, Communicator, T>(
               comm_, schedule_, args_, q, k, v, out, lse, max_logit, workspace);
           if (max_logit)
@@ -289,9 +291,12 @@ public:
       void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
     const std::span<std::byte> ws(static_cast<std::byte*>(workspace), workspace_bytes);
     using buffer = ring_checks::named_buffer;
-    const buffer buffers[] = {{q.data, "q"},     {k.data, "k"},
-                              {v.data, "v"},     {out.data, "out"},
-                              {lse, "lse"},      {max_logit, "max_logit"},
+    const buffer buffers[] = {{q.data, "q"},
+                              {k.data, "k"},
+                              {v.data, "v"},
+                              {out.data, "out"},
+                              {lse, "lse"},
+                              {max_logit, "max_logit"},
                               {workspace, "the workspace"}};
     auto device = [&](validation& ok) {
       ring_checks::device_forward<T>(ok, device_ ? device_->comm.device() : -1, stream, buffers, q,
@@ -315,8 +320,9 @@ public:
               comm_, schedule_, *device_, args_, q, k, v, out, lse, max_logit, ws.data(), stream);
           if (max_logit)
             detail::reduce_max_logit_device(
-                comm_, max_logit, heads, reinterpret_cast<float*>(ws.data() + max_logit_buffers<T>()),
-                max_logit_first_step, stream);
+                comm_, max_logit, heads,
+                reinterpret_cast<float*>(ws.data() + max_logit_buffers<T>()), max_logit_first_step,
+                stream);
         },
         max_logit != nullptr);
   }

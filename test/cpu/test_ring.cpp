@@ -26,8 +26,8 @@ using test::message;
 using test::on_ranks;
 
 struct ring_result {
-  double out_error = 0.0; // relative L2 of the bf16 output against the oracle
-  double lse_error = 0.0; // max |lse - oracle|
+  double out_error = 0.0;       // relative L2 of the bf16 output against the oracle
+  double lse_error = 0.0;       // max |lse - oracle|
   double max_logit_error = 0.0; // the largest on any rank (sharded_case::max_logit_error)
   bool max_logit_agrees = true; // every rank got the same bits
   std::uint64_t bytes = 0, expected_bytes = 0;
@@ -64,8 +64,8 @@ ring_result run_ring(const test::sharded_case<P, __nv_bfloat16>& c) {
     res.expected_bytes += want[static_cast<std::size_t>(r)];
     const auto& ml = max_logits[static_cast<std::size_t>(r)];
     res.max_logit_error = std::max(res.max_logit_error, c.max_logit_error(ml, ref.max_logit));
-    res.max_logit_agrees = res.max_logit_agrees &&
-                           std::memcmp(ml.data(), max_logits[0].data(), ml.size() * 4) == 0;
+    res.max_logit_agrees =
+        res.max_logit_agrees && std::memcmp(ml.data(), max_logits[0].data(), ml.size() * 4) == 0;
   }
   res.out_error = std::sqrt(num / den);
   return res;

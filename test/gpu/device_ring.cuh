@@ -78,10 +78,10 @@ template <class P, class T>
 struct device_rank_run {
   typename sharded_case<P, T>::rank_output output;
   std::vector<float> max_logit; // asked for in the first forward where the kernel computes it
-  bool repeatable = true;     // two forwards gave the same bits (when asked for)
-  std::uint64_t sent = 0;     // bytes this rank sent in the first forward
-  std::uint64_t expected = 0; // what the plan says it sends: the blocks it forwards (and the
-                              // max logits, P - 1 times)
+  bool repeatable = true;       // two forwards gave the same bits (when asked for)
+  std::uint64_t sent = 0;       // bytes this rank sent in the first forward
+  std::uint64_t expected = 0;   // what the plan says it sends: the blocks it forwards (and the
+                                // max logits, P - 1 times)
 };
 
 //! Whether a device BlockKernel computes the max logit (all but the cuDNN model).

@@ -66,8 +66,8 @@ void host_block_forward_rows(const block_forward_args<T>& a, std::span<const blo
           }
         }
         if (a.state.max_logit != nullptr)
-          a.state.max_logit[h] = nan_max(a.state.max_logit[h],
-                                         max_logit_of(static_cast<float>(m), static_cast<float>(sum)));
+          a.state.max_logit[h] = nan_max(
+              a.state.max_logit[h], max_logit_of(static_cast<float>(m), static_cast<float>(sum)));
         if (sum == 0.0) continue; // nothing visible in this block: the state is unchanged
         const float lse_b = static_cast<float>(m + std::log(sum));
         float& ref = a.state.lse_at(row, h);

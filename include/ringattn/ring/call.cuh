@@ -50,8 +50,8 @@ struct call_header {
   call_kind kind = call_kind::forward_host;
   dtype type = dtype::bf16;
   std::uint8_t max_logit = 0; //!< 1: the call asks for the max logit
-  std::uint8_t ok = 1;   //!< 0: this rank rejected its arguments
-  char reason[160] = {}; //!< its reason, cut to fit
+  std::uint8_t ok = 1;        //!< 0: this rank rejected its arguments
+  char reason[160] = {};      //!< its reason, cut to fit
 };
 
 //! Communicators whose collectives run on the host and cost microseconds: every call is agreed.

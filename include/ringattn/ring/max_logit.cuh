@@ -63,8 +63,7 @@ void reduce_max_logit_device(Communicator& comm, float* max_logit, int heads, fl
   if (p == 1 || heads == 0) return;
   const std::size_t bytes = static_cast<std::size_t>(heads) * sizeof(float);
   const int to = (comm.rank() + 1) % p, from = (comm.rank() + p - 1) % p;
-  RINGATTN_CUDA_CHECK(
-      cudaMemcpyAsync(buffers, max_logit, bytes, cudaMemcpyDeviceToDevice, stream));
+  RINGATTN_CUDA_CHECK(cudaMemcpyAsync(buffers, max_logit, bytes, cudaMemcpyDeviceToDevice, stream));
   for (int j = 0; j < p - 1; ++j) {
     float* send = buffers + (j % 2) * heads;
     float* recv = buffers + ((j + 1) % 2) * heads;
