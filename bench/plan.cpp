@@ -1,36 +1,106 @@
-// Plan time against the number of packed sequences (host only): a rank's ring schedule — the
-// partition plan, every step's blocks and groups — for P = 8 and 1K to 64K sequences of uneven
-// lengths. It should grow as n log n.
+// Plans on the host (no GPU), one core:
+// - `plan/<partitioner>`: a rank's ring schedule (the partition plan, every step's blocks and
+//   groups) for P = 8 and 1K to 64K packed sequences of uneven lengths. It should grow as n log n.
+// - `documents/<mix>/<partitioner>`: 64K tokens of a document mix (test/document_mixes.hpp) over
+//   P = 8 ranks, causal; the time to plan, and as counters the layout's causal work max/mean
+//   (`imbalance`), the steps of the ring (`steps`), the tokens the ring sends today over the
+//   batch's tokens (`sent`: every step but the last forwards the whole block) and the least any
+//   schedule must move (`needed`: a document held by k ranks reaches the k - 1 others; a document
+//   kept whole, none).
 //
 //   bench_plan [--benchmark_out=plan.json --benchmark_out_format=json]
+#include "../test/document_mixes.hpp"
+
+#include <ringattn/partition/balanced.cuh>
+#include <ringattn/partition/contiguous.cuh>
 #include <ringattn/partition/plan.cuh>
+#include <ringattn/partition/round_robin.cuh>
 #include <ringattn/partition/zigzag.cuh>
 #include <ringattn/ring/schedule.cuh>
 
 #include <benchmark/benchmark.h>
 
+#include <cstdint>
+#include <string>
 #include <vector>
 
 namespace {
+namespace ra = ringattn;
+constexpr int ranks = 8;
+const ra::position_window causal = ra::position_window::of(ra::mask_kind::causal);
+
+template <class P>
 void plan(benchmark::State& state) {
   const auto sequences = static_cast<int>(state.range(0));
   std::vector<std::int32_t> cu{0};
   for (int i = 0; i < sequences; ++i)
     cu.push_back(cu.back() + 17 + (i * 7919) % 200);
   for (auto _ : state) {
-    const ringattn::partition_plan<ringattn::zigzag> p(cu, 8);
-    const ringattn::ring_schedule s(p, 3,
-                                    ringattn::position_window::of(ringattn::mask_kind::causal));
+    const ra::partition_plan<P> p(cu, ranks);
+    const ra::ring_schedule s(p, 3, causal);
     benchmark::DoNotOptimize(s.steps().data());
   }
   state.SetComplexityN(sequences);
 }
-BENCHMARK(plan)
+BENCHMARK(plan<ra::zigzag>)
+    ->Name("plan/zigzag")
     ->ArgName("sequences")
     ->RangeMultiplier(4)
     ->Range(1024, 65536)
     ->Unit(benchmark::kMillisecond)
     ->Complexity(benchmark::oNLogN);
+BENCHMARK(plan<ra::balanced>)
+    ->Name("plan/balanced")
+    ->ArgName("sequences")
+    ->RangeMultiplier(4)
+    ->Range(1024, 65536)
+    ->Unit(benchmark::kMillisecond)
+    ->Complexity(benchmark::oNLogN);
+
+template <class P>
+void documents(benchmark::State& state, const ra::test::document_mix& mix) {
+  for (auto _ : state) {
+    const ra::partition_plan<P> p(mix.cu_seqlens, ranks);
+    const ra::ring_schedule s(p, 0, causal);
+    benchmark::DoNotOptimize(s.steps().data());
+  }
+  const ra::partition_plan<P> p(mix.cu_seqlens, ranks);
+  const int steps = ra::ring_schedule::steps_needed(p, causal);
+  double sent = 0.0, needed = 0.0;
+  for (int r = 0; r < ranks; ++r)
+    for (int t = 0; t + 1 < steps; ++t)
+      sent += static_cast<double>(p.local_tokens(((r - t) % ranks + ranks) % ranks));
+  for (int s = 0; s < p.batch(); ++s) {
+    int holders = 0;
+    for (int r = 0; r < ranks; ++r)
+      holders += p.local_cu_seqlens(r)[s + 1] > p.local_cu_seqlens(r)[s] ? 1 : 0;
+    needed += static_cast<double>(p.length(s)) * (holders - 1);
+  }
+  const auto tokens = static_cast<double>(p.tokens());
+  state.counters["documents"] = p.batch();
+  state.counters["imbalance"] = p.work_imbalance(causal);
+  state.counters["steps"] = steps;
+  state.counters["sent"] = sent / tokens;
+  state.counters["needed"] = needed / tokens;
+}
+
+template <class P>
+void register_mixes(const char* partitioner) {
+  for (const ra::test::document_mix& mix : ra::test::document_mixes(65536, ranks))
+    benchmark::RegisterBenchmark(("documents/" + mix.name + "/" + partitioner).c_str(),
+                                 [mix](benchmark::State& s) { documents<P>(s, mix); })
+        ->Unit(benchmark::kMillisecond);
+}
 } // namespace
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  register_mixes<ra::contiguous>("contiguous");
+  register_mixes<ra::round_robin>("round_robin");
+  register_mixes<ra::zigzag>("zigzag");
+  register_mixes<ra::balanced>("balanced");
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

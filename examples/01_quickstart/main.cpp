@@ -9,7 +9,7 @@
 //
 //   quickstart [--ranks P] [--tokens N] [--sequences B] [--heads H] [--kv-heads K]
 //              [--head-dim 64|128] [--mask causal|full] [--window W] [--partitioner
-//              zigzag|round_robin|contiguous] [--device auto|cpu|gpu]
+//              zigzag|round_robin|contiguous|balanced] [--device auto|cpu|gpu]
 #include <ringattn/comm/in_process.cuh>
 #include <ringattn/ring_attention.cuh>
 #include <ringattn/ringattn.cuh>
@@ -57,7 +57,7 @@ options parse(int argc, char** argv) {
            "(ringattn::causal_window), with full also W - 1 ahead (ringattn::sliding_window); "
            "0: none",
            0)
-      .add("partitioner", o.partitioner, {"zigzag", "round_robin", "contiguous"},
+      .add("partitioner", o.partitioner, {"zigzag", "round_robin", "contiguous", "balanced"},
            "how the tokens are split over the ranks (docs/guides.md)")
       .add("device", o.device, {"auto", "cpu", "gpu"}, "auto: the GPU(s) where there are any")
       .parse(argc, argv);
@@ -133,6 +133,7 @@ int run(const options& o) {
   std::vector<std::exception_ptr> errors(static_cast<std::size_t>(o.ranks));
   std::atomic<int> finished{0};
   std::vector<double> gpu_seconds(static_cast<std::size_t>(o.ranks), 0.0); // timed device forward
+  std::vector<std::uint64_t> sent(static_cast<std::size_t>(o.ranks), 0);   // bytes, every call
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<std::thread> threads;
   for (int r = 0; r < o.ranks; ++r)
@@ -178,6 +179,7 @@ int run(const options& o) {
           for (int h = 0; h < o.heads; ++h)
             lse[static_cast<std::size_t>(h) * n + g] = ls[static_cast<std::size_t>(h * m + l)];
         }
+        sent[static_cast<std::size_t>(r)] = comm.bytes_sent();
         std::printf("  rank %d done: %lld tokens (%d of %d ranks finished)\n", r,
                     static_cast<long long>(m), ++finished, o.ranks);
       } catch (...) {
@@ -235,25 +237,32 @@ int run(const options& o) {
                          out[static_cast<std::size_t>((g * o.heads + h) * o.head_dim + d)])) -
                      ref.out(static_cast<std::int64_t>(i), h, d)));
     }
-  std::int64_t lo = INT64_MAX, hi = 0, total = 0;
+  std::int64_t hi = 0, total = 0;
+  std::printf("\n  %5s %8s %14s %14s\n", "rank", "tokens", "work", "bytes sent");
   for (int r = 0; r < o.ranks; ++r) {
     const std::int64_t x = plan.work(r, w);
-    lo = std::min(lo, x), hi = std::max(hi, x), total += x;
+    hi = std::max(hi, x), total += x;
+    std::printf("  %5d %8lld %14lld %14llu\n", r, static_cast<long long>(plan.local_tokens(r)),
+                static_cast<long long>(x),
+                static_cast<unsigned long long>(sent[static_cast<std::size_t>(r)]));
   }
+  std::printf("  (work: the rank's visible query x key pairs, plan.work(rank, window); bytes "
+              "sent: what its communicator sent%s)\n",
+              gpus > 0 ? ", the warm-up's and the timed forward's" : "");
   const double flops = 4.0 * o.heads * static_cast<double>(total) * o.head_dim;
   const bool ok = max_err < 1e-2 && max_lse_err < 1e-4; // bf16 output: a few ulps of 2^-8
   const int steps = ringattn::ring_schedule::steps_needed(plan, w);
   std::printf("\n  %5s %-12s %-14s %8s %6s %10s %9s %10s %10s %12s\n", "ranks", "partitioner",
               "mask", "tokens", "steps", "time ms", "TFLOP/s", "max |err|", "lse err",
-              "work max/min");
+              "work max/mean");
   std::printf("  %5d %-12s %-14s %8d %6d %10.3f %9.4f %10.2e %10.2e %12.3f\n", o.ranks, P::name,
               Mask::name, o.tokens, steps, seconds * 1e3, flops / seconds / 1e12, max_err,
-              max_lse_err, lo > 0 ? static_cast<double>(hi) / lo : 0.0);
+              max_lse_err, total > 0 ? static_cast<double>(hi) * o.ranks / total : 1.0);
   std::printf("  (time: the slowest rank's forward; max |err|: largest output difference from the "
               "float64 oracle over the sampled rows, tolerance 1e-2 for bf16; lse err: the same "
               "for the lse, tolerance 1e-4; steps: ring steps, fewer than the ranks where a window "
-              "needs no block from further away; work max/min: the busiest rank's visible scores "
-              "over the idlest's, 1 is perfect balance)\n");
+              "needs no block from further away; work max/mean: the busiest rank's visible scores "
+              "over the mean, 1 is perfect balance)\n");
   std::printf("\n%zu sample rows x %d heads against the float64 oracle: %s\n", rows.size(), o.heads,
               ok ? "OK" : "FAILED");
   return ok ? 0 : 1;
@@ -281,6 +290,7 @@ int main(int argc, char** argv) try {
           : ("on " + std::to_string(std::min(gpus, o.ranks)) + " GPUs (device path)").c_str());
   if (o.partitioner == "zigzag") return with_mask<ringattn::zigzag>(o);
   if (o.partitioner == "round_robin") return with_mask<ringattn::round_robin>(o);
+  if (o.partitioner == "balanced") return with_mask<ringattn::balanced>(o);
   return with_mask<ringattn::contiguous>(o);
 } catch (const example::help_requested& h) {
   std::printf("%s", h.text.c_str());

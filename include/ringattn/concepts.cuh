@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <vector>
 
 namespace ringattn {
 
@@ -32,6 +33,16 @@ concept partitioner = requires(std::int64_t length, int ranks, int rank, std::in
   { P::local_length(length, ranks, rank) } -> std::same_as<std::int64_t>;
   { P::locate(length, ranks, i) } -> std::same_as<owner>;
   { P::position(length, ranks, rank, i) } -> std::same_as<std::int64_t>;
+};
+
+//! A placing Partitioner also decides, from the whole batch, over which ranks each sequence is
+//! partitioned (`place(cu_seqlens, ranks)`: one `placement` per sequence, a pure function of its
+//! arguments, so every rank computes the same layout); its index math then applies per sequence
+//! over the placement's ranks. The other partitioners place every sequence over every rank.
+template <class P>
+concept placing_partitioner = partitioner<P> &&
+    requires(std::span<const std::int32_t> cu_seqlens, int ranks) {
+  { P::place(cu_seqlens, ranks) } -> std::same_as<std::vector<placement>>;
 };
 
 //! A host Communicator moves bytes between ranks' host buffers, with bounded waits: ring

@@ -29,6 +29,7 @@
 #include <ringattn/kernel/forward_args.cuh>
 #include <ringattn/kernel/host_backward.cuh>
 #include <ringattn/kernel/host_forward.cuh>
+#include <ringattn/partition/balanced.cuh>
 #include <ringattn/partition/contiguous.cuh>
 #include <ringattn/partition/device_plan.cuh>
 #include <ringattn/partition/plan.cuh>

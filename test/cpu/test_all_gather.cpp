@@ -7,6 +7,7 @@
 #include "../sharded_backward_case.hpp"
 
 #include <ringattn/comm/in_process.cuh>
+#include <ringattn/partition/balanced.cuh>
 #include <ringattn/partition/contiguous.cuh>
 #include <ringattn/partition/round_robin.cuh>
 #include <ringattn/partition/zigzag.cuh>
@@ -134,7 +135,7 @@ void check_matrix() {
 } // namespace
 
 TEST_CASE_TEMPLATE("host all-gather equals the oracle: full and causal, P = 1, 2, 3, 4, 8", P,
-                   contiguous, round_robin, zigzag) {
+                   contiguous, round_robin, zigzag, balanced) {
   check_matrix<P, full>();
   check_matrix<P, causal>();
 }

@@ -9,6 +9,7 @@
 #include "../sharded_backward_case.hpp"
 
 #include <ringattn/comm/in_process.cuh>
+#include <ringattn/partition/balanced.cuh>
 #include <ringattn/partition/contiguous.cuh>
 #include <ringattn/partition/round_robin.cuh>
 #include <ringattn/partition/zigzag.cuh>
@@ -141,7 +142,7 @@ void check_matrix(std::int64_t left = -1, std::int64_t right = -1,
 } // namespace
 
 TEST_CASE_TEMPLATE("host all-to-all equals the oracle: every mask, P = 1, 2, 4, 8, GQA 1, 4, 8", P,
-                   contiguous, round_robin, zigzag) {
+                   contiguous, round_robin, zigzag, balanced) {
   check_matrix<P, full>();
   check_matrix<P, causal>();
   check_matrix<P, sliding_window>(7, 3);
@@ -150,7 +151,7 @@ TEST_CASE_TEMPLATE("host all-to-all equals the oracle: every mask, P = 1, 2, 4, 
 
 TEST_CASE_TEMPLATE("host hybrid (all-to-all in groups, all-gather across) equals the oracle: "
                    "2 x 2, 2 x 4, 4 x 2",
-                   P, contiguous, round_robin, zigzag) {
+                   P, contiguous, round_robin, zigzag, balanced) {
   check_matrix<P, full, 2>(-1, -1, {4, 8}); // groups of 2: 2 x 2 and 2 x 4
   check_matrix<P, causal, 2>(-1, -1, {4, 8});
   check_matrix<P, causal, 4>(-1, -1, {8}); // 4 x 2

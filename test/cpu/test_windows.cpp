@@ -7,6 +7,7 @@
 #include "../sharded_backward_case.hpp"
 
 #include <ringattn/comm/in_process.cuh>
+#include <ringattn/partition/balanced.cuh>
 #include <ringattn/partition/contiguous.cuh>
 #include <ringattn/partition/round_robin.cuh>
 #include <ringattn/partition/zigzag.cuh>
@@ -200,7 +201,7 @@ void check_windows(mask_kind kind) {
 } // namespace
 
 TEST_CASE_TEMPLATE("host ring with windows equals the oracle, in the steps and blocks predicted", P,
-                   contiguous, round_robin, zigzag) {
+                   contiguous, round_robin, zigzag, balanced) {
   check_windows<P, causal_window_mask>(mask_kind::causal_window);
   check_windows<P, sliding_window_mask>(mask_kind::sliding_window);
 }

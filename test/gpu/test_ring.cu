@@ -4,6 +4,7 @@
 // 4 and 8. (Ranks on several GPUs: test/multi_gpu.)
 #include "device_ring.cuh"
 
+#include <ringattn/partition/balanced.cuh>
 #include <ringattn/partition/contiguous.cuh>
 #include <ringattn/partition/round_robin.cuh>
 #include <ringattn/partition/zigzag.cuh>
@@ -21,7 +22,7 @@ using T = __nv_bfloat16;
 } // namespace
 
 TEST_CASE_TEMPLATE("device ring, virtual ranks on one GPU, equals the oracle", P, contiguous,
-                   round_robin, zigzag) {
+                   round_robin, zigzag, balanced) {
   test::check_ring_matrix<P, full>({8, 2, 128, 0.0f}, false);
   test::check_ring_matrix<P, causal>({8, 2, 128, 0.0f}, false);
 }
@@ -52,7 +53,7 @@ void check_backward(attention_arguments a = {8, 2, 128, 0.0f}) {
 }
 
 TEST_CASE_TEMPLATE("device ring backward, virtual ranks on one GPU, equals the oracle", P,
-                   contiguous, round_robin, zigzag) {
+                   contiguous, round_robin, zigzag, balanced) {
   check_backward<P, full>();
   check_backward<P, causal>();
   check_backward<P, full, __half>();

@@ -2,6 +2,7 @@
 #include "../common.hpp"
 #include "device_buffer.cuh"
 
+#include <ringattn/partition/balanced.cuh>
 #include <ringattn/partition/contiguous.cuh>
 #include <ringattn/partition/round_robin.cuh>
 #include <ringattn/partition/scatter.cuh>
@@ -67,7 +68,7 @@ void check_against_host(int trial, std::mt19937_64& rng) {
 } // namespace
 
 TEST_CASE_TEMPLATE("device scatter and gather equal the host ones", P, contiguous, round_robin,
-                   zigzag) {
+                   zigzag, balanced) {
   const auto seed = test::fresh_seed();
   CAPTURE(seed);
   std::mt19937_64 rng(seed);

@@ -61,6 +61,15 @@ struct owner {
   friend constexpr bool operator==(const owner&, const owner&) = default;
 };
 
+//! Where a sequence lives: partitioned over the `ranks` ranks `first`, `first + 1`, ... (modulo
+//! the rank count), its i-th of them holding what the partitioner gives rank i of `ranks`. A
+//! sequence over one rank is kept whole there; one over every rank from 0 is the plain layout.
+struct placement {
+  std::int32_t first = 0;
+  std::int32_t ranks = 1;
+  friend constexpr bool operator==(const placement&, const placement&) = default;
+};
+
 //! Unbounded distance in a position window or band (large, yet safe to add and negate).
 inline constexpr std::int64_t unbounded = std::int64_t{1} << 60;
 

@@ -38,7 +38,9 @@ struct scatter_map {
         plan.local_cu_seqlens + static_cast<std::int64_t>(rank) * (plan.batch + 1);
     const int s = last_not_greater(lc, plan.batch + 1, local);
     const std::int64_t len = plan.cu_seqlens[s + 1] - plan.cu_seqlens[s];
-    return plan.cu_seqlens[s] + Partitioner::position(len, plan.ranks, rank, local - lc[s]);
+    const placement pl = plan.placements ? plan.placements[s] : placement{0, plan.ranks};
+    const int i = (rank - pl.first + plan.ranks) % plan.ranks; // a rank holding a token of s
+    return plan.cu_seqlens[s] + Partitioner::position(len, pl.ranks, i, local - lc[s]);
   }
 };
 
@@ -50,7 +52,9 @@ struct gather_map {
   __device__ std::int64_t operator()(std::int64_t global) const {
     const int s = last_not_greater(plan.cu_seqlens, plan.batch + 1, global);
     const std::int64_t len = plan.cu_seqlens[s + 1] - plan.cu_seqlens[s];
-    const owner o = Partitioner::locate(len, plan.ranks, global - plan.cu_seqlens[s]);
+    const placement pl = plan.placements ? plan.placements[s] : placement{0, plan.ranks};
+    owner o = Partitioner::locate(len, pl.ranks, global - plan.cu_seqlens[s]);
+    o.rank = (pl.first + o.rank) % plan.ranks;
     const std::int64_t base = rank_stride > 0 ? o.rank * rank_stride : plan.rank_offsets[o.rank];
     return base + plan.local_cu_seqlens[static_cast<std::int64_t>(o.rank) * (plan.batch + 1) + s] +
            o.local;

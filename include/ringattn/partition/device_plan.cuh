@@ -36,11 +36,12 @@ public:
     RINGATTN_CUDA_CHECK(cudaGetDevice(&device_));
     RINGATTN_CUDA_CHECK(
         cudaDeviceGetAttribute(&multiprocessors_, cudaDevAttrMultiProcessorCount, device_));
-    tables_ =
-        detail::device_tables(plan.rank_offsets(), plan.cu_seqlens(), plan.all_local_cu_seqlens());
+    tables_ = detail::device_tables(plan.rank_offsets(), plan.cu_seqlens(),
+                                    plan.all_local_cu_seqlens(), plan.placements());
     ref_.rank_offsets = tables_.at<const std::int64_t>(0);
     ref_.cu_seqlens = tables_.at<const std::int32_t>(1);
     ref_.local_cu_seqlens = tables_.at<const std::int32_t>(2);
+    if (!plan.placements().empty()) ref_.placements = tables_.at<const placement>(3);
     ref_.batch = plan.batch();
     ref_.ranks = plan.ranks();
   }
@@ -61,7 +62,7 @@ public:
 private:
   partition_plan<Partitioner> host_;
   device_plan_ref ref_{};
-  detail::device_tables tables_; // rank offsets, cu_seqlens, local cu_seqlens
+  detail::device_tables tables_; // rank offsets, cu_seqlens, local cu_seqlens, placements
   int device_ = 0;
   int multiprocessors_ = 0;
 };

@@ -2,7 +2,8 @@
 //! \file
 //! `partition_plan<Partitioner>`: the layout of a packed batch over P ranks, computed once.
 //!
-//! Each sequence of `cu_seqlens` is partitioned on its own; a rank's shard holds its part of
+//! Each sequence of `cu_seqlens` is partitioned on its own, over every rank or, for a placing
+//! partitioner (`balanced`), over the ranks its `placement` names; a rank's shard holds its part of
 //! sequence 0, then of sequence 1, ... (its *local* `cu_seqlens`). No length needs to divide P:
 //! shares may be uneven or empty. The plan answers everything the ring driver and the user need
 //! about the layout: local `cu_seqlens` of every rank, segments, global <-> local token indices,
@@ -52,13 +53,24 @@ public:
       : ranks_(ranks), cu_(cu_seqlens.begin(), cu_seqlens.end()) {
     validate(cu_seqlens, ranks).throw_if_invalid();
     const int b = batch();
+    if constexpr (placing_partitioner<Partitioner>) {
+      placements_ = Partitioner::place(cu_seqlens, ranks);
+      validation v = validation::ok();
+      v.require(placements_.size() == static_cast<std::size_t>(b), Partitioner::name, " placed ",
+                placements_.size(), " sequences of ", b);
+      for (std::size_t s = 0; v && s < placements_.size(); ++s)
+        v.require(placements_[s].first >= 0 && placements_[s].first < ranks &&
+                      placements_[s].ranks >= 1 && placements_[s].ranks <= ranks,
+                  Partitioner::name, " placed sequence ", s, " over ", placements_[s].ranks,
+                  " ranks from rank ", placements_[s].first, ", not within the ", ranks, " ranks");
+      if (!v) throw error("ringattn: " + v.reason());
+    }
     local_cu_.assign(static_cast<std::size_t>(ranks) * (b + 1), 0);
     rank_offsets_.assign(static_cast<std::size_t>(ranks) + 1, 0);
     for (int r = 0; r < ranks; ++r) {
       std::int32_t* lc = local_cu_.data() + static_cast<std::size_t>(r) * (b + 1);
       for (int s = 0; s < b; ++s)
-        lc[s + 1] =
-            lc[s] + static_cast<std::int32_t>(Partitioner::local_length(length(s), ranks, r));
+        lc[s + 1] = lc[s] + static_cast<std::int32_t>(placed_length(s, r));
       rank_offsets_[r + 1] = rank_offsets_[r] + lc[b];
     }
   }
@@ -98,11 +110,23 @@ public:
   }
   std::span<const std::int64_t> rank_offsets() const noexcept { return rank_offsets_; }
 
+  //! Over which ranks sequence `s` is partitioned (every rank from 0 unless the partitioner
+  //! places sequences).
+  placement placement_of(int s) const {
+    if (placements_.empty()) return {0, ranks_};
+    return placements_[static_cast<std::size_t>(s)];
+  }
+  //! Every sequence's placement, or none where every sequence spans every rank.
+  std::span<const placement> placements() const noexcept { return placements_; }
+
   //! Rank `rank`'s segments of sequence `s`, with `local_begin` counted from the start of the
   //! rank's shard (so they index the shard directly).
   segment_list<max_segments> segments(int rank, int s) const {
     check_rank(rank);
-    auto list = Partitioner::segments(length(s), ranks_, rank);
+    const placement pl = placement_of(s);
+    const int i = index_in(pl, rank);
+    if (i < 0) return {};
+    auto list = Partitioner::segments(length(s), pl.ranks, i);
     const std::int64_t base = local_cu_seqlens(rank)[s];
     for (int i = 0; i < list.count; ++i)
       list.items[i].local_begin += base;
@@ -116,12 +140,15 @@ public:
         static_cast<int>(std::upper_bound(lc.begin(), lc.end(), static_cast<std::int32_t>(local)) -
                          lc.begin()) -
         1;
-    return cu_[s] + Partitioner::position(length(s), ranks_, rank, local - lc[s]);
+    const placement pl = placement_of(s);
+    return cu_[s] + Partitioner::position(length(s), pl.ranks, index_in(pl, rank), local - lc[s]);
   }
   //! Owner rank and shard index of the token at `global` in the full packed batch.
   owner locate(std::int64_t global) const {
     const int s = sequence_of(global);
-    owner o = Partitioner::locate(length(s), ranks_, global - cu_[s]);
+    const placement pl = placement_of(s);
+    owner o = Partitioner::locate(length(s), pl.ranks, global - cu_[s]);
+    o.rank = (pl.first + o.rank) % ranks_;
     o.local += local_cu_seqlens(o.rank)[s];
     return o;
   }
@@ -171,7 +198,29 @@ public:
     return n;
   }
 
+  //! The largest rank's work over the mean (1 where there is none): what the slowest rank costs
+  //! the ring against a perfect balance.
+  double work_imbalance(const position_window& w) const {
+    std::int64_t most = 0, sum = 0;
+    for (int r = 0; r < ranks_; ++r) {
+      const std::int64_t x = work(r, w);
+      most = std::max(most, x);
+      sum += x;
+    }
+    return sum == 0 ? 1.0 : static_cast<double>(most) * ranks_ / static_cast<double>(sum);
+  }
+
 private:
+  // The index of `rank` among a placement's ranks, or -1 where it holds none of the sequence.
+  int index_in(const placement& pl, int rank) const noexcept {
+    const int i = (rank - pl.first + ranks_) % ranks_;
+    return i < pl.ranks ? i : -1;
+  }
+  std::int64_t placed_length(int s, int rank) const {
+    const placement pl = placement_of(s);
+    const int i = index_in(pl, rank);
+    return i < 0 ? 0 : Partitioner::local_length(length(s), pl.ranks, i);
+  }
   void check_rank(int rank) const {
     if (rank < 0 || rank >= ranks_)
       throw invalid_argument(
@@ -182,6 +231,7 @@ private:
   std::vector<std::int32_t> cu_;
   std::vector<std::int32_t> local_cu_;
   std::vector<std::int64_t> rank_offsets_;
+  std::vector<placement> placements_; // empty: every sequence over every rank
 };
 
 } // namespace ringattn
