@@ -18,6 +18,7 @@ auto with_partitioner(partitioner_kind p, F&& f) {
   switch (p) {
   case partitioner_kind::contiguous: return f(ringattn::contiguous{});
   case partitioner_kind::round_robin: return f(ringattn::round_robin{});
+  case partitioner_kind::balanced: return f(ringattn::balanced{});
   case partitioner_kind::zigzag: break;
   }
   return f(ringattn::zigzag{});

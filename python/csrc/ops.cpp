@@ -44,7 +44,8 @@ partitioner_kind partitioner_of(const std::string& name) {
   if (name == "contiguous") return partitioner_kind::contiguous;
   if (name == "round_robin") return partitioner_kind::round_robin;
   if (name == "zigzag") return partitioner_kind::zigzag;
-  bad("unknown partitioner '" + name + "' (contiguous, round_robin or zigzag)");
+  if (name == "balanced") return partitioner_kind::balanced;
+  bad("unknown partitioner '" + name + "' (contiguous, round_robin, zigzag or balanced)");
 }
 
 ringattn::mask_kind mask_of(const std::string& name) {

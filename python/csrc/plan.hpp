@@ -15,7 +15,7 @@
 
 namespace ringattn_torch {
 
-enum class partitioner_kind { contiguous, round_robin, zigzag };
+enum class partitioner_kind { contiguous, round_robin, zigzag, balanced };
 enum class schedule_kind { ring, all_gather, all_to_all };
 enum class element_type { f16, bf16, f32 };
 

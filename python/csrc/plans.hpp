@@ -6,6 +6,7 @@
 #include "plan.hpp"
 
 #include <ringattn/comm/in_process.cuh>
+#include <ringattn/partition/balanced.cuh>
 #include <ringattn/partition/contiguous.cuh>
 #include <ringattn/partition/round_robin.cuh>
 #include <ringattn/partition/zigzag.cuh>
@@ -382,6 +383,8 @@ std::unique_ptr<plan> dispatch(const layout& l, F&& f) {
       return with_schedule.template operator()<ringattn::contiguous, K>();
     case partitioner_kind::round_robin:
       return with_schedule.template operator()<ringattn::round_robin, K>();
+    case partitioner_kind::balanced:
+      return with_schedule.template operator()<ringattn::balanced, K>();
     case partitioner_kind::zigzag: break;
     }
     return with_schedule.template operator()<ringattn::zigzag, K>();

@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 from ._library import ops
 
-PARTITIONERS = ("contiguous", "round_robin", "zigzag")
+PARTITIONERS = ("contiguous", "round_robin", "zigzag", "balanced")
 
 CuSeqlens = Union[torch.Tensor, Sequence[int]]
 

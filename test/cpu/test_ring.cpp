@@ -107,6 +107,39 @@ TEST_CASE_TEMPLATE("host ring equals the oracle: full and causal, P = 1, 2, 3, 4
   check_matrix<P, causal>();
 }
 
+TEST_CASE("balanced: documents kept whole send nothing; whole and split ones equal the oracle") {
+  const auto seed = test::fresh_seed();
+  CAPTURE(seed);
+  for (int ranks : {2, 4, 8}) {
+    CAPTURE(ranks);
+    // Many documents shorter than P: the loads even out with each kept on one rank, so the ring
+    // takes one step and no byte moves.
+    std::vector<std::int32_t> cu{0};
+    for (int i = 0; i < 600; ++i)
+      cu.push_back(cu.back() + 1 + i % std::max(1, ranks - 1));
+    std::mt19937_64 rng(seed);
+    test::sharded_case<balanced, __nv_bfloat16> few(cu, ranks, {4, 2, 64, 0.0f}, mask_kind::causal,
+                                                    rng);
+    for (int s = 0; s < few.plan.batch(); ++s)
+      REQUIRE(few.plan.placement_of(s).ranks == 1);
+    const ring_result whole = run_ring<balanced, causal>(few);
+    CHECK(whole.out_error < 4e-3);
+    CHECK(whole.lse_error < 1e-5);
+    CHECK(whole.bytes == 0);
+    // One long document over several ranks among short ones kept whole.
+    std::vector<std::int32_t> mixed{0, 97};
+    for (int i = 0; i < 20; ++i)
+      mixed.push_back(mixed.back() + 2 + i % 5);
+    test::sharded_case<balanced, __nv_bfloat16> c(mixed, ranks, {4, 2, 64, 0.0f}, mask_kind::causal,
+                                                  rng);
+    REQUIRE(c.plan.placement_of(0).ranks > 1);
+    const ring_result res = run_ring<balanced, causal>(c);
+    CHECK(res.out_error < 4e-3);
+    CHECK(res.lse_error < 1e-5);
+    CHECK(res.bytes == res.expected_bytes);
+  }
+}
+
 TEST_CASE("ranks that disagree are rejected at plan time, on every rank, without a hang") {
   in_process_group group(3, std::chrono::seconds(5));
   const std::vector<std::int32_t> cu = {0, 100};

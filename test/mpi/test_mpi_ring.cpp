@@ -8,6 +8,7 @@
 #include "shared_seed.hpp"
 
 #include <ringattn/comm/mpi.cuh>
+#include <ringattn/partition/balanced.cuh>
 #include <ringattn/partition/contiguous.cuh>
 #include <ringattn/partition/round_robin.cuh>
 #include <ringattn/partition/zigzag.cuh>
@@ -130,7 +131,7 @@ void check_ring(mpi_communicator& comm, std::uint64_t seed, std::int64_t window_
 } // namespace
 
 TEST_CASE_TEMPLATE("MPI ring equals the oracle on every rank: full and causal", P, contiguous,
-                   round_robin, zigzag) {
+                   round_robin, zigzag, balanced) {
   mpi_communicator comm(MPI_COMM_WORLD);
   const auto seed = test::shared_seed();
   CAPTURE(seed);
@@ -139,7 +140,7 @@ TEST_CASE_TEMPLATE("MPI ring equals the oracle on every rank: full and causal", 
 }
 
 TEST_CASE_TEMPLATE("MPI all-gather equals the oracle on every rank: full and causal", P, contiguous,
-                   round_robin, zigzag) {
+                   round_robin, zigzag, balanced) {
   mpi_communicator comm(MPI_COMM_WORLD);
   const auto seed = test::shared_seed();
   CAPTURE(seed);
@@ -148,7 +149,7 @@ TEST_CASE_TEMPLATE("MPI all-gather equals the oracle on every rank: full and cau
 }
 
 TEST_CASE_TEMPLATE("MPI ring and all-gather with windows equal the oracle on every rank", P,
-                   contiguous, round_robin, zigzag) {
+                   contiguous, round_robin, zigzag, balanced) {
   mpi_communicator comm(MPI_COMM_WORLD);
   const auto seed = test::shared_seed();
   CAPTURE(seed);
