@@ -3,10 +3,11 @@
 //   groups) for P = 8 and 1K to 64K packed sequences of uneven lengths. It should grow as n log n.
 // - `documents/<mix>/<partitioner>`: 64K tokens of a document mix (test/document_mixes.hpp) over
 //   P = 8 ranks, causal; the time to plan, and as counters the layout's causal work max/mean
-//   (`imbalance`), the steps of the ring (`steps`), the tokens the ring sends today over the
-//   batch's tokens (`sent`: every step but the last forwards the whole block) and the least any
-//   schedule must move (`needed`: a document held by k ranks reaches the k - 1 others; a document
-//   kept whole, none).
+//   (`imbalance`), the steps of the ring (`steps`), and over the batch's tokens: the tokens the
+//   ring's forward sends (`sent`: a block goes on while a later rank sees some of it), those its
+//   backward carries (`carried`: every block the whole ring, its dK/dV going home) and the least
+//   any schedule must move (`needed`: a document held by k ranks reaches the k - 1 others; a
+//   document kept whole, none).
 //
 //   bench_plan [--benchmark_out=plan.json --benchmark_out_format=json]
 #include "../test/document_mixes.hpp"
@@ -66,10 +67,15 @@ void documents(benchmark::State& state, const ra::test::document_mix& mix) {
   }
   const ra::partition_plan<P> p(mix.cu_seqlens, ranks);
   const int steps = ra::ring_schedule::steps_needed(p, causal);
-  double sent = 0.0, needed = 0.0;
-  for (int r = 0; r < ranks; ++r)
-    for (int t = 0; t + 1 < steps; ++t)
-      sent += static_cast<double>(p.local_tokens(((r - t) % ranks + ranks) % ranks));
+  double sent = 0.0, carried = 0.0, needed = 0.0;
+  for (int r = 0; r < ranks; ++r) {
+    const ra::ring_schedule s(p, r, causal);
+    for (const ra::ring_step& step : s.steps()) {
+      const auto tokens = static_cast<double>(p.local_tokens(step.source));
+      sent += step.forwarded ? tokens : 0.0;
+      carried += step.index + 1 < steps ? tokens : 0.0;
+    }
+  }
   for (int s = 0; s < p.batch(); ++s) {
     int holders = 0;
     for (int r = 0; r < ranks; ++r)
@@ -81,6 +87,7 @@ void documents(benchmark::State& state, const ra::test::document_mix& mix) {
   state.counters["imbalance"] = p.work_imbalance(causal);
   state.counters["steps"] = steps;
   state.counters["sent"] = sent / tokens;
+  state.counters["carried"] = carried / tokens;
   state.counters["needed"] = needed / tokens;
 }
 

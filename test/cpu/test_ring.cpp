@@ -2,6 +2,7 @@
 // x packed odd lengths against the float64 oracle; bytes per step; plan-time agreement; bounded
 // waits and abort.
 #include "../ranks.hpp"
+#include "../ring_bytes.hpp"
 #include "../sharded_case.hpp"
 
 #include <ringattn/comm/in_process.cuh>
@@ -32,6 +33,8 @@ struct ring_result {
   double max_logit_error = 0.0; // the largest on any rank (sharded_case::max_logit_error)
   bool max_logit_agrees = true; // every rank got the same bits
   std::uint64_t bytes = 0, expected_bytes = 0;
+  std::uint64_t unskipped_bytes = 0; // were every block forwarded at every step but the last
+  std::vector<std::uint64_t> sent;   // per rank
 };
 
 template <class P, class Mask>
@@ -40,7 +43,7 @@ ring_result run_ring(const test::sharded_case<P, __nv_bfloat16>& c) {
   const auto ref = c.oracle();
   std::vector<typename test::sharded_case<P, __nv_bfloat16>::error_parts> parts(
       static_cast<std::size_t>(ranks));
-  std::vector<std::uint64_t> sent(static_cast<std::size_t>(ranks), 0), want(sent);
+  std::vector<std::uint64_t> sent(static_cast<std::size_t>(ranks), 0), want(sent), every(sent);
   std::vector<std::vector<float>> max_logits(static_cast<std::size_t>(ranks));
   in_process_group group(ranks);
   const auto errors = on_ranks(group, [&](int r, in_process_communicator& comm) {
@@ -48,9 +51,11 @@ ring_result run_ring(const test::sharded_case<P, __nv_bfloat16>& c) {
     const auto out = c.forward_rank(attn, r, false, &max_logits[static_cast<std::size_t>(r)]);
     parts[static_cast<std::size_t>(r)] = c.rank_error(r, out, ref);
     sent[static_cast<std::size_t>(r)] = comm.bytes_sent();
-    // Every step but the last sends the block it just used: its source's tokens.
+    // The blocks some later rank sees go on.
+    want[static_cast<std::size_t>(r)] =
+        test::ring_forward_bytes<__nv_bfloat16>(attn, r, Mask::mask);
     for (int t = 0; t + 1 < attn.schedule().step_count(); ++t)
-      want[static_cast<std::size_t>(r)] +=
+      every[static_cast<std::size_t>(r)] +=
           attn.template block_bytes<__nv_bfloat16>((r - t + ranks) % ranks);
   });
   for (const auto& e : errors)
@@ -63,12 +68,14 @@ ring_result run_ring(const test::sharded_case<P, __nv_bfloat16>& c) {
     res.lse_error = std::max(res.lse_error, parts[static_cast<std::size_t>(r)].lse);
     res.bytes += sent[static_cast<std::size_t>(r)];
     res.expected_bytes += want[static_cast<std::size_t>(r)];
+    res.unskipped_bytes += every[static_cast<std::size_t>(r)];
     const auto& ml = max_logits[static_cast<std::size_t>(r)];
     res.max_logit_error = std::max(res.max_logit_error, c.max_logit_error(ml, ref.max_logit));
     res.max_logit_agrees =
         res.max_logit_agrees && std::memcmp(ml.data(), max_logits[0].data(), ml.size() * 4) == 0;
   }
   res.out_error = std::sqrt(num / den);
+  res.sent = sent;
   return res;
 }
 
@@ -105,6 +112,27 @@ TEST_CASE_TEMPLATE("host ring equals the oracle: full and causal, P = 1, 2, 3, 4
                    round_robin, zigzag, balanced) {
   check_matrix<P, full>();
   check_matrix<P, causal>();
+}
+
+TEST_CASE("causal, contiguous: a block goes only as far as a rank sees it; the last rank sends "
+          "nothing") {
+  // One sequence in equal shards: rank s's block is seen by ranks s + 1 .. P - 1 only, so it
+  // travels P - 1 - s hops instead of P - 1: half the bytes of a ring that forwards every block,
+  // and rank P - 1, whose every block after its own is seen by no later rank, sends nothing.
+  const auto seed = test::fresh_seed();
+  CAPTURE(seed);
+  for (int ranks : {2, 3, 4, 8}) {
+    CAPTURE(ranks);
+    std::mt19937_64 rng(seed);
+    const std::vector<std::int32_t> cu = {0, 16 * ranks};
+    test::sharded_case<contiguous, __nv_bfloat16> c(cu, ranks, {4, 2, 64, 0.0f}, mask_kind::causal,
+                                                    rng);
+    const ring_result res = run_ring<contiguous, causal>(c);
+    CHECK(res.out_error < 4e-3);
+    CHECK(res.bytes == res.expected_bytes);
+    CHECK(2 * res.bytes == res.unskipped_bytes);
+    CHECK(res.sent.back() == 0);
+  }
 }
 
 TEST_CASE("balanced: documents kept whole send nothing; whole and split ones equal the oracle") {

@@ -3,6 +3,7 @@
 // backward against the float64 oracle; the bytes each rank sends, counted from the widths by
 // hand; errors for views of the wrong width and for ranks that disagree on head_dim_v.
 #include "../ranks.hpp"
+#include "../ring_bytes.hpp"
 #include "../sharded_backward_case.hpp"
 
 #include <ringattn/comm/in_process.cuh>
@@ -46,7 +47,8 @@ run_result run(const test::sharded_backward_case<P, T>& c) {
   using grad_parts_t = typename test::sharded_backward_case<P, T>::grad_parts;
   std::vector<parts_t> parts(static_cast<std::size_t>(ranks));
   std::vector<grad_parts_t> grad_parts(static_cast<std::size_t>(ranks));
-  std::vector<std::uint64_t> fwd_sent(static_cast<std::size_t>(ranks), 0), all_sent(fwd_sent);
+  std::vector<std::uint64_t> fwd_sent(static_cast<std::size_t>(ranks), 0), all_sent(fwd_sent),
+      ring_forward(fwd_sent);
   std::vector<int> steps(static_cast<std::size_t>(ranks), 0);
   in_process_group group(ranks);
   const auto errors = on_ranks(group, [&](int r, in_process_communicator& comm) {
@@ -54,6 +56,8 @@ run_result run(const test::sharded_backward_case<P, T>& c) {
         comm, c.args, c.plan.cu_seqlens());
     const auto at = static_cast<std::size_t>(r);
     steps[at] = attn.schedule().step_count();
+    if constexpr (std::is_same_v<Schedule, ring_pass>)
+      ring_forward[at] = test::ring_forward_bytes<T>(attn, r, host_reference<Mask>::mask);
     const auto fwd = c.forward_rank(attn, r);
     fwd_sent[at] = comm.bytes_sent();
     const auto g = c.backward_rank(attn, r, fwd);
@@ -69,18 +73,18 @@ run_result run(const test::sharded_backward_case<P, T>& c) {
     const auto at = static_cast<std::size_t>(r);
     res.forward_bytes += fwd_sent[at];
     res.backward_bytes += all_sent[at] - fwd_sent[at];
-    // Of n steps (all P under a full mask; a causal one may need fewer), ring: step t sends the
-    // block of rank r - t on (forward: k, v; backward: with its fp32 dk, dv), every step but the
-    // last; then the last block's dk, dv go home. All-gather: the own block to the n - 1 ranks
+    // Of n steps (all P under a full mask; a causal one may need fewer), ring: the forward sends
+    // on the blocks some later rank sees (ring_bytes.hpp); the backward sends step t's block of
+    // rank r - t on with its fp32 dk, dv, every step but the last, then the last block's dk, dv
+    // go home. All-gather: the own block to the n - 1 ranks
     // that need it, then the dk, dv of the other n - 1 blocks home.
     const attention_arguments& a = c.args;
     const int n = steps[at];
     auto tokens = [&](int src) { return c.plan.local_tokens(((src % ranks) + ranks) % ranks); };
     if constexpr (std::is_same_v<Schedule, ring_pass>) {
-      for (int t = 0; t + 1 < n; ++t) {
-        res.want_forward += kv_bytes(tokens(r - t), a, sizeof(T));
+      res.want_forward += ring_forward[at];
+      for (int t = 0; t + 1 < n; ++t)
         res.want_backward += kv_bytes(tokens(r - t), a, sizeof(T) + sizeof(float));
-      }
       if (n > 1) res.want_backward += kv_bytes(tokens(r - (n - 1)), a, sizeof(float));
     } else {
       for (int t = 1; t < n; ++t) {

@@ -4,6 +4,7 @@
 // the blocks it computes, the scores they hold and the bytes it sends against a prediction made
 // by brute force over token pairs; plan-time errors for windows that do not fit the mask.
 #include "../ranks.hpp"
+#include "../ring_bytes.hpp"
 #include "../sharded_backward_case.hpp"
 
 #include <ringattn/comm/in_process.cuh>
@@ -131,9 +132,8 @@ run_result run(const test::sharded_backward_case<P, T>& c) {
     grad_parts[at] = c.rank_grad_error(r, g, ref_b);
     const int n = steps[at];
     if constexpr (std::is_same_v<Schedule, ring_pass>) {
-      // Forward: every step but the last sends its block on.
-      for (int t = 0; t + 1 < n; ++t)
-        want[at] += attn.template block_bytes<T>((r - t + ranks) % ranks);
+      // Forward: the blocks some later rank sees go on.
+      want[at] += test::ring_forward_bytes<T>(attn, r, kernel::mask);
     } else {
       // All-gather: the own block to every rank that needs it.
       want[at] += static_cast<std::uint64_t>(n - 1) * attn.template block_bytes<T>(r);

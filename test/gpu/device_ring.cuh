@@ -5,6 +5,7 @@
 // the multi-GPU suite (ranks on several GPUs, in-process or NCCL).
 #include "../all_to_all_bytes.hpp"
 #include "../ranks.hpp"
+#include "../ring_bytes.hpp"
 #include "../sharded_backward_case.hpp"
 #include "device_buffer.cuh"
 
@@ -32,17 +33,19 @@ all_to_all_bytes expected_all_to_all_bytes(const Ring& attn, int r) {
                              attn.schedule().group_size());
 }
 
-//! Bytes rank r sends in one forward: the ring forwards every block it used but the last; the
-//! all-gather sends its own block to each other rank; the all-to-all its formula.
+//! Bytes rank r sends in one forward: the ring forwards the blocks some later rank sees
+//! (ring_bytes.hpp); the all-gather sends its own block to each other rank; the all-to-all its
+//! formula.
 template <class Schedule, class Ring>
-std::uint64_t expected_forward_bytes(const Ring& attn, int r, int ranks) {
+std::uint64_t expected_forward_bytes(const Ring& attn, int r, mask_kind mask) {
   std::uint64_t want = 0;
   if constexpr (std::is_same_v<typename Schedule::plan_type, all_to_all_plan>) {
     want = expected_all_to_all_bytes(attn, r).forward;
-  } else {
+  } else if constexpr (std::is_same_v<Schedule, all_gather_kv>) {
     for (int t = 0; t + 1 < attn.schedule().step_count(); ++t)
-      want += attn.template block_bytes<__nv_bfloat16>(
-          std::is_same_v<Schedule, all_gather_kv> ? r : (r - t + ranks) % ranks);
+      want += attn.template block_bytes<__nv_bfloat16>(r);
+  } else {
+    want = ring_forward_bytes<__nv_bfloat16>(attn, r, mask);
   }
   return want;
 }
@@ -62,7 +65,7 @@ std::uint64_t expected_backward_bytes(const Ring& attn, const Plan& plan, int r,
     want = expected_all_to_all_bytes(attn, r).backward;
   } else if constexpr (std::is_same_v<Schedule, all_gather_kv>) {
     const int steps = attn.schedule().step_count();
-    want = expected_forward_bytes<Schedule>(attn, r, ranks);
+    want = expected_forward_bytes<Schedule>(attn, r, mask_kind::full);
     for (int t = 1; t < steps; ++t)
       want += grads(attn.schedule().source_of(t));
   } else {
@@ -140,7 +143,7 @@ device_rank_run<P, T> device_ring_rank(const sharded_case<P, T>& c, int r, Comm&
   }
   RINGATTN_CUDA_CHECK(cudaStreamDestroy(stream));
   res.output = {std::move(o1), std::move(l1)};
-  res.expected = expected_forward_bytes<Schedule>(attn, r, ranks) +
+  res.expected = expected_forward_bytes<Schedule>(attn, r, Mask::mask) +
                  (asks ? static_cast<std::uint64_t>(ranks - 1) * a.q_heads * sizeof(float) : 0);
   return res;
 }

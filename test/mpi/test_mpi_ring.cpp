@@ -4,6 +4,7 @@
 // ring, the all-gather and the all-to-all), the max logit over every rank included; bytes per
 // rank; plan-time disagreement.
 #include "../all_to_all_bytes.hpp"
+#include "../ring_bytes.hpp"
 #include "../sharded_backward_case.hpp"
 #include "shared_seed.hpp"
 
@@ -65,8 +66,8 @@ void check_ring(mpi_communicator& comm, std::uint64_t seed, std::int64_t window_
     const std::uint64_t before = comm.bytes_sent();
     std::vector<float> max_logit;
     const auto out = c.forward_rank(attn, r, false, &max_logit);
-    // The ring: every step but the last sends the block it used. The all-gather: the own block
-    // to each of the others.
+    // The ring: the blocks some later rank sees go on (ring_bytes.hpp). The all-gather: the own
+    // block to each of the others.
     std::vector<std::int64_t> tokens;
     for (int s = 0; s < p; ++s)
       tokens.push_back(c.plan.local_tokens(s));
@@ -78,8 +79,11 @@ void check_ring(mpi_communicator& comm, std::uint64_t seed, std::int64_t window_
     const int steps = heads ? 0 : step_count(attn);
     if constexpr (!heads) {
       want = 0;
-      for (int t = 0; t + 1 < steps; ++t)
-        want += attn.template block_bytes<__nv_bfloat16>(gather ? r : (r - t + p) % p);
+      if (gather)
+        for (int t = 0; t + 1 < steps; ++t)
+          want += attn.template block_bytes<__nv_bfloat16>(r);
+      else
+        want = test::ring_forward_bytes<__nv_bfloat16>(attn, r, Mask::mask);
     }
     CHECK(comm.bytes_sent() - before == want);
     // The relative error of the whole output: every rank's sums, reduced over ranks.

@@ -189,6 +189,25 @@ public:
     return out;
   }
 
+  //! Whether some query of rank `q_rank` sees some key of rank `kv_rank` under `w` (whether
+  //! `blocks(q_rank, kv_rank, w)` has any), stopping at the first such block.
+  bool sees(int q_rank, int kv_rank, const position_window& w) const {
+    check_rank(q_rank);
+    check_rank(kv_rank);
+    for (int s = 0; s < batch(); ++s) {
+      if (!placements_.empty()) {
+        const placement pl = placements_[static_cast<std::size_t>(s)];
+        if (index_in(pl, q_rank) < 0 || index_in(pl, kv_rank) < 0) continue;
+      }
+      const auto qs = segments(q_rank, s);
+      const auto ks = segments(kv_rank, s);
+      for (const segment& q : qs)
+        for (const segment& k : ks)
+          if (classify(q, k, w).kind != block_kind::empty) return true;
+    }
+    return false;
+  }
+
   //! Exact number of visible score elements of rank `rank`'s queries (against all keys).
   std::int64_t work(int rank, const position_window& w) const {
     std::int64_t n = 0;

@@ -160,9 +160,11 @@ void device_ring_forward(Communicator& comm, const ring_schedule& s,
     if (const ring_step* next = s.next(t)) {
       // Never recorded yet at t = 0: waiting on it is then a no-op.
       RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(d.comm, d.compute_done[(t + 1) % 2], 0));
-      comm.exchange_async(b.k.data, ws.block_bytes(step.kv_tokens), s.send_to(),
-                          ws.kv_slot_views<T>(workspace, (t + 1) % 2, next->kv_tokens).k.data,
-                          ws.block_bytes(next->kv_tokens), s.receive_from(), t, d.comm);
+      // A block no later rank sees goes no further (its receiver expects nothing).
+      comm.exchange_async(
+          b.k.data, step.forwarded ? ws.block_bytes(step.kv_tokens) : 0, s.send_to(),
+          ws.kv_slot_views<T>(workspace, (t + 1) % 2, next->kv_tokens).k.data,
+          next->arrives ? ws.block_bytes(next->kv_tokens) : 0, s.receive_from(), t, d.comm);
       RINGATTN_CUDA_CHECK(cudaEventRecord(d.recv_done[(t + 1) % 2], d.comm));
     }
   }

@@ -64,10 +64,12 @@ void host_ring_forward(Communicator& comm, const ring_schedule& s, const attenti
       BlockKernel::host_forward(
           block_forward_args<T>{q, thd_view<const T>(b.k), thd_view<const T>(b.v), args, state},
           step.groups);
+    // A block no later rank sees goes no further (its receiver expects nothing).
     if (const ring_step* next = s.next(step.index))
-      comm.exchange(b.k.data, ws.block_bytes(step.kv_tokens), s.send_to(),
+      comm.exchange(b.k.data, step.forwarded ? ws.block_bytes(step.kv_tokens) : 0, s.send_to(),
                     ws.kv_slot_views<T>(base, next->index % 2, next->kv_tokens).k.data,
-                    ws.block_bytes(next->kv_tokens), s.receive_from(), step.index);
+                    next->arrives ? ws.block_bytes(next->kv_tokens) : 0, s.receive_from(),
+                    step.index);
   }
   finalize(state, out);
 }

@@ -7,7 +7,11 @@
 //! At step t rank r holds the K/V block of rank (r - t) mod P, sends it on to rank r + 1 and
 //! receives the block of step t + 1 from rank r - 1. Every index of that arithmetic lives here.
 //! The ring takes P steps, or fewer when no rank needs the blocks of the later ones (a window
-//! shorter than the distance they would travel): `step_count()`, the same on every rank.
+//! shorter than the distance they would travel): `step_count()`, the same on every rank. In the
+//! forward a block goes on only as far as some rank's queries see it: a rank sends nothing after
+//! a step whose block no later rank sees (`ring_step::forwarded`), and the next rank then
+//! receives nothing (`ring_step::arrives`) and computes nothing. The backward carries every block
+//! the whole ring, since its dK/dV go home from the last rank.
 //!
 //! \code
 //! ringattn::ring_schedule s(plan, rank, ringattn::position_window::of(mask_kind::causal));
@@ -32,6 +36,10 @@ struct ring_step {
   std::int64_t kv_tokens = 0;      //!< rows of that block
   std::int64_t rows = 0;           //!< query rows the groups cover
   std::vector<block_group> groups; //!< this rank's queries against the block, validated
+  //! Forward: the block arrives from the previous rank before this step (false at step 0, the
+  //! own block, and where no rank from this one on sees it), and goes on to the next rank after
+  //! it (false after the last step and where no rank after this one sees it).
+  bool arrives = true, forwarded = true;
 };
 
 class ring_schedule {
@@ -43,10 +51,20 @@ public:
       : ranks_(plan.ranks()), rank_(rank), q_tokens_(plan.local_tokens(rank)),
         max_kv_tokens_(plan.max_local_tokens()) {
     const int steps = steps_needed(plan, window);
+    // The furthest hop at which some rank sees each source's block, for the sources this rank
+    // holds: a block of rank (rank - t) is seen at step u by rank (rank - t + u).
+    auto seen_later = [&](int t, int from_hop) {
+      const int source = source_of(t);
+      for (int u = steps - 1; u >= from_hop; --u)
+        if (plan.sees((source + u) % ranks_, source, window)) return true;
+      return false;
+    };
     for (int t = 0; t < steps; ++t) {
       ring_step s;
       s.index = t;
       s.source = source_of(t);
+      s.arrives = t > 0 && seen_later(t, t);
+      s.forwarded = t + 1 < steps && seen_later(t, t + 1);
       s.kv_tokens = plan.local_tokens(s.source);
       s.groups = group_blocks(plan.blocks(rank, s.source, window));
       validate_groups(s.groups, q_tokens_, s.kv_tokens).throw_if_invalid();
@@ -104,7 +122,7 @@ public:
     const int p = plan.ranks();
     for (int t = p - 1; t > 0; --t)
       for (int r = 0; r < p; ++r)
-        if (!plan.blocks(r, ((r - t) % p + p) % p, window).empty()) return t + 1;
+        if (plan.sees(r, ((r - t) % p + p) % p, window)) return t + 1;
     return 1;
   }
 
