@@ -4,6 +4,7 @@
 // again plus the dK/dV shares it returns, backward); the forward equal bit for bit to the ring's;
 // the backward repeatable bit for bit; ranks on different schedules refused at plan time.
 #include "../ranks.hpp"
+#include "../ring_bytes.hpp"
 #include "../sharded_backward_case.hpp"
 
 #include <ringattn/comm/in_process.cuh>
@@ -68,18 +69,11 @@ run_result run(const test::sharded_backward_case<P, T>& c) {
     ring_equal[at(r)] = same(fwd.out, ring_fwd.out) && same(fwd.lse, ring_fwd.lse) &&
                         same(max_logit, ring_max_logit);
     repeatable[at(r)] = same(g.dq, g2.dq) && same(g.dk, g2.dk) && same(g.dv, g2.dv);
-    // Forward: the own block to each of the P - 1 others. Backward: the same gather, then
-    // every other rank's block's fp32 dK/dV share back to its owner.
-    // (Each of the others that needs it: all of them, unless the layout needs fewer steps.)
-    const std::uint64_t own = attn.template block_bytes<T>(r);
-    const int steps = attn.schedule().step_count();
-    std::uint64_t shares = 0;
-    for (int t = 1; t < steps; ++t)
-      shares += 2 * sizeof(float) *
-                static_cast<std::uint64_t>(c.plan.local_tokens(attn.schedule().source_of(t))) *
-                c.args.kv_heads * c.args.head_dim;
-    bytes[at(r)] = {after_forward, after_backward - after_forward, (steps - 1) * own,
-                    (steps - 1) * own + shares};
+    // Forward: the own block to each other rank that sees some of it. Backward: the same
+    // gather, then the fp32 dK/dV share of every block this rank sees back to its owner.
+    const std::uint64_t gather = test::all_gather_bytes<T>(attn, r, Mask::mask);
+    bytes[at(r)] = {after_forward, after_backward - after_forward, gather,
+                    gather + test::all_gather_share_bytes(attn, r, Mask::mask)};
   });
   for (const auto& e : errors)
     REQUIRE(message(e) == "");

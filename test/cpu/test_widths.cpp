@@ -48,7 +48,7 @@ run_result run(const test::sharded_backward_case<P, T>& c) {
   std::vector<parts_t> parts(static_cast<std::size_t>(ranks));
   std::vector<grad_parts_t> grad_parts(static_cast<std::size_t>(ranks));
   std::vector<std::uint64_t> fwd_sent(static_cast<std::size_t>(ranks), 0), all_sent(fwd_sent),
-      ring_forward(fwd_sent);
+      ring_forward(fwd_sent), shares(fwd_sent);
   std::vector<int> steps(static_cast<std::size_t>(ranks), 0);
   in_process_group group(ranks);
   const auto errors = on_ranks(group, [&](int r, in_process_communicator& comm) {
@@ -56,8 +56,12 @@ run_result run(const test::sharded_backward_case<P, T>& c) {
         comm, c.args, c.plan.cu_seqlens());
     const auto at = static_cast<std::size_t>(r);
     steps[at] = attn.schedule().step_count();
-    if constexpr (std::is_same_v<Schedule, ring_pass>)
+    if constexpr (std::is_same_v<Schedule, ring_pass>) {
       ring_forward[at] = test::ring_forward_bytes<T>(attn, r, host_reference<Mask>::mask);
+    } else {
+      ring_forward[at] = test::all_gather_bytes<T>(attn, r, host_reference<Mask>::mask);
+      shares[at] = test::all_gather_share_bytes(attn, r, host_reference<Mask>::mask);
+    }
     const auto fwd = c.forward_rank(attn, r);
     fwd_sent[at] = comm.bytes_sent();
     const auto g = c.backward_rank(attn, r, fwd);
@@ -76,8 +80,8 @@ run_result run(const test::sharded_backward_case<P, T>& c) {
     // Of n steps (all P under a full mask; a causal one may need fewer), ring: the forward sends
     // on the blocks some later rank sees (ring_bytes.hpp); the backward sends step t's block of
     // rank r - t on with its fp32 dk, dv, every step but the last, then the last block's dk, dv
-    // go home. All-gather: the own block to the n - 1 ranks
-    // that need it, then the dk, dv of the other n - 1 blocks home.
+    // go home. All-gather: the own block to the ranks that see some of it (in the forward, and
+    // again in the backward), then the dk, dv share of every block this rank sees home.
     const attention_arguments& a = c.args;
     const int n = steps[at];
     auto tokens = [&](int src) { return c.plan.local_tokens(((src % ranks) + ranks) % ranks); };
@@ -87,11 +91,8 @@ run_result run(const test::sharded_backward_case<P, T>& c) {
         res.want_backward += kv_bytes(tokens(r - t), a, sizeof(T) + sizeof(float));
       if (n > 1) res.want_backward += kv_bytes(tokens(r - (n - 1)), a, sizeof(float));
     } else {
-      for (int t = 1; t < n; ++t) {
-        res.want_forward += kv_bytes(tokens(r), a, sizeof(T));
-        res.want_backward +=
-            kv_bytes(tokens(r), a, sizeof(T)) + kv_bytes(tokens(r - t), a, sizeof(float));
-      }
+      res.want_forward += ring_forward[at];
+      res.want_backward += ring_forward[at] + shares[at];
     }
   }
   return res;

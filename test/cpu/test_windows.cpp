@@ -130,14 +130,12 @@ run_result run(const test::sharded_backward_case<P, T>& c) {
     const auto g = c.backward_rank(attn, r, fwd);
     parts[at] = c.rank_error(r, fwd, ref);
     grad_parts[at] = c.rank_grad_error(r, g, ref_b);
-    const int n = steps[at];
-    if constexpr (std::is_same_v<Schedule, ring_pass>) {
-      // Forward: the blocks some later rank sees go on.
+    // Forward: the ring forwards the blocks some later rank sees; the all-gather sends the own
+    // block to every rank that sees some of it.
+    if constexpr (std::is_same_v<Schedule, ring_pass>)
       want[at] += test::ring_forward_bytes<T>(attn, r, kernel::mask);
-    } else {
-      // All-gather: the own block to every rank that needs it.
-      want[at] += static_cast<std::uint64_t>(n - 1) * attn.template block_bytes<T>(r);
-    }
+    else
+      want[at] += test::all_gather_bytes<T>(attn, r, kernel::mask);
   });
   for (const auto& e : errors)
     REQUIRE(message(e) == "");

@@ -33,17 +33,16 @@ all_to_all_bytes expected_all_to_all_bytes(const Ring& attn, int r) {
                              attn.schedule().group_size());
 }
 
-//! Bytes rank r sends in one forward: the ring forwards the blocks some later rank sees
-//! (ring_bytes.hpp); the all-gather sends its own block to each other rank; the all-to-all its
-//! formula.
+//! Bytes rank r sends in one forward: the ring forwards the blocks some later rank sees, the
+//! all-gather sends its own block to each rank that sees some of it (ring_bytes.hpp); the
+//! all-to-all its formula.
 template <class Schedule, class Ring>
 std::uint64_t expected_forward_bytes(const Ring& attn, int r, mask_kind mask) {
   std::uint64_t want = 0;
   if constexpr (std::is_same_v<typename Schedule::plan_type, all_to_all_plan>) {
     want = expected_all_to_all_bytes(attn, r).forward;
   } else if constexpr (std::is_same_v<Schedule, all_gather_kv>) {
-    for (int t = 0; t + 1 < attn.schedule().step_count(); ++t)
-      want += attn.template block_bytes<__nv_bfloat16>(r);
+    want = all_gather_bytes<__nv_bfloat16>(attn, r, mask);
   } else {
     want = ring_forward_bytes<__nv_bfloat16>(attn, r, mask);
   }
@@ -51,11 +50,11 @@ std::uint64_t expected_forward_bytes(const Ring& attn, int r, mask_kind mask) {
 }
 
 //! Bytes rank r sends in one backward: the ring passes the blocks with their fp32 dK/dV and sends
-//! the last block's dK/dV home; the all-gather gathers K/V again and returns every other block's
-//! fp32 dK/dV share to its owner; the all-to-all its formula.
+//! the last block's dK/dV home; the all-gather gathers K/V again and returns the fp32 dK/dV share
+//! of every block it sees to its owner; the all-to-all its formula.
 template <class Schedule, class Ring, class Plan>
 std::uint64_t expected_backward_bytes(const Ring& attn, const Plan& plan, int r, int ranks,
-                                      const attention_arguments& a) {
+                                      const attention_arguments& a, mask_kind mask) {
   const auto grads = [&](int src) {
     return sizeof(float) * static_cast<std::uint64_t>(plan.local_tokens(src)) * a.kv_heads *
            (a.qk_dim() + a.v_dim());
@@ -64,10 +63,7 @@ std::uint64_t expected_backward_bytes(const Ring& attn, const Plan& plan, int r,
   if constexpr (std::is_same_v<typename Schedule::plan_type, all_to_all_plan>) {
     want = expected_all_to_all_bytes(attn, r).backward;
   } else if constexpr (std::is_same_v<Schedule, all_gather_kv>) {
-    const int steps = attn.schedule().step_count();
-    want = expected_forward_bytes<Schedule>(attn, r, mask_kind::full);
-    for (int t = 1; t < steps; ++t)
-      want += grads(attn.schedule().source_of(t));
+    want = all_gather_bytes<__nv_bfloat16>(attn, r, mask) + all_gather_share_bytes(attn, r, mask);
   } else {
     const int steps = attn.schedule().step_count();
     for (int t = 0; t + 1 < steps; ++t)
@@ -285,7 +281,7 @@ device_backward_run<P, T> device_backward_rank(const sharded_backward_case<P, T>
   }
   RINGATTN_CUDA_CHECK(cudaStreamDestroy(stream));
   res.sent = (comm.bytes_sent() - before) / (repeat ? 2 : 1);
-  res.expected = expected_backward_bytes<Schedule>(attn, c.plan, r, ranks, a);
+  res.expected = expected_backward_bytes<Schedule>(attn, c.plan, r, ranks, a, Mask::mask);
   return res;
 }
 

@@ -78,12 +78,8 @@ void check_ring(mpi_communicator& comm, std::uint64_t seed, std::int64_t window_
     std::uint64_t want = by_heads.forward;
     const int steps = heads ? 0 : step_count(attn);
     if constexpr (!heads) {
-      want = 0;
-      if (gather)
-        for (int t = 0; t + 1 < steps; ++t)
-          want += attn.template block_bytes<__nv_bfloat16>(r);
-      else
-        want = test::ring_forward_bytes<__nv_bfloat16>(attn, r, Mask::mask);
+      want = gather ? test::all_gather_bytes<__nv_bfloat16>(attn, r, Mask::mask)
+                    : test::ring_forward_bytes<__nv_bfloat16>(attn, r, Mask::mask);
     }
     CHECK(comm.bytes_sent() - before == want);
     // The relative error of the whole output: every rank's sums, reduced over ranks.
@@ -111,10 +107,8 @@ void check_ring(mpi_communicator& comm, std::uint64_t seed, std::int64_t window_
     std::uint64_t want_backward = 0;
     if constexpr (heads) {
       want_backward = by_heads.backward;
-    } else if constexpr (gather) { // the gather again, then each other block's dK/dV share home
-      want_backward = want;
-      for (int t = 1; t < steps; ++t)
-        want_backward += grad_bytes(source_of(attn, t));
+    } else if constexpr (gather) { // the gather again, the dK/dV share of each block seen home
+      want_backward = want + test::all_gather_share_bytes(attn, r, Mask::mask);
     } else { // blocks travel with their dK/dV; the last one's go home
       for (int t = 0; t + 1 < steps; ++t)
         want_backward += attn.template backward_block_bytes<__nv_bfloat16>((r - t + p) % p);

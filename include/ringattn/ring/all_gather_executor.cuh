@@ -6,10 +6,12 @@
 //! merged on arrival: the fp32 state is merged block after block as on the ring.
 //!
 //! The gather is P - 1 pairwise exchanges: in exchange k rank r sends its own block to
-//! r + k and receives the block of r - k, so a rank sends (P - 1) x its own K/V. The backward
-//! gathers K/V again, computes every block's fp32 dK/dV share, and returns each share to its
-//! owner in the same pairwise pattern (a reduce-scatter): the owner adds what it receives in the
-//! order k = 1 .. P - 1, so the result is the same bit for bit from call to call.
+//! r + k and receives the block of r - k, so a rank sends (P - 1) x its own K/V; a block no query
+//! of the receiver sees is neither sent nor received (`ring_step::own_wanted`, the step's groups).
+//! The backward gathers K/V again, computes every block's fp32 dK/dV share, and returns each
+//! share to its owner in the same pairwise pattern (a reduce-scatter; no share where nothing was
+//! computed): the owner adds what it receives in the order k = 1 .. P - 1, so the result is the
+//! same bit for bit from call to call.
 //!
 //! On the device the exchanges run on the communication stream and the compute of block t waits
 //! only for block t's arrival, so the gather of the later blocks overlaps the compute of the
@@ -53,10 +55,12 @@ void host_all_gather_forward(Communicator& comm, const ring_schedule& s,
   reset(state);
   const auto own = ws.kv_slot_views<T>(base, 0, s.q_tokens());
   copy_own_block_host(k, v, own);
-  for (int t = 1; t < s.step_count(); ++t)
-    comm.exchange(own.k.data, ws.block_bytes(s.q_tokens()), gather_to(s, t),
-                  ws.kv_slot_views<T>(base, t, s.step(t).kv_tokens).k.data,
-                  ws.block_bytes(s.step(t).kv_tokens), s.step(t).source, t);
+  for (int t = 1; t < s.step_count(); ++t) {
+    const ring_step& step = s.step(t);
+    comm.exchange(own.k.data, step.own_wanted ? ws.block_bytes(s.q_tokens()) : 0, gather_to(s, t),
+                  ws.kv_slot_views<T>(base, t, step.kv_tokens).k.data,
+                  step.groups.empty() ? 0 : ws.block_bytes(step.kv_tokens), step.source, t);
+  }
   for (const ring_step& step : s.steps()) {
     nvtx_range range("block", step.index, s.rank());
     const auto b = ws.kv_slot_views<T>(base, step.index, step.kv_tokens);
@@ -84,10 +88,12 @@ void host_all_gather_backward(Communicator& comm, const ring_schedule& s,
   std::fill(dq_acc, dq_acc + n * qh * d, 0.0f);
   const auto own = ws.grad_slot_views<T>(base, 0, n);
   copy_own_block_host(k, v, own);
-  for (int t = 1; t < steps; ++t)
-    comm.exchange(own.k.data, ws.block_bytes(n), gather_to(s, t),
-                  ws.grad_slot_views<T>(base, t, s.step(t).kv_tokens).k.data,
-                  ws.block_bytes(s.step(t).kv_tokens), s.step(t).source, t);
+  for (int t = 1; t < steps; ++t) {
+    const ring_step& step = s.step(t);
+    comm.exchange(own.k.data, step.own_wanted ? ws.block_bytes(n) : 0, gather_to(s, t),
+                  ws.grad_slot_views<T>(base, t, step.kv_tokens).k.data,
+                  step.groups.empty() ? 0 : ws.block_bytes(step.kv_tokens), step.source, t);
+  }
   for (const ring_step& step : s.steps()) {
     nvtx_range range("backward block", step.index, s.rank());
     const auto b = ws.grad_slot_views<T>(base, step.index, step.kv_tokens);
@@ -108,10 +114,12 @@ void host_all_gather_backward(Communicator& comm, const ring_schedule& s,
   const std::size_t elements = ws.kv_elements(n);
   for (int t = 1; t < steps; ++t) {
     const ring_step& step = s.step(t);
-    comm.exchange(ws.grad_slot_views<T>(base, t, step.kv_tokens).dk, ws.grad_bytes(step.kv_tokens),
-                  step.source, received, ws.grad_bytes(n), gather_to(s, t), p + t);
-    for (std::size_t i = 0; i < elements; ++i)
-      own.dk[i] += received[i];
+    comm.exchange(ws.grad_slot_views<T>(base, t, step.kv_tokens).dk,
+                  step.groups.empty() ? 0 : ws.grad_bytes(step.kv_tokens), step.source, received,
+                  step.own_wanted ? ws.grad_bytes(n) : 0, gather_to(s, t), p + t);
+    if (step.own_wanted)
+      for (std::size_t i = 0; i < elements; ++i)
+        own.dk[i] += received[i];
   }
   write_host_gradients(dq_acc, own.dk, own.dv, dq, dk, dv);
 }
@@ -157,9 +165,10 @@ void device_all_gather_forward(Communicator& comm, const ring_schedule& s,
   compute(s.step(0)); // the own block runs while the ranks meet for the exchanges
   for (int t = 1; t < s.step_count(); ++t) {
     const ring_step& step = s.step(t);
-    comm.exchange_async(own.k.data, ws.block_bytes(s.q_tokens()), gather_to(s, t),
-                        ws.kv_slot_views<T>(workspace, t, step.kv_tokens).k.data,
-                        ws.block_bytes(step.kv_tokens), step.source, t, d.comm);
+    comm.exchange_async(own.k.data, step.own_wanted ? ws.block_bytes(s.q_tokens()) : 0,
+                        gather_to(s, t), ws.kv_slot_views<T>(workspace, t, step.kv_tokens).k.data,
+                        step.groups.empty() ? 0 : ws.block_bytes(step.kv_tokens), step.source, t,
+                        d.comm);
     RINGATTN_CUDA_CHECK(cudaEventRecord(d.arrived[static_cast<std::size_t>(t)], d.comm));
   }
   for (int t = 1; t < s.step_count(); ++t)
@@ -226,17 +235,19 @@ void device_all_gather_backward(Communicator& comm, const ring_schedule& s,
     cudaEvent_t done = d.computed[static_cast<std::size_t>(t)];
     RINGATTN_CUDA_CHECK(cudaEventRecord(done, stream));
     RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(d.comm, done, 0));
-    comm.exchange_async(b.dk, ws.grad_bytes(nk), step.source, ws.share(workspace, t - 1),
-                        ws.grad_bytes(n), gather_to(s, t), p + t, d.comm);
+    comm.exchange_async(b.dk, step.groups.empty() ? 0 : ws.grad_bytes(nk), step.source,
+                        ws.share(workspace, t - 1), step.own_wanted ? ws.grad_bytes(n) : 0,
+                        gather_to(s, t), p + t, d.comm);
   };
   compute(s.step(0)); // the own block runs while the ranks meet for the gather
   // Every gather before any share goes home: a share waits for its block's compute, and the
   // gather queued behind it on the communication stream would wait too.
   for (int t = 1; t < steps; ++t) {
     const ring_step& step = s.step(t);
-    comm.exchange_async(own.k.data, ws.block_bytes(n), gather_to(s, t),
+    comm.exchange_async(own.k.data, step.own_wanted ? ws.block_bytes(n) : 0, gather_to(s, t),
                         ws.grad_slot_views<T>(workspace, t, step.kv_tokens).k.data,
-                        ws.block_bytes(step.kv_tokens), step.source, t, d.comm);
+                        step.groups.empty() ? 0 : ws.block_bytes(step.kv_tokens), step.source, t,
+                        d.comm);
     RINGATTN_CUDA_CHECK(cudaEventRecord(d.arrived[static_cast<std::size_t>(t)], d.comm));
   }
   for (int t = 1; t < steps; ++t)
@@ -244,8 +255,9 @@ void device_all_gather_backward(Communicator& comm, const ring_schedule& s,
   RINGATTN_CUDA_CHECK(cudaEventRecord(d.comm_end, d.comm));
   RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream, d.comm_end, 0));
   for (int t = 1; t < steps; ++t)
-    accumulate(own.dk, ws.share(workspace, t - 1), static_cast<std::int64_t>(ws.kv_elements(n)),
-               stream);
+    if (s.step(t).own_wanted)
+      accumulate(own.dk, ws.share(workspace, t - 1), static_cast<std::int64_t>(ws.kv_elements(n)),
+                 stream);
   write_gradient<T>(dq_acc, dq, stream);
   write_gradient<T>(own.dk, dk, stream);
   write_gradient<T>(own.dv, dv, stream);

@@ -40,6 +40,10 @@ struct ring_step {
   //! own block, and where no rank from this one on sees it), and goes on to the next rank after
   //! it (false after the last step and where no rank after this one sees it).
   bool arrives = true, forwarded = true;
+  //! The all-gather: whether rank (rank + t) mod P sees this rank's own block (exchange t sends it
+  //! there, and its dK/dV share comes back). This rank receives the block of step t where its
+  //! groups are not empty.
+  bool own_wanted = true;
 };
 
 class ring_schedule {
@@ -65,6 +69,7 @@ public:
       s.source = source_of(t);
       s.arrives = t > 0 && seen_later(t, t);
       s.forwarded = t + 1 < steps && seen_later(t, t + 1);
+      s.own_wanted = t > 0 && plan.sees((rank + t) % ranks_, rank, window);
       s.kv_tokens = plan.local_tokens(s.source);
       s.groups = group_blocks(plan.blocks(rank, s.source, window));
       validate_groups(s.groups, q_tokens_, s.kv_tokens).throw_if_invalid();
