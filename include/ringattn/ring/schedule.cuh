@@ -55,8 +55,8 @@ public:
       : ranks_(plan.ranks()), rank_(rank), q_tokens_(plan.local_tokens(rank)),
         max_kv_tokens_(plan.max_local_tokens()) {
     const int steps = steps_needed(plan, window);
-    // The furthest hop at which some rank sees each source's block, for the sources this rank
-    // holds: a block of rank (rank - t) is seen at step u by rank (rank - t + u).
+    // Whether some rank at hop `from_hop` or later sees the block this rank holds at step t: the
+    // block of rank (rank - t) is at rank (rank - t + u) at step u.
     auto seen_later = [&](int t, int from_hop) {
       const int source = source_of(t);
       for (int u = steps - 1; u >= from_hop; --u)
@@ -87,6 +87,11 @@ public:
       : ranks_(ranks), rank_(rank), q_tokens_(q_tokens), max_kv_tokens_(max_kv_tokens),
         steps_(std::move(steps)) {
     if (steps_.empty()) throw invalid_argument("ringattn: a schedule needs at least one step");
+    for (std::size_t t = 0; t < steps_.size(); ++t) { // every block exchanged, nothing skipped
+      steps_[t].arrives = t > 0;
+      steps_[t].forwarded = t + 1 < steps_.size();
+      steps_[t].own_wanted = t > 0;
+    }
     for (ring_step& s : steps_) {
       validate_groups(s.groups, q_tokens_, s.kv_tokens).throw_if_invalid();
       s.rows = rows_of(s.groups);
