@@ -124,6 +124,21 @@ public:
   std::size_t block_bytes(int src) const requires ring_shaped {
     return layout<T>().block_bytes(plan_.local_tokens(src));
   }
+  //! Bytes this rank sends in one forward on the ring or the all-gather, as its communicator counts
+  //! them (the max logit's exchanges aside): the ring forwards the blocks a later rank sees, the
+  //! all-gather sends the own block to each rank that sees some of it. A plan-time figure, for
+  //! choosing a layout.
+  template <element T>
+  std::size_t forward_bytes() const requires ring_shaped {
+    std::size_t n = 0;
+    for (const ring_step& step : schedule_.steps()) {
+      if constexpr (std::same_as<Schedule, all_gather_kv>)
+        n += step.own_wanted ? block_bytes<T>(comm_.rank()) : 0;
+      else
+        n += step.forwarded ? block_bytes<T>(step.source) : 0;
+    }
+    return n;
+  }
   //! Bytes a K/V block of rank `src` and its fp32 dK/dV occupy on the wire in the backward.
   template <element T>
   std::size_t backward_block_bytes(int src) const requires ring_shaped {

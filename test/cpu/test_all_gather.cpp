@@ -72,6 +72,7 @@ run_result run(const test::sharded_backward_case<P, T>& c) {
     // Forward: the own block to each other rank that sees some of it. Backward: the same
     // gather, then the fp32 dK/dV share of every block this rank sees back to its owner.
     const std::uint64_t gather = test::all_gather_bytes<T>(attn, r, Mask::mask);
+    CHECK(attn.template forward_bytes<T>() == gather);
     bytes[at(r)] = {after_forward, after_backward - after_forward, gather,
                     gather + test::all_gather_share_bytes(attn, r, Mask::mask)};
   });

@@ -54,6 +54,7 @@ ring_result run_ring(const test::sharded_case<P, __nv_bfloat16>& c) {
     // The blocks some later rank sees go on.
     want[static_cast<std::size_t>(r)] =
         test::ring_forward_bytes<__nv_bfloat16>(attn, r, Mask::mask);
+    CHECK(attn.template forward_bytes<__nv_bfloat16>() == want[static_cast<std::size_t>(r)]);
     for (int t = 0; t + 1 < attn.schedule().step_count(); ++t)
       every[static_cast<std::size_t>(r)] +=
           attn.template block_bytes<__nv_bfloat16>((r - t + ranks) % ranks);
