@@ -11,6 +11,7 @@
 
 #include <ringattn/arguments.cuh>
 #include <ringattn/kernel/block.cuh>
+#include <ringattn/partition/balanced.cuh>
 #include <ringattn/partition/contiguous.cuh>
 #include <ringattn/partition/plan.cuh>
 #include <ringattn/partition/round_robin.cuh>
@@ -90,7 +91,7 @@ void check_plan(const std::vector<std::int32_t>& cu, int ranks) {
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   reader in{data, size};
-  const int which = in.take<std::uint8_t>() % 3;
+  const int which = in.take<std::uint8_t>() % 4;
   const int ranks = 1 + in.take<std::uint8_t>() % 16;
   const int entries = in.take<std::uint8_t>() % 10;
   const bool raw = (in.take<std::uint8_t>() & 1) != 0;
@@ -120,7 +121,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   switch (which) {
   case 0: check_plan<contiguous>(cu, ranks); break;
   case 1: check_plan<round_robin>(cu, ranks); break;
-  default: check_plan<zigzag>(cu, ranks); break;
+  case 2: check_plan<zigzag>(cu, ranks); break;
+  default: check_plan<balanced>(cu, ranks); break;
   }
   return 0;
 }
