@@ -49,7 +49,7 @@ tier_full() {
     "7.5 min" cmake --workflow --preset full
   phase "full 2/6: the single-GPU suite's device code for sm_80" "5 min" cmake --workflow --preset sm80
   phase "full 3/6: asan (AddressSanitizer + UndefinedBehaviorSanitizer: cpu and mpi suites)" \
-    "11 min" cmake --workflow --preset asan
+    "12 min" cmake --workflow --preset asan
   phase "full 4/6: tsan (ThreadSanitizer: cpu suite, the stress repeats included)" "7.5 min" \
     cmake --workflow --preset tsan
   phase "full 5/6: fuzz (the planner and validation, bounded time)" "1 min" \
