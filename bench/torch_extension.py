@@ -6,7 +6,8 @@ usage: torchrun --nproc-per-node 1 bench/torch_extension.py OUT.json
 One sequence, bf16, 32 query heads with 32 and 8 kv heads, head_dim 128, 8K and 32K tokens,
 causal and full. Forward and forward + backward, each the median of 10 CUDA-event-timed calls
 after 3 warm-ups, of: `ringattn_torch.ring_attention` over the NCCL group of one rank (THD
-tensors, autograd); F.scaled_dot_product_attention with the cuDNN and the FlashAttention-2
+tensors, autograd), with the native kernels and (where the build has it) kernel="cudnn";
+F.scaled_dot_product_attention with the cuDNN and the FlashAttention-2
 backends (BHSD tensors, GQA native); and torch.distributed.tensor.experimental.context_parallel
 around cuDNN SDPA on a device mesh of the same one rank (load balancing on for causal, off for
 full, which it refuses). FLOPs: 4 h s^2 d (half for causal),
@@ -69,6 +70,10 @@ def main(path):
                     "ringattn_torch": (lambda q, k, v: ra.ring_attention(
                         q, k, v, cu, group=group, partitioner="zigzag", mask=mask)[0], thd),
                 }
+                if ra.has_cudnn_kernel():
+                    runs["ringattn_torch_cudnn"] = (lambda q, k, v: ra.ring_attention(
+                        q, k, v, cu, group=group, partitioner="zigzag", mask=mask,
+                        kernel="cudnn")[0], thd)
                 for name, backend in (("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION),
                                       ("sdpa_flash", SDPBackend.FLASH_ATTENTION)):
                     def sdpa(q, k, v, backend=backend):

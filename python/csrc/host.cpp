@@ -23,6 +23,14 @@ auto with_partitioner(partitioner_kind p, F&& f) {
   }
   return f(ringattn::zigzag{});
 }
+
+//! The host path runs the host twin of every kernel; a cuDNN plan is the device path's.
+void check_host_kernel(const layout& l) {
+  if (l.kernel != kernel_kind::native)
+    throw ringattn::invalid_argument(
+        "ringattn: kernel 'cudnn' runs CUDA tensors; CPU tensors run the host path "
+        "(kernel 'native')");
+}
 } // namespace
 
 std::shared_ptr<endpoint> make_group_endpoint(c10::intrusive_ptr<c10d::ProcessGroup> group,
@@ -31,6 +39,7 @@ std::shared_ptr<endpoint> make_group_endpoint(c10::intrusive_ptr<c10d::ProcessGr
 }
 
 std::unique_ptr<plan> make_virtual_host_plan(const layout& l, int ranks) {
+  check_host_kernel(l);
   return detail::dispatch<ringattn::full, ringattn::causal, ringattn::sliding_window,
                           ringattn::causal_window>(
       l, [&]<class P, class K, class S>() -> std::unique_ptr<plan> {
@@ -39,6 +48,7 @@ std::unique_ptr<plan> make_virtual_host_plan(const layout& l, int ranks) {
 }
 
 std::unique_ptr<plan> make_host_plan(const layout& l, std::shared_ptr<endpoint> ep) {
+  check_host_kernel(l);
   auto group = std::dynamic_pointer_cast<group_endpoint>(ep);
   if (!group)
     throw ringattn::invalid_argument(

@@ -15,6 +15,7 @@ namespace {
 } // namespace
 
 bool has_device_path() { return false; }
+bool has_cudnn_kernel() { return false; }
 std::vector<std::uint8_t> nccl_unique_id() { no_device(); }
 std::shared_ptr<endpoint> make_nccl_endpoint(std::span<const std::uint8_t>, int, int, int,
                                              std::int64_t) {

@@ -63,6 +63,19 @@ schedule_kind schedule_of(const std::string& name) {
   bad("unknown schedule '" + name + "' (ring, all_gather or all_to_all)");
 }
 
+kernel_kind kernel_of(const std::string& name) {
+  if (name == "native") return kernel_kind::native;
+  if (name == "cudnn") return kernel_kind::cudnn;
+  bad("unknown kernel '" + name + "' (native or cudnn)");
+}
+
+element_type element_named(const std::string& name) {
+  if (name == "float16") return element_type::f16;
+  if (name == "bfloat16") return element_type::bf16;
+  if (name == "float32") return element_type::f32;
+  bad("unknown element type '" + name + "' (float16, bfloat16 or float32)");
+}
+
 std::vector<std::int32_t> cu_seqlens_of(const std::vector<std::int64_t>& cu) {
   std::vector<std::int32_t> out;
   out.reserve(cu.size());
@@ -75,9 +88,9 @@ std::vector<std::int32_t> cu_seqlens_of(const std::vector<std::int64_t>& cu) {
 }
 
 layout layout_of(const std::string& partitioner, const std::string& mask,
-                 const std::string& schedule, const std::vector<std::int64_t>& dims,
-                 const std::vector<std::int64_t>& window, double softmax_scale,
-                 const std::vector<std::int64_t>& cu_seqlens) {
+                 const std::string& schedule, const std::string& kernel, const std::string& element,
+                 const std::vector<std::int64_t>& dims, const std::vector<std::int64_t>& window,
+                 double softmax_scale, const std::vector<std::int64_t>& cu_seqlens) {
   if (dims.size() != 4) bad("dims are [q_heads, kv_heads, head_dim, head_dim_v]");
   if (window.size() != 2) bad("window is [left, right]");
   for (std::int64_t d : dims)
@@ -86,6 +99,8 @@ layout layout_of(const std::string& partitioner, const std::string& mask,
   l.partitioner = partitioner_of(partitioner);
   l.mask = mask_of(mask);
   l.schedule = schedule_of(schedule);
+  l.kernel = kernel_of(kernel);
+  l.element = element_named(element);
   l.args.q_heads = static_cast<std::int32_t>(dims[0]);
   l.args.kv_heads = static_cast<std::int32_t>(dims[1]);
   l.args.head_dim = static_cast<std::int32_t>(dims[2]);
@@ -335,10 +350,12 @@ at::Tensor nccl_unique_id_op() {
 c10::intrusive_ptr<Plan> plan_op(const std::optional<c10::intrusive_ptr<Endpoint>>& ep,
                                  std::int64_t virtual_ranks, std::int64_t device,
                                  const std::string& partitioner, const std::string& mask,
-                                 const std::string& schedule, const std::vector<std::int64_t>& dims,
+                                 const std::string& schedule, const std::string& kernel,
+                                 const std::string& element, const std::vector<std::int64_t>& dims,
                                  const std::vector<std::int64_t>& window, double softmax_scale,
                                  const std::vector<std::int64_t>& cu_seqlens) {
-  const layout l = layout_of(partitioner, mask, schedule, dims, window, softmax_scale, cu_seqlens);
+  const layout l = layout_of(partitioner, mask, schedule, kernel, element, dims, window,
+                             softmax_scale, cu_seqlens);
   return c10::make_intrusive<Plan>(translated([&]() -> std::unique_ptr<plan> {
     if (ep) {
       const auto& e = (*ep)->impl;
@@ -379,6 +396,7 @@ at::Tensor position_ids_op(const std::string& partitioner,
 }
 
 bool has_device_path_op() { return has_device_path(); }
+bool has_cudnn_kernel_op() { return has_cudnn_kernel(); }
 
 } // namespace
 
@@ -407,4 +425,5 @@ TORCH_LIBRARY(ringattn, m) {
   m.def("token_indices", &token_indices_op);
   m.def("position_ids", &position_ids_op);
   m.def("has_device_path", &has_device_path_op);
+  m.def("has_cudnn_kernel", &has_cudnn_kernel_op);
 }

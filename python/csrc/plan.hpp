@@ -18,12 +18,20 @@ namespace ringattn_torch {
 enum class partitioner_kind { contiguous, round_robin, zigzag, balanced };
 enum class schedule_kind { ring, all_gather, all_to_all };
 enum class element_type { f16, bf16, f32 };
+//! The BlockKernel of a plan's ring on the device: the library's own kernels, or cuDNN's fused
+//! attention (`cudnn_kernel<Mask, T, cudnn_atomic>`, in builds that have it). The host path runs
+//! the host twin, which both share.
+enum class kernel_kind { native, cudnn };
 
 //! What a plan is planned for: the policies by kind, the arguments and the global layout.
 struct layout {
   partitioner_kind partitioner = partitioner_kind::zigzag;
   ringattn::mask_kind mask = ringattn::mask_kind::causal;
   schedule_kind schedule = schedule_kind::ring;
+  kernel_kind kernel = kernel_kind::native;
+  //! The element type a cuDNN plan is made for (a cuDNN graph is built per element type); the
+  //! native kernels take fp16 and bf16 (and fp32 on the host) with one plan.
+  element_type element = element_type::bf16;
   ringattn::attention_arguments args;
   std::vector<std::int32_t> cu_seqlens;
 };
@@ -114,6 +122,8 @@ std::shared_ptr<endpoint> make_nccl_endpoint(std::span<const std::uint8_t> id, i
                                              int device, std::int64_t timeout_ms);
 //! Whether this build has the device path (CUDA kernels and NCCL).
 bool has_device_path();
+//! Whether this build has the cuDNN block kernel on its device path.
+bool has_cudnn_kernel();
 
 //! Token indices into the global packed batch of rank `rank`'s shard (its order), and their
 //! positions within their sequences.

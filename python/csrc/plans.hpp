@@ -6,6 +6,7 @@
 #include "plan.hpp"
 
 #include <ringattn/comm/in_process.cuh>
+#include <ringattn/core/element.cuh>
 #include <ringattn/partition/balanced.cuh>
 #include <ringattn/partition/contiguous.cuh>
 #include <ringattn/partition/round_robin.cuh>
@@ -17,6 +18,7 @@
 #include <algorithm>
 #include <exception>
 #include <memory>
+#include <string>
 #include <thread>
 #include <type_traits>
 #include <utility>
@@ -92,12 +94,32 @@ void on_threads(int n, Body&& body) {
       "ringattn: the device path takes fp16 or bf16 tensors (got fp32)");
 }
 
+//! Whether a BlockKernel runs element type T: every type, unless it is planned for one
+//! (`Kernel::element_type`, as cudnn_kernel).
+template <class Kernel, class T>
+constexpr bool kernel_takes() {
+  if constexpr (requires { typename Kernel::element_type; })
+    return std::is_same_v<T, typename Kernel::element_type>;
+  else
+    return true;
+}
+
+template <class Kernel, class T>
+[[noreturn]] void wrong_element() {
+  throw ringattn::invalid_argument(
+      std::string("ringattn: this plan's cuDNN graphs are built for ") +
+      ringattn::to_string(ringattn::dtype_of_v<typename Kernel::element_type>) +
+      " but the call passes " + ringattn::to_string(ringattn::dtype_of_v<T>));
+}
+
 //! The two call paths of one ring object, with the workspace sizes per element type.
-template <class Ring, bool Device>
+template <class Ring, class Kernel, bool Device>
 struct ring_calls {
   template <class T>
   static std::size_t workspace(const Ring& ring, bool backward) {
-    if constexpr (Device) {
+    if constexpr (!kernel_takes<Kernel, T>()) {
+      return 0; // the call is refused (`forward`, `backward`)
+    } else if constexpr (Device) {
       if constexpr (std::is_same_v<T, float>)
         return 0;
       else
@@ -113,7 +135,9 @@ struct ring_calls {
   static void forward(Ring& ring, const forward_io& io, std::byte* ws, std::size_t bytes,
                       [[maybe_unused]] cudaStream_t stream) {
     using ringattn::thd_view;
-    if constexpr (Device) {
+    if constexpr (!kernel_takes<Kernel, T>()) {
+      wrong_element<Kernel, T>();
+    } else if constexpr (Device) {
 #if defined(__CUDACC__)
       if constexpr (std::is_same_v<T, float>)
         no_fp32_on_device();
@@ -134,7 +158,9 @@ struct ring_calls {
   template <class T>
   static void backward(Ring& ring, const backward_io& io, std::byte* ws, std::size_t bytes,
                        [[maybe_unused]] cudaStream_t stream) {
-    if constexpr (Device) {
+    if constexpr (!kernel_takes<Kernel, T>()) {
+      wrong_element<Kernel, T>();
+    } else if constexpr (Device) {
 #if defined(__CUDACC__)
       if constexpr (std::is_same_v<T, float>)
         no_fp32_on_device();
@@ -178,7 +204,7 @@ public:
 template <class Partitioner, class Communicator, class Kernel, class Schedule, bool Device>
 class endpoint_plan final : public plan {
   using ring_type = ringattn::ring_attention<Partitioner, Communicator, Kernel, Schedule>;
-  using calls = ring_calls<ring_type, Device>;
+  using calls = ring_calls<ring_type, Kernel, Device>;
 
 public:
   endpoint_plan(const layout& l, std::shared_ptr<endpoint_of<Communicator>> ep)
@@ -232,7 +258,7 @@ template <class Partitioner, class Kernel, class Schedule, bool Device>
 class virtual_plan final : public plan {
   using comm_type = ringattn::in_process_communicator;
   using ring_type = ringattn::ring_attention<Partitioner, comm_type, Kernel, Schedule>;
-  using calls = ring_calls<ring_type, Device>;
+  using calls = ring_calls<ring_type, Kernel, Device>;
 
 public:
   virtual_plan(const layout& l, int ranks, int device)

@@ -10,12 +10,12 @@ threads of this process; `shard`, `unshard`, `token_indices` and `position_ids` 
 batch out over the ranks.
 """
 
-from ._library import has_device_path
-from .attention import MASKS, SCHEDULES, ring_attention, virtual_ring_attention
+from ._library import has_cudnn_kernel, has_device_path
+from .attention import KERNELS, MASKS, SCHEDULES, ring_attention, virtual_ring_attention
 from .layout import PARTITIONERS, position_ids, shard, token_indices, unshard
 
 __all__ = [
-    "MASKS", "PARTITIONERS", "SCHEDULES", "has_device_path",
+    "KERNELS", "MASKS", "PARTITIONERS", "SCHEDULES", "has_cudnn_kernel", "has_device_path",
     "position_ids", "ring_attention", "shard", "token_indices", "unshard",
     "virtual_ring_attention",
 ]

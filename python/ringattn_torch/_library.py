@@ -23,3 +23,9 @@ ops = _load()
 def has_device_path() -> bool:
     """Whether this build has the CUDA kernels and NCCL (else CPU tensors only)."""
     return bool(ops.has_device_path())
+
+
+def has_cudnn_kernel() -> bool:
+    """Whether this build has kernel="cudnn": the device path built with cuDNN 9 and the
+    cudnn-frontend headers."""
+    return bool(ops.has_cudnn_kernel())

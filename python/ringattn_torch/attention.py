@@ -12,11 +12,14 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
-from ._library import ops
+from ._library import has_cudnn_kernel, ops
 from .layout import CuSeqlens, check_partitioner, cu_seqlens_list, token_indices
 
 MASKS = ("full", "causal", "sliding_window", "causal_window")
 SCHEDULES = ("ring", "all_gather", "all_to_all")
+#: Block kernels of the device path: the library's own, and cuDNN's fused attention (builds with
+#: cuDNN 9 and the cudnn-frontend headers; `has_cudnn_kernel()` says whether this one has it).
+KERNELS = ("native", "cudnn")
 
 #: Planned rings kept per communicator (least recently used dropped first).
 PLANS_PER_COMMUNICATOR = 32
@@ -55,15 +58,19 @@ class _Nothing:
         return False
 
 
-def _layout_key(q, k, v, cu, partitioner, mask, schedule, window, softmax_scale):
+def _layout_key(q, k, v, cu, partitioner, mask, schedule, kernel, window, softmax_scale):
     dims = (q.size(1), k.size(1), q.size(2), v.size(2))
-    return (partitioner, mask, schedule, dims, window, float(softmax_scale or 0.0), cu)
+    # A cuDNN plan's graphs are built for one element type; the native kernels take any.
+    element = str(q.dtype).replace("torch.", "") if kernel == "cudnn" else ""
+    return (partitioner, mask, schedule, kernel, element, dims, window,
+            float(softmax_scale or 0.0), cu)
 
 
 def _make_plan(endpoint, virtual_ranks, device_index, key):
-    partitioner, mask, schedule, dims, window, scale, cu = key
-    return ops.plan(endpoint, virtual_ranks, device_index, partitioner, mask, schedule,
-                    list(dims), list(window), scale, list(cu))
+    partitioner, mask, schedule, kernel, element, dims, window, scale, cu = key
+    return ops.plan(endpoint, virtual_ranks, device_index, partitioner, mask, schedule, kernel,
+                    element or "bfloat16", list(dims), list(window), scale, list(cu))
+
 
 
 class _Communicator:
@@ -125,8 +132,10 @@ def _group_communicator(group, device: torch.device, timeout: float) -> _Communi
 class _GroupRunner:
     """One rank of a process group: its shards in, its shards out."""
 
-    def __init__(self, communicator: _Communicator, plan, device: torch.device):
+    def __init__(self, communicator: _Communicator, plan, device: torch.device, dense: bool):
         self.communicator, self.plan, self.device = communicator, plan, device
+        # The cuDNN kernel reads dense [tokens, heads, dim] tensors only.
+        self.dense = dense
 
     def _guarded(self, call):
         try:
@@ -137,11 +146,15 @@ class _GroupRunner:
             raise
 
     def forward(self, q, k, v, max_logit):
+        if self.dense:
+            q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         outs, lses, max_logits = self._guarded(lambda: self.plan.forward(
             [q], [k], [v], None, None, _stream(self.device), max_logit))
         return outs[0], lses[0], max_logits[0] if max_logit else _no_max_logit(q)
 
     def backward(self, q, k, v, out, lse, dout):
+        if self.dense:
+            q, k, v, out, dout = (t.contiguous() for t in (q, k, v, out, dout))
         dq, dk, dv = self._guarded(lambda: self.plan.backward(
             [q], [k], [v], [out], [lse], [dout], None, None, None, _stream(self.device)))
         return dq[0], dk[0], dv[0]
@@ -218,7 +231,8 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
                    group: Optional[dist.ProcessGroup] = None, partitioner: str = "zigzag",
                    mask: str = "causal", window: Optional[Sequence[int]] = None,
                    softmax_scale: Optional[float] = None, schedule: str = "ring",
-                   timeout: float = 60.0, return_max_logit: bool = False):
+                   kernel: str = "native", timeout: float = 60.0,
+                   return_max_logit: bool = False):
     """Context-parallel attention of this rank's shards, with autograd.
 
     q: [local tokens, q_heads, head_dim], k: [local tokens, kv_heads, head_dim],
@@ -231,7 +245,10 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
     bf16, fp32) run the host path over the group's CPU backend (gloo). `mask`: full, causal,
     sliding_window, causal_window (with `window` = (left, right), -1 unbounded). `schedule`:
     ring (K/V pass around the ring), all_gather or all_to_all (heads traded for tokens; the group
-    size must divide q_heads, and it and kv_heads one another). Returns out [local tokens, q_heads,
+    size must divide q_heads, and it and kv_heads one another). `kernel`: the device path's block
+    kernel, native (the library's own) or cudnn (cuDNN's fused attention, with its atomic dQ
+    backward as PyTorch's SDPA; CUDA tensors, builds that have it: `has_cudnn_kernel()`; no
+    max logit). Returns out [local tokens, q_heads,
     head_dim_v] and lse [q_heads, local tokens] (fp32, natural log, not differentiable); with
     `return_max_logit`, also max_logit [q_heads] (fp32, not differentiable): each head's largest
     logit softmax_scale * q . k over every query of every rank and the keys it sees (QK-clip),
@@ -242,7 +259,7 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
     if group is not None or (dist.is_available() and dist.is_initialized()):
         group_name = _group_name(group)
     return _call(q, k, v, cu_seqlens, 0, group_name, partitioner, mask, window, softmax_scale,
-                 schedule, timeout, return_max_logit)
+                 schedule, kernel, timeout, return_max_logit)
 
 
 def _group_name(group) -> str:
@@ -251,7 +268,7 @@ def _group_name(group) -> str:
 
 
 def _call(q, k, v, cu_seqlens, ranks, group_name, partitioner, mask, window, softmax_scale,
-          schedule, timeout, max_logit):
+          schedule, kernel, timeout, max_logit):
     """The custom op's call: the arguments in the op's types. What cannot take those types (a
     cu_seqlens that is not integers, a window that is not an int or a pair, a q that is not a
     tensor) travels as `problem`, raised by the op on this rank while the others learn of it in
@@ -271,21 +288,21 @@ def _call(q, k, v, cu_seqlens, ranks, group_name, partitioner, mask, window, sof
         tensors.append(t)
     out, lse, most = torch.ops.ringattn_torch.attention(
         *tensors, cu, ranks, group_name, str(partitioner), str(mask), window,
-        None if softmax_scale is None else float(softmax_scale), str(schedule), float(timeout),
-        problem, bool(max_logit))
+        None if softmax_scale is None else float(softmax_scale), str(schedule), str(kernel),
+        float(timeout), problem, bool(max_logit))
     return (out, lse, most) if max_logit else (out, lse)
 
 
 def _runner(q, k, v, cu, ranks, group_name, partitioner, mask, window, softmax_scale, schedule,
-            timeout, problem, agree: bool, max_logit: bool = False):
+            kernel, timeout, problem, agree: bool, max_logit: bool = False):
     """The runner of a call: virtual ranks (`ranks` > 0, or a ring of one rank without a group),
     or this rank of `group_name`'s ring, whose ranks first agree on the call where `agree`."""
     device = q.device
     if not group_name:
         if problem:
             raise ValueError(problem)
-        key, cu = _checked_call(q, k, v, cu, partitioner, mask, schedule, window,
-                                softmax_scale)
+        key, cu = _checked_call(q, k, v, cu, partitioner, mask, schedule, kernel, window,
+                                softmax_scale, max_logit)
         # A ring of one rank, or every virtual rank: q, k, v hold the whole batch.
         _check_whole_batch(q, k, v, cu)
         return _virtual_runner(key, max(ranks, 1), device)
@@ -298,15 +315,16 @@ def _runner(q, k, v, cu, ranks, group_name, partitioner, mask, window, softmax_s
         try:
             if problem:
                 raise ValueError(problem)
-            key, _ = _checked_call(q, k, v, cu, partitioner, mask, schedule, window,
-                                   softmax_scale)
+            key, _ = _checked_call(q, k, v, cu, partitioner, mask, schedule, kernel, window,
+                                   softmax_scale, max_logit)
         except (TypeError, ValueError) as e:
             verdict = e
         # Whether the call asks for the max logit is part of what the ranks agree on: it adds a
         # collective of its own.
         _agree(group, timeout, verdict, (key, bool(max_logit)), q)
     else:
-        key, _ = _checked_call(q, k, v, cu, partitioner, mask, schedule, window, softmax_scale)
+        key, _ = _checked_call(q, k, v, cu, partitioner, mask, schedule, kernel, window,
+                               softmax_scale, max_logit)
     comm = _group_communicator(group, device, timeout)
     index = device.index if device.type == "cuda" and device.index is not None else (
         torch.cuda.current_device() if device.type == "cuda" else -1)
@@ -316,7 +334,7 @@ def _runner(q, k, v, cu, ranks, group_name, partitioner, mask, window, softmax_s
     except Exception:
         comm.drop()
         raise
-    return _GroupRunner(comm, plan, device)
+    return _GroupRunner(comm, plan, device, dense=kernel == "cudnn")
 
 
 def _resolve_group(name: str):
@@ -332,20 +350,21 @@ def _resolve_group(name: str):
 _lib = torch.library.Library("ringattn_torch", "DEF")
 _lib.define("attention(Tensor q, Tensor k, Tensor v, int[] cu_seqlens, int ranks, str group_name, "
             "str partitioner, str mask, int[] window, float? softmax_scale, str schedule, "
-            "float timeout, str problem, bool max_logit) -> (Tensor, Tensor, Tensor)")
+            "str kernel, float timeout, str problem, bool max_logit) -> (Tensor, Tensor, Tensor)")
 _lib.define("attention_backward(Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
             "Tensor dout, int[] cu_seqlens, int ranks, str group_name, str partitioner, "
-            "str mask, int[] window, float? softmax_scale, str schedule, float timeout) "
+            "str mask, int[] window, float? softmax_scale, str schedule, str kernel, "
+            "float timeout) "
             "-> (Tensor, Tensor, Tensor)")
 
 
 @torch.library.impl(_lib, "attention", "CompositeExplicitAutograd")
 def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: List[int],
                   ranks: int, group_name: str, partitioner: str, mask: str, window: List[int],
-                  softmax_scale: Optional[float], schedule: str, timeout: float, problem: str,
-                  max_logit: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                  softmax_scale: Optional[float], schedule: str, kernel: str, timeout: float,
+                  problem: str, max_logit: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     runner = _runner(q, k, v, cu_seqlens, ranks, group_name, partitioner, mask, window,
-                     softmax_scale, schedule, timeout, problem, agree=True,
+                     softmax_scale, schedule, kernel, timeout, problem, agree=True,
                      max_logit=max_logit)
     return runner.forward(q, k, v, max_logit)
 
@@ -355,17 +374,17 @@ def _attention_backward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            out: torch.Tensor, lse: torch.Tensor, dout: torch.Tensor,
                            cu_seqlens: List[int], ranks: int, group_name: str, partitioner: str,
                            mask: str, window: List[int], softmax_scale: Optional[float],
-                           schedule: str,
+                           schedule: str, kernel: str,
                            timeout: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     # The forward's plan, kept by its communicator (its ranks agreed on it then).
     runner = _runner(q, k, v, cu_seqlens, ranks, group_name, partitioner, mask, window,
-                     softmax_scale, schedule, timeout, "", agree=False)
+                     softmax_scale, schedule, kernel, timeout, "", agree=False)
     return runner.backward(q, k, v, out, lse, _unit_last_stride(dout))
 
 
 @torch.library.register_fake("ringattn_torch::attention", lib=_lib)
 def _(q, k, v, cu_seqlens, ranks, group_name, partitioner, mask, window, softmax_scale,
-      schedule, timeout, problem, max_logit):
+      schedule, kernel, timeout, problem, max_logit):
     if problem:
         raise ValueError(problem)
     _check_tensors(q, k, v)
@@ -384,7 +403,7 @@ def _(q, k, v, out, lse, dout, *args):
 
 #: The op's arguments after q, k, v: those the backward op takes again.
 _ARGUMENTS = ("cu_seqlens", "ranks", "group_name", "partitioner", "mask", "window",
-              "softmax_scale", "schedule", "timeout")
+              "softmax_scale", "schedule", "kernel", "timeout")
 
 
 def _setup_context(ctx, inputs, output):
@@ -409,17 +428,36 @@ torch.library.register_autograd("ringattn_torch::attention", _backward,
                                 setup_context=_setup_context, lib=_lib)
 
 
-def _checked_call(q, k, v, cu_seqlens, partitioner, mask, schedule, window, softmax_scale):
+def _checked_call(q, k, v, cu_seqlens, partitioner, mask, schedule, kernel, window,
+                  softmax_scale, max_logit):
     """The checks every entry point makes on the calling rank, and the call's layout key."""
     _check_tensors(q, k, v)
     check_partitioner(partitioner)
     if schedule not in SCHEDULES:
         raise ValueError(f"ringattn: unknown schedule '{schedule}' (one of "
                          f"{', '.join(SCHEDULES)})")
+    _check_kernel(kernel, q, max_logit)
     cu = cu_seqlens_list(cu_seqlens)
-    key = _layout_key(q, k, v, cu, partitioner, mask, schedule, _window(mask, window),
+    key = _layout_key(q, k, v, cu, partitioner, mask, schedule, kernel, _window(mask, window),
                       softmax_scale)
     return key, cu
+
+
+def _check_kernel(kernel, q, max_logit):
+    if kernel not in KERNELS:
+        raise ValueError(f"ringattn: unknown kernel '{kernel}' (one of {', '.join(KERNELS)})")
+    if kernel != "cudnn":
+        return
+    if q.device.type != "cuda":
+        raise ValueError(f"ringattn: kernel 'cudnn' runs CUDA tensors (q is on {q.device}); "
+                         f"CPU tensors run the host path, kernel 'native'")
+    if not has_cudnn_kernel():
+        raise ValueError("ringattn: this build of ringattn_torch has no cuDNN kernel (it was "
+                         "built without cuDNN 9 or the cudnn-frontend headers: install "
+                         "nvidia-cudnn-frontend and reinstall), or use kernel 'native'")
+    if max_logit:
+        raise ValueError("ringattn: kernel 'cudnn' computes no max logit; return_max_logit "
+                         "needs kernel 'native'")
 
 
 #: Bytes of a call's verdict in the agreement: ok, the layout's fingerprint, the reason.
@@ -481,9 +519,10 @@ def _agree(group, timeout: float, problem: Optional[Exception], key, q) -> None:
     for r, p in enumerate(parts[1:], start=1):
         if not torch.equal(p[1:9], parts[0][1:9]):
             raise ValueError(f"ringattn: rank {r} calls with another layout than rank 0 (its "
-                             f"partitioner, mask, schedule, window, scale, head counts, widths, "
-                             f"cu_seqlens, device kind or return_max_logit differ; every rank "
-                             f"of the group calls with the same layout)")
+                             f"partitioner, mask, schedule, kernel, window, scale, head counts, "
+                             f"widths, cu_seqlens, device kind, dtype under kernel 'cudnn' or "
+                             f"return_max_logit differ; every rank of the group calls with the "
+                             f"same layout)")
 
 
 def _virtual_runner(key, ranks: int, device: torch.device) -> _VirtualRunner:
@@ -516,7 +555,7 @@ def virtual_ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            cu_seqlens: CuSeqlens, ranks: int, *, partitioner: str = "zigzag",
                            mask: str = "causal", window: Optional[Sequence[int]] = None,
                            softmax_scale: Optional[float] = None, schedule: str = "ring",
-                           return_max_logit: bool = False):
+                           kernel: str = "native", return_max_logit: bool = False):
     """The whole ring in this process: `ranks` virtual ranks (threads, on q's device) over the
     full packed batch `q`, `k`, `v` ([tokens, heads, dim]), each rank attending to its shard
     under `partitioner` as a ring of `ranks` processes would. Returns out and lse of the whole
@@ -526,4 +565,4 @@ def virtual_ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if not isinstance(ranks, int) or isinstance(ranks, bool) or ranks < 1:
         raise ValueError(f"ringattn: ranks must be a positive int (got {ranks!r})")
     return _call(q, k, v, cu_seqlens, ranks, "", partitioner, mask, window, softmax_scale,
-                 schedule, 0.0, return_max_logit)
+                 schedule, kernel, 0.0, return_max_logit)

@@ -8,6 +8,7 @@ import os
 import pathlib
 import shutil
 import subprocess
+import sys
 import types
 
 import pytest
@@ -40,6 +41,9 @@ def test_build_folder_follows_options_and_torch(setup_module):
         name({"RINGATTN_TORCH_DEVICE": "OFF"}, _torch()),
         name({"RINGATTN_TORCH_DEVICE": "ON"}, _torch()),
         name({"RINGATTN_TORCH_CUDA_ARCHITECTURES": "90a"}, _torch()),
+        name({"RINGATTN_TORCH_CUDNN": "OFF"}, _torch()),
+        name({"CUDNN_ROOT": "/opt/cudnn"}, _torch()),
+        name({"CUDNN_FRONTEND_ROOT": "/opt/frontend"}, _torch()),
         name({"CMAKE_ARGS": "-DFOO=1"}, _torch()),
         name({}, _torch(version="2.10.0")),
         name({}, _torch(path="/venv-b/torch/share/cmake")),
@@ -47,6 +51,27 @@ def test_build_folder_follows_options_and_torch(setup_module):
     assert len(set(others + [base])) == len(others) + 1
     assert name({"CUDAHOSTCXX": "/usr/bin/g++"}, _torch()) != base
     assert name({"CXX": "/usr/bin/g++"}, _torch()) != base
+
+
+def test_cudnn_is_looked_for_in_the_wheels(setup_module, tmp_path, monkeypatch):
+    """PyTorch's cuDNN wheel (nvidia/cudnn, a namespace package) and an nvidia-cudnn-frontend
+    wheel's headers (site-packages/include) are found where they are installed, and only where
+    they hold what the build needs."""
+    site = tmp_path / "site"
+    cudnn = site / "nvidia" / "cudnn"
+    for folder in (cudnn / "include", cudnn / "lib", site / "cudnn", site / "include"):
+        folder.mkdir(parents=True)
+    (site / "cudnn" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(site))
+    for name in [n for n in sys.modules if n == "cudnn" or n.split(".")[0] == "nvidia"]:
+        monkeypatch.delitem(sys.modules, name)
+    assert setup_module.torch_cudnn_root() != str(cudnn)  # no header, no library
+    (cudnn / "include" / "cudnn_version.h").write_text("")
+    (cudnn / "lib" / "libcudnn.so.9").write_text("")
+    assert setup_module.torch_cudnn_root() == str(cudnn)
+    assert setup_module.cudnn_frontend_root() is None  # no headers
+    (site / "include" / "cudnn_frontend.h").write_text("")
+    assert setup_module.cudnn_frontend_root() == str(site.resolve())
 
 
 def _compiler_without_shared_runtime(folder):

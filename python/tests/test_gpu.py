@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 import ringattn_torch as ra
 from reference import (TOLERANCE, check_against_reference, check_max_logit, inputs,
-                       random_cu_seqlens, window_of)
+                       random_cu_seqlens, rel, window_of)
 
 pytestmark = pytest.mark.gpu
 
@@ -65,6 +65,58 @@ def test_separate_widths_192_128():
     check_against_reference(run, q, k, v, cu, "causal", (-1, -1), TOLERANCE[torch.bfloat16])
 
 
+needs_cudnn = pytest.mark.skipif(not ra.has_cudnn_kernel(),
+                                 reason="this build has no cuDNN kernel")
+
+
+@needs_cudnn
+@pytest.mark.parametrize("partitioner,mask", list(itertools.product(ra.PARTITIONERS, ra.MASKS)))
+@pytest.mark.parametrize("ranks", [1, 3])
+def test_cudnn_kernel_every_partitioner_and_mask(partitioner, mask, ranks):
+    cu, (q, k, v) = _case(hash(("cudnn", partitioner, mask, ranks)) % 2**31, torch.bfloat16)
+    window = window_of(mask)
+    run = lambda q, k, v: ra.virtual_ring_attention(q, k, v, cu, ranks, partitioner=partitioner,
+                                                    mask=mask, window=window, kernel="cudnn")
+    check_against_reference(run, q, k, v, cu, mask, window, TOLERANCE[torch.bfloat16])
+
+
+@needs_cudnn
+@pytest.mark.parametrize("schedule", ra.SCHEDULES)
+def test_cudnn_kernel_fp16_gqa_schedules(schedule):
+    cu, (q, k, v) = _case(43, torch.float16, 8, 2, 64)
+    ranks = 4 if schedule == "all_to_all" else 3
+    run = lambda q, k, v: ra.virtual_ring_attention(q, k, v, cu, ranks, mask="causal",
+                                                    schedule=schedule, kernel="cudnn")
+    check_against_reference(run, q, k, v, cu, "causal", (-1, -1), TOLERANCE[torch.float16])
+
+
+@needs_cudnn
+def test_cudnn_kernel_separate_widths_and_empty_sequences():
+    g = torch.Generator().manual_seed(47)
+    cu = [0, 0, 70, 70, 71, 260, 260]
+    q, k, v = inputs(cu, 8, 2, 192, 128, torch.bfloat16, "cuda", g)
+    for ranks in (1, 2):
+        run = lambda q, k, v: ra.virtual_ring_attention(q, k, v, cu, ranks, mask="causal",
+                                                        kernel="cudnn")
+        check_against_reference(run, q, k, v, cu, "causal", (-1, -1), TOLERANCE[torch.bfloat16])
+
+
+@needs_cudnn
+def test_cudnn_kernel_refusals_then_runs():
+    cu, (q, k, v) = _case(53, torch.bfloat16)
+    with pytest.raises(ValueError, match="computes no max logit"):
+        ra.virtual_ring_attention(q, k, v, cu, 2, kernel="cudnn", return_max_logit=True)
+    with pytest.raises(ValueError, match="float16 or bfloat16"):
+        ra.virtual_ring_attention(q.float(), k.float(), v.float(), cu, 2, kernel="cudnn")
+    # One plan per element type: bf16, then fp16 of the same layout, then bf16 again.
+    for dtype in (torch.bfloat16, torch.float16, torch.bfloat16):
+        x = [t.to(dtype) for t in (q, k, v)]
+        want, want_lse = ra.virtual_ring_attention(*x, cu, 2)
+        got, got_lse = ra.virtual_ring_attention(*x, cu, 2, kernel="cudnn")
+        assert got.dtype == dtype
+        assert rel(got, want) < 1e-2 and float((got_lse - want_lse).abs().max()) < 1e-2
+
+
 def test_runs_on_the_current_stream():
     cu, (q, k, v) = _case(29, torch.bfloat16)
     want, want_lse = ra.virtual_ring_attention(q, k, v, cu, 2)
@@ -79,7 +131,7 @@ def test_runs_on_the_current_stream():
 def test_outputs_written_in_place_are_all_written():
     cu, (q, k, v) = _case(31, torch.bfloat16)
     plan = ra._library.ops.plan(None, 2, torch.cuda.current_device(), "zigzag", "causal",
-                                      "ring", [8, 2, 128, 128], [-1, -1], 0.0, cu)
+                                      "ring", "native", "bfloat16", [8, 2, 128, 128], [-1, -1], 0.0, cu)
     idx = [ra.token_indices(cu, "zigzag", rank=r, ranks=2).cuda() for r in range(2)]
     shards = lambda x: [x[i] for i in idx]
     out = [torch.full((i.numel(), 8, 128), float("nan"), dtype=q.dtype, device="cuda")
@@ -132,6 +184,23 @@ def test_nccl_group_of_one_rank(nccl_group_of_one):
     out, _ = ra.ring_attention(q, k, v, cu, group=nccl_group_of_one)
     want, _ = ra.virtual_ring_attention(q, k, v, cu, 1)
     assert torch.equal(out, want)
+    if ra.has_cudnn_kernel():
+        # The cuDNN kernel over the NCCL ring: against the oracle, then on q, k, v that are views
+        # into one qkv tensor (not dense: the runner hands cuDNN dense copies).
+        run = lambda q, k, v: ra.ring_attention(q, k, v, cu, group=nccl_group_of_one,
+                                                kernel="cudnn")
+        check_against_reference(run, q, k, v, cu, "causal", (-1, -1), TOLERANCE[torch.bfloat16])
+        qkv = torch.cat([q, k, v], 1).detach().requires_grad_()
+        views = (qkv[:, :8], qkv[:, 8:10], qkv[:, 10:])
+        assert not views[0].is_contiguous()
+        dense = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        outs = [run(*views)[0], run(*dense)[0]]
+        assert torch.equal(outs[0], outs[1])
+        dout = torch.randn_like(outs[0])
+        for o in outs:
+            o.backward(dout)
+        for got, want in zip(qkv.grad.split([8, 2, 2], 1), (t.grad for t in dense)):
+            assert rel(got, want) < 1e-3  # cuDNN's atomic dQ is not bitwise repeatable
 
 
 def test_training_example_follows_single_gpu_sdpa():

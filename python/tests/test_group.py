@@ -141,6 +141,8 @@ def _refusals_everywhere(rank, ranks):
         (dict(mask="diagonal"), "unknown mask 'diagonal'", "rejected the call"),
         (dict(partitioner="striped"), "unknown partitioner 'striped'", "rejected the call"),
         (dict(schedule="tree"), "unknown schedule 'tree'", "rejected the call"),
+        (dict(kernel="fused"), "unknown kernel 'fused'", "rejected the call"),
+        (dict(kernel="cudnn"), "kernel 'cudnn' runs CUDA tensors", "rejected the call"),
         (dict(mask="sliding_window", window=(1, 2, 3)), "window is an int or (left, right)",
          "rejected the call"),
         (dict(cu=[0, 30.5, 61]), "must hold integers", "rejected the call"),

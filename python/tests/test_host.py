@@ -157,7 +157,7 @@ def test_outputs_are_written_in_place_where_given():
     cu = [0, 40]
     q, k, v = inputs(cu, 2, 2, 64, 64, torch.float32, "cpu", g)
     plan = ra._library.ops.plan(None, 2, -1, "contiguous", "causal", "ring",
-                                      [2, 2, 64, 64], [-1, -1], 0.0, cu)
+                                      "native", "float32", [2, 2, 64, 64], [-1, -1], 0.0, cu)
     idx = [ra.token_indices(cu, "contiguous", rank=r, ranks=2) for r in range(2)]
     shards = lambda x: [x[i] for i in idx]
     out = [torch.full((20, 2, 64), float("nan")) for _ in range(2)]
@@ -180,6 +180,20 @@ def test_refusals_name_the_problem():
         ra.virtual_ring_attention(q, q, q, cu, 2, partitioner="striped")
     with pytest.raises(ValueError, match="unknown schedule"):
         ra.virtual_ring_attention(q, q, q, cu, 2, schedule="tree")
+    with pytest.raises(ValueError, match="unknown kernel 'fused' \\(one of native, cudnn\\)"):
+        ra.virtual_ring_attention(q, q, q, cu, 2, kernel="fused")
+    with pytest.raises(ValueError, match="kernel 'cudnn' runs CUDA tensors \\(q is on cpu\\)"):
+        ra.virtual_ring_attention(q, q, q, cu, 2, kernel="cudnn")
+    # The op's own plan refuses it too, for a caller that reaches it directly.
+    with pytest.raises(ValueError, match="kernel 'cudnn' runs CUDA tensors"):
+        ra._library.ops.plan(None, 2, -1, "zigzag", "causal", "ring", "cudnn", "bfloat16",
+                             [2, 2, 64, 64], [-1, -1], 0.0, cu)
+    with pytest.raises(ValueError, match="unknown element type 'float64'"):
+        ra._library.ops.plan(None, 2, -1, "zigzag", "causal", "ring", "native", "float64",
+                             [2, 2, 64, 64], [-1, -1], 0.0, cu)
+    assert isinstance(ra.has_cudnn_kernel(), bool)
+    if not ra.has_device_path():
+        assert not ra.has_cudnn_kernel()
     with pytest.raises(ValueError, match="head_dim 48 is not supported"):
         x = torch.randn(10, 2, 48)
         ra.virtual_ring_attention(x, x, x, cu, 2)

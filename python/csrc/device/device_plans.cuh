@@ -1,10 +1,14 @@
 #pragma once
 // The device path's plans for one BlockKernel: virtual ranks on one GPU and a rank of an NCCL
-// communicator. Each translation unit of this folder instantiates them for its masks, so the
-// kernels of different masks compile in parallel.
+// communicator. Each translation unit of this folder instantiates them for its masks (and, for
+// cuDNN, element types), so the kernels of different masks compile in parallel.
+// RINGATTN_TORCH_CUDNN (1 where the build has cuDNN 9 and cudnn-frontend) adds the cuDNN kernels.
 #include "../plans.hpp"
 
 #include <ringattn/comm/nccl.cuh>
+#if RINGATTN_TORCH_CUDNN
+#include <ringattn/cudnn.cuh>
+#endif
 
 #include <memory>
 
@@ -41,5 +45,22 @@ RINGATTN_TORCH_EXTERN_DEVICE_PLANS(ringattn::full)
 RINGATTN_TORCH_EXTERN_DEVICE_PLANS(ringattn::causal)
 RINGATTN_TORCH_EXTERN_DEVICE_PLANS(ringattn::sliding_window)
 RINGATTN_TORCH_EXTERN_DEVICE_PLANS(ringattn::causal_window)
+
+#if RINGATTN_TORCH_CUDNN
+//! The cuDNN kernel of the extension: PyTorch's default backward algorithm (atomic dQ).
+template <class Mask, class T>
+using cudnn_kernel = ringattn::cudnn_kernel<Mask, T, ringattn::cudnn_atomic>;
+template <class Mask>
+using cudnn_f16 = cudnn_kernel<Mask, __half>;
+template <class Mask>
+using cudnn_bf16 = cudnn_kernel<Mask, __nv_bfloat16>;
+
+#define RINGATTN_TORCH_CUDNN_PLANS(Macro, Mask) Macro(cudnn_f16<Mask>) Macro(cudnn_bf16<Mask>)
+
+RINGATTN_TORCH_CUDNN_PLANS(RINGATTN_TORCH_EXTERN_DEVICE_PLANS, ringattn::full_mask)
+RINGATTN_TORCH_CUDNN_PLANS(RINGATTN_TORCH_EXTERN_DEVICE_PLANS, ringattn::causal_mask)
+RINGATTN_TORCH_CUDNN_PLANS(RINGATTN_TORCH_EXTERN_DEVICE_PLANS, ringattn::sliding_window_mask)
+RINGATTN_TORCH_CUDNN_PLANS(RINGATTN_TORCH_EXTERN_DEVICE_PLANS, ringattn::causal_window_mask)
+#endif
 
 } // namespace ringattn_torch::device
