@@ -52,6 +52,8 @@ merge_rows_kernel(const T* __restrict__ o, const float* __restrict__ stats, std:
 }
 
 //! `out[r * out_row + h * out_head] = lse[h * tokens + rows[r]]` for every packed row r.
+//! (A template only so that every translation unit may define it.)
+template <int Unused = 0>
 __global__ void gather_lse_kernel(const float* __restrict__ lse, std::int64_t tokens, int heads,
                                   const std::int32_t* __restrict__ rows, std::int64_t count,
                                   float* __restrict__ out, std::int64_t out_row,

@@ -53,7 +53,7 @@ inline void gather_lse(const float* lse, std::int64_t tokens, int heads, const s
                        std::int64_t count, float* out, std::int64_t out_row, std::int64_t out_head,
                        cudaStream_t stream) {
   if (count == 0 || heads == 0) return;
-  kernels::gather_lse_kernel<<<detail::grid_for(count * heads), 256, 0, stream>>>(
+  kernels::gather_lse_kernel<><<<detail::grid_for(count * heads), 256, 0, stream>>>(
       lse, tokens, heads, rows, count, out, out_row, out_head);
   RINGATTN_CUDA_CHECK_LAUNCH();
 }
