@@ -106,7 +106,7 @@ def test_cudnn_kernel_refusals_then_runs():
     cu, (q, k, v) = _case(53, torch.bfloat16)
     with pytest.raises(ValueError, match="computes no max logit"):
         ra.virtual_ring_attention(q, k, v, cu, 2, kernel="cudnn", return_max_logit=True)
-    with pytest.raises(ValueError, match="float16 or bfloat16"):
+    with pytest.raises(ValueError, match="fp16 or bf16 tensors \\(got fp32\\)"):
         ra.virtual_ring_attention(q.float(), k.float(), v.float(), cu, 2, kernel="cudnn")
     # One plan per element type: bf16, then fp16 of the same layout, then bf16 again.
     for dtype in (torch.bfloat16, torch.float16, torch.bfloat16):
