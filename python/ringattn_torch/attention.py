@@ -106,13 +106,13 @@ _virtual_plans = collections.OrderedDict()
 
 
 def _group_communicator(group, device: torch.device, timeout: float) -> _Communicator:
-    rank, size = dist.get_rank(group), dist.get_world_size(group)
     timeout_ms = int(timeout * 1000)
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
 
         def make_endpoint():
             # The NCCL unique id travels through the group itself.
+            rank, size = dist.get_rank(group), dist.get_world_size(group)
             with torch.cuda.device(index):
                 box = [ops.nccl_unique_id().tolist() if rank == 0 else None]
                 dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0), group=group)
@@ -320,8 +320,11 @@ def _runner(q, k, v, cu, ranks, group_name, partitioner, mask, window, softmax_s
         except (TypeError, ValueError) as e:
             verdict = e
         # Whether the call asks for the max logit is part of what the ranks agree on: it adds a
-        # collective of its own.
-        _agree(group, timeout, verdict, (key, bool(max_logit)), q)
+        # collective of its own. A group of one rank has nobody to agree with.
+        if group.size() > 1:
+            _agree(group, timeout, verdict, (key, bool(max_logit)), q)
+        elif verdict is not None:
+            raise verdict
     else:
         key, _ = _checked_call(q, k, v, cu, partitioner, mask, schedule, kernel, window,
                                softmax_scale, max_logit)
