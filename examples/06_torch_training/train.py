@@ -2,6 +2,7 @@
 """A transformer block trained with context-parallel attention from PyTorch.
 
     torchrun --nproc-per-node N examples/06_torch_training/train.py [--steps 30] [--check]
+                                                                  [--kernel cudnn]
     torchrun --nproc-per-node N examples/06_torch_training/train.py --device cpu [--check]
 
 Each rank holds its shard of a packed batch of sequences (zigzag: balanced causal work), applies
@@ -11,7 +12,8 @@ rotary embeddings at the positions `position_ids` gives, and runs attention thro
 are summed across ranks as data parallelism would. Rank 0 also trains the same model from the
 same weights on the whole batch with PyTorch's scaled_dot_product_attention, and with --check
 the run fails unless both loss curves agree to 1e-2 relative at every step (1e-4 on the CPU).
-Works with N = 1 (a ring of one rank).
+Works with N = 1 (a ring of one rank). --kernel cudnn computes the GPU blocks with cuDNN's fused
+attention (builds that have it) instead of the library's own kernels.
 """
 
 import argparse
@@ -76,6 +78,8 @@ def main():
     parser.add_argument("--check", action="store_true")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                         help="cuda: one GPU a rank, NCCL, bf16; cpu: gloo, float32")
+    parser.add_argument("--kernel", choices=ra.KERNELS, default="native",
+                        help="the block kernel on the GPU (cudnn: CUDA tensors only)")
     args = parser.parse_args()
 
     local = int(os.environ.get("LOCAL_RANK", 0))
@@ -102,7 +106,8 @@ def main():
 
     x, y = ra.shard(x_full, cu), ra.shard(y_full, cu)
     positions = ra.position_ids(cu).to(device)
-    ring = lambda q, k, v: ra.ring_attention(q, k, v, cu, partitioner="zigzag", mask="causal")[0]
+    ring = lambda q, k, v: ra.ring_attention(q, k, v, cu, partitioner="zigzag", mask="causal",
+                                             kernel=args.kernel)[0]
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     if reference is not None:
         ref_optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-3)

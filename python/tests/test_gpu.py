@@ -203,12 +203,17 @@ def test_nccl_group_of_one_rank(nccl_group_of_one):
             assert rel(got, want) < 1e-3  # cuDNN's atomic dQ is not bitwise repeatable
 
 
-def test_training_example_follows_single_gpu_sdpa():
-    """examples/06_torch_training under torchrun with one rank: the ring's loss curve against the
-    same model's with single-GPU SDPA (--check: within 1e-2 relative at every step)."""
+@pytest.mark.parametrize("kernel", [
+    "native", pytest.param("cudnn", marks=pytest.mark.skipif(
+        not ra.has_cudnn_kernel(), reason="this build has no cuDNN kernel"))])
+def test_training_example_follows_single_gpu_sdpa(kernel):
+    """examples/06_torch_training under torchrun with one rank, with each block kernel: the
+    ring's loss curve against the same model's with single-GPU SDPA (--check: within 1e-2
+    relative at every step)."""
     root = pathlib.Path(__file__).resolve().parents[2]
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1",
                           str(root / "examples/06_torch_training/train.py"), "--steps", "20",
-                          "--check"], capture_output=True, text=True, timeout=300)
+                          "--check", "--kernel", kernel],
+                         capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     assert "largest relative gap between the loss curves" in run.stdout
