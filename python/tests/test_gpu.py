@@ -131,7 +131,8 @@ def test_runs_on_the_current_stream():
 def test_outputs_written_in_place_are_all_written():
     cu, (q, k, v) = _case(31, torch.bfloat16)
     plan = ra._library.ops.plan(None, 2, torch.cuda.current_device(), "zigzag", "causal",
-                                      "ring", "native", "bfloat16", [8, 2, 128, 128], [-1, -1], 0.0, cu)
+                                "ring", "native", "bfloat16", [8, 2, 128, 128], [-1, -1], 0.0,
+                                cu)
     idx = [ra.token_indices(cu, "zigzag", rank=r, ranks=2).cuda() for r in range(2)]
     shards = lambda x: [x[i] for i in idx]
     out = [torch.full((i.numel(), 8, 128), float("nan"), dtype=q.dtype, device="cuda")

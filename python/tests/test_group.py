@@ -174,3 +174,25 @@ def _refusals_everywhere(rank, ranks):
 @pytest.mark.parametrize("ranks", [2, 3, 4])
 def test_refusals_on_one_rank_reach_every_rank_every_time(ranks):
     run_ranks(ranks, _refusals_everywhere)
+
+
+def _group_of_one(rank, ranks):
+    from ringattn_torch import attention as impl
+    g = torch.Generator().manual_seed(9)
+    cu = [0, 17, 40]
+    q, k, v = inputs(cu, 4, 2, 64, 64, torch.float32, "cpu", g)
+    want, want_lse = ra.virtual_ring_attention(q, k, v, cu, 1)
+    for _ in range(2):
+        out, lse = ra.ring_attention(q, k, v, cu)
+        assert torch.equal(out, want) and torch.equal(lse, want_lse)
+        # The call's own checks still refuse, with this rank's own error.
+        with pytest.raises(ValueError, match="unknown kernel 'fused'"):
+            ra.ring_attention(q, k, v, cu, kernel="fused")
+        with pytest.raises(ValueError, match=r"q is \[39, 4, 64\] but rank 0's shard is"):
+            ra.ring_attention(q[:-1], k[:-1], v[:-1], cu)
+    # Nobody to agree with: no agreement group was made, no all-gather ran.
+    assert not impl._agreement_groups
+
+
+def test_group_of_one_rank_skips_the_agreement():
+    run_ranks(1, _group_of_one)

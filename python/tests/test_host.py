@@ -156,8 +156,8 @@ def test_outputs_are_written_in_place_where_given():
     g = torch.Generator().manual_seed(11)
     cu = [0, 40]
     q, k, v = inputs(cu, 2, 2, 64, 64, torch.float32, "cpu", g)
-    plan = ra._library.ops.plan(None, 2, -1, "contiguous", "causal", "ring",
-                                      "native", "float32", [2, 2, 64, 64], [-1, -1], 0.0, cu)
+    plan = ra._library.ops.plan(None, 2, -1, "contiguous", "causal", "ring", "native",
+                                "float32", [2, 2, 64, 64], [-1, -1], 0.0, cu)
     idx = [ra.token_indices(cu, "contiguous", rank=r, ranks=2) for r in range(2)]
     shards = lambda x: [x[i] for i in idx]
     out = [torch.full((20, 2, 64), float("nan")) for _ in range(2)]
