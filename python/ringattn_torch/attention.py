@@ -72,7 +72,6 @@ def _make_plan(endpoint, virtual_ranks, device_index, key):
                     element or "bfloat16", list(dims), list(window), scale, list(cu))
 
 
-
 class _Communicator:
     """This process's end of a ring's communicator, kept across calls, with its planned rings.
     A failed call drops it (and its rings): the next call plans afresh, on every rank alike."""
