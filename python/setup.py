@@ -90,10 +90,11 @@ class CMakeBuild(build_ext):
             if option in os.environ:
                 args.append(f"-D{option}={os.environ[option]}")
         # FindCUDNN reads CUDNN_ROOT and CUDNN_FRONTEND_ROOT from the environment itself.
-        if "CUDNN_ROOT" not in os.environ and torch_cudnn_root():
-            args.append(f"-DCUDNN_ROOT={torch_cudnn_root()}")
-        if "CUDNN_FRONTEND_ROOT" not in os.environ and cudnn_frontend_root():
-            args.append(f"-DCUDNN_FRONTEND_ROOT={cudnn_frontend_root()}")
+        for name, found in (("CUDNN_ROOT", torch_cudnn_root),
+                            ("CUDNN_FRONTEND_ROOT", cudnn_frontend_root)):
+            root = None if name in os.environ else found()
+            if root:
+                args.append(f"-D{name}={root}")
         args += shlex.split(os.environ.get("CMAKE_ARGS", ""))
         subprocess.check_call(args)
         jobs = os.environ.get("MAX_JOBS", str(os.cpu_count() or 1))

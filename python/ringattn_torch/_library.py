@@ -1,5 +1,6 @@
 """Loads the extension's library (its custom classes and ops live in torch.ops.ringattn)."""
 
+import functools
 import pathlib
 
 import torch
@@ -25,7 +26,8 @@ def has_device_path() -> bool:
     return bool(ops.has_device_path())
 
 
+@functools.lru_cache(maxsize=None)
 def has_cudnn_kernel() -> bool:
     """Whether this build has kernel="cudnn": the device path built with cuDNN 9 and the
-    cudnn-frontend headers."""
+    cudnn-frontend headers (asked of the library once: every call with the kernel checks it)."""
     return bool(ops.has_cudnn_kernel())
