@@ -47,10 +47,11 @@ tier_full() {
   t0=$(date +%s)
   phase "full 1/6: the rest of the sm_90a build (benchmarks, multi-GPU and MPI-GPU tests), every header through nvcc" \
     "8 min" cmake --workflow --preset full
-  phase "full 2/6: the single-GPU suite's device code for sm_80" "5 min" cmake --workflow --preset sm80
+  phase "full 2/6: the single-GPU suite's device code for sm_80 (nvcc -cubin)" "2 min" \
+    cmake --workflow --preset sm80
   phase "full 3/6: asan (AddressSanitizer + UndefinedBehaviorSanitizer: cpu and mpi suites)" \
-    "12 min" cmake --workflow --preset asan
-  phase "full 4/6: tsan (ThreadSanitizer: cpu suite, the stress repeats included)" "7.5 min" \
+    "8 min" cmake --workflow --preset asan
+  phase "full 4/6: tsan (ThreadSanitizer: cpu suite, the stress repeats included)" "5 min" \
     cmake --workflow --preset tsan
   phase "full 5/6: fuzz (the planner and validation, bounded time)" "1 min" \
     cmake --workflow --preset fuzz
