@@ -47,28 +47,23 @@ inline const char* to_string(merge_path p) {
   return p == merge_path::automatic ? "automatic" : p == merge_path::rewrite ? "rewrite" : "reduce";
 }
 
+//! A shape of the mma.sync block forward (the file notes say how the fields combine).
 struct forward_tuning {
-  int warps;
-  int m_tiles;
-  int block_n;
-  bool q_in_registers;
+  int warps;           //!< warps a thread block (two thread blocks share an SM)
+  int m_tiles;         //!< 16-row tiles a warp
+  int block_n;         //!< keys a K/V tile
+  bool q_in_registers; //!< Q fragments held in registers (else read from shared memory each tile)
   RINGATTN_HOST_DEVICE constexpr int block_m() const { return 16 * m_tiles * warps; }
   RINGATTN_HOST_DEVICE constexpr int threads() const { return 32 * warps; }
 };
 
-//! Shapes of the mma.sync kernel (sm_80 builds, head_dim 256, and `forward_path::mma_sync`; Hopper
-//! builds otherwise run the wgmma kernel, whose shape is fixed in forward_kernel_sm90.cuh).
-//! Measured on an H200, bf16, 32 heads, 8K tokens, full mask, with bench/forward_tuning.cu
-//! (bench/results/, docs/kernels.md):
-//! - 8 warps x 1 row tile x 64 keys, Q in registers (the first version): 229 TFLOP/s at
-//!   head_dim 128, 179 at 64. Each K/V fragment fed one instruction: shared-memory bound.
-//! - 4 warps x 2 row tiles x 64 keys, Q from shared memory: 273 at head_dim 128 (but ptxas spills
-//!   56 bytes), 251 at 64; with 128 keys at head_dim 64: 274; with 32 keys at 128: 245 (spills).
-//! - 4 warps x 2 row tiles x 48 keys at head_dim 128: 254 registers, no spills (shipped; its
-//!   speed is in docs/kernels.md).
-//! - head_dim 256: 4 warps x 1 row tile x 32 keys, Q from shared memory, so the fp32 output tile
-//!   (128 registers) fits without spills.
-//! Two thread blocks of 4 warps share an SM (up to 112 KB of shared memory each).
+//! Shapes of the mma.sync kernel (device/forward_sm80.cuh: sm_80 builds, head_dim 256, and
+//! `forward_path::mma_sync`; Hopper builds otherwise run the wgmma kernel below), Q read from
+//! shared memory at every width:
+//! - head_dim 64: 4 warps x 2 row tiles x 128 keys;
+//! - head_dim 128: 4 warps x 2 row tiles x 48 keys (254 registers, no spills);
+//! - head_dim 256: 4 warps x 1 row tile x 32 keys (the fp32 output tile takes 128 registers).
+//! The alternatives measured against these are in docs/kernels.md.
 template <int HeadDim>
 inline constexpr forward_tuning forward_tuning_for =
     HeadDim == 64    ? forward_tuning{4, 2, 128, false}
@@ -87,8 +82,8 @@ struct sm90_forward_tuning {
                  //!< setmaxnreg hand-over (producer 24, consumers 240) balances for exactly this
   int stages;    //!< K/V stages: as many as fit next to Q in 227 KB of shared memory
   //! A merge stages the old state in two halves (consumer 0's rows as soon as the K half of
-  //! their stage frees): at head_dim 128, where the whole state arrives late; at head_dim 64 the
-  //! five stages leave the whole copy time enough, and the split measured up to 4% slower.
+  //! their stage frees): at head_dim 128, where the whole state arrives late; not at head_dim 64,
+  //! whose five stages leave the whole copy time enough (docs/kernels.md).
   bool split_state;
 };
 template <int HeadDim>

@@ -2,7 +2,7 @@
 //! \file
 //! Tensor-core kernels of the block backward (mma.sync m16n8k16, sm_80 and later; head_dim 64 and
 //! 128): the FlashAttention-2 products in the fragment layouts of the forward kernel
-//! (forward_kernel.cuh), deterministic like the CUDA-core version (one writer per accumulator
+//! (forward_sm80.cuh), deterministic like the CUDA-core version (one writer per accumulator
 //! element per call, no atomics).
 //!
 //! dK/dV: a thread block of 4 warps owns 64 key columns (16 a warp) of one kv head and keeps

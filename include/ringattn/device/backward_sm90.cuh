@@ -1,7 +1,7 @@
 #pragma once
 //! \file
 //! The Hopper (sm_90a) block-backward kernels: the work split, walks and predicate of the
-//! mma.sync ones (backward_kernel_tc.cuh), with every product on warpgroup MMA. A thread block is
+//! mma.sync ones (backward_sm80.cuh), with every product on warpgroup MMA. A thread block is
 //! `WG` warpgroups (128 threads each, 16 rows a warp), each owning 64 key columns (dK/dV) or 64
 //! query rows (dQ): with one, two blocks share an SM, so one's elementwise work runs while the
 //! other's products are on the tensor cores; with two, the warpgroups share the tiles they walk

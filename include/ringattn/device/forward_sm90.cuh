@@ -1,7 +1,7 @@
 #pragma once
 //! \file
 //! The Hopper (sm_90a) block-forward kernel: the same contract and epilogue as the mma.sync
-//! kernel in forward_kernel.cuh, with both matrix products on warpgroup MMA (wgmma.mma_async).
+//! kernel in forward_sm80.cuh, with both matrix products on warpgroup MMA (wgmma.mma_async).
 //!
 //! A thread block is three warpgroups (FlashAttention-3's structure, with cp.async instead of TMA):
 //! - a producer warpgroup (24 registers a thread) copies Q once and then each K/V tile into one
@@ -19,11 +19,8 @@
 //! reuse P's registers while the product still reads them, and ptxas then serialises every
 //! wgmma). Shared tiles are 64-column panels in the 128-byte swizzled layout wgmma reads.
 //!
-//! What bounds it (ncu, H200): the producer. Its first version computed each copy's swizzled
-//! address from scratch (~20 instructions a 16-byte copy) and the consumers spent a third of
-//! their time waiting on `full`: 308 TFLOP/s at 8K tokens, head_dim 128. `produce_tile` walks
-//! rows with constant shared offsets (450) and pointer increments for the source (3 instructions
-//! a copy: 577-582; docs/kernels.md).
+//! The producer bounds it (ncu, H200), so `produce_tile` keeps a copy to 3 instructions: rows
+//! walked with constant shared offsets and a pointer increment for the source (docs/kernels.md).
 
 #include <ringattn/core/tuning.cuh>
 #include <ringattn/device/epilogue.cuh>
@@ -501,7 +498,7 @@ __global__ void __launch_bounds__(sm90_threads, 1) block_forward_sm90_kernel(for
         [&](int t, int x) { return s[4 * t + 2 * r + x]; }, lse_old[r], sum_old[r]);
   }
 #else
-  __trap(); // launched only where sm90_path_available() said yes
+  __trap(); // launched only where kernels::wgmma_available() said yes
 #endif
 }
 
