@@ -70,7 +70,8 @@ template <class Partitioner, class Communicator, class BlockKernel, class Schedu
 class ring_attention {
   static_assert(partitioner<Partitioner>,
                 "ringattn::ring_attention: the first template argument must be a Partitioner "
-                "(ringattn::contiguous, ringattn::round_robin or ringattn::zigzag)");
+                "(ringattn::contiguous, ringattn::round_robin, ringattn::zigzag or "
+                "ringattn::balanced)");
   static_assert(host_communicator<Communicator>,
                 "ringattn::ring_attention: the second template argument must be a Communicator "
                 "(ringattn::in_process_communicator, ringattn::mpi_communicator or "
