@@ -2,12 +2,13 @@
 //
 //   mpirun -np <GPUs> mpi_nccl [--tokens N] [--sequences B] [--heads H] [--kv-heads K]
 //                              [--head-dim 64|128] [--mask causal|full] [--iterations I]
-//                              [--partitioner zigzag|round_robin|contiguous]
+//                              [--partitioner zigzag|round_robin|contiguous|balanced]
 //
 // Every rank builds the same synthetic packed batch (one seed, broadcast), keeps its shard
 // on its GPU, and runs the device ring forward; rank 0 gathers the output shards and checks a
 // sample of rows against the float64 oracle. Exit code 77 (skipped) where there is no GPU.
 #include <ringattn/comm/nccl_mpi.cuh>
+#include <ringattn/partition/balanced.cuh>
 #include <ringattn/partition/contiguous.cuh>
 #include <ringattn/partition/round_robin.cuh>
 #include <ringattn/partition/scatter.cuh>
@@ -46,7 +47,7 @@ options parse(int argc, char** argv) {
       .add("head-dim", o.head_dim, "head dimension: 64, 128 or 256", 64, 256)
       .add("mask", o.mask, {"causal", "full"}, "which keys a query sees")
       .add("iterations", o.iterations, "timed forwards after a warm-up")
-      .add("partitioner", o.partitioner, {"zigzag", "round_robin", "contiguous"},
+      .add("partitioner", o.partitioner, {"zigzag", "round_robin", "contiguous", "balanced"},
            "how the tokens are split over the ranks")
       .parse(argc, argv);
   return o;
@@ -215,6 +216,7 @@ int main(int argc, char** argv) {
     };
     code = o.partitioner == "zigzag"        ? with_mask.template operator()<ringattn::zigzag>()
            : o.partitioner == "round_robin" ? with_mask.template operator()<ringattn::round_robin>()
+           : o.partitioner == "balanced"    ? with_mask.template operator()<ringattn::balanced>()
                                             : with_mask.template operator()<ringattn::contiguous>();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "rank %d: %s\n", rank, e.what());

@@ -13,7 +13,7 @@
 // path, all on one GPU or spread over several; --device cpu forces the host path.
 //
 //   sharded_decode [--ranks P] [--tokens N] [--steps S] [--partitioner zigzag|round_robin|
-//                  contiguous] [--device auto|cpu|gpu]
+//                  contiguous|balanced] [--device auto|cpu|gpu]
 #include <ringattn/comm/in_process.cuh>
 #include <ringattn/ring_attention.cuh>
 #include <ringattn/ringattn.cuh>
@@ -359,13 +359,14 @@ int main(int argc, char** argv) try {
       .add("ranks", ranks, "ranks (threads of this process)")
       .add("tokens", tokens, "prefill tokens (three sequences)", 3)
       .add("steps", steps, "decode steps (one new token per sequence each)")
-      .add("partitioner", partitioner, {"round_robin", "zigzag", "contiguous"},
+      .add("partitioner", partitioner, {"round_robin", "zigzag", "contiguous", "balanced"},
            "the prefill's layout, which the cache keeps")
       .add("device", device, {"auto", "cpu", "gpu"}, "auto: the GPU where there is one")
       .parse(argc, argv);
   const bool gpu = example::gpu_count(device) > 0;
   if (partitioner == "zigzag") return run<ringattn::zigzag>(ranks, tokens, steps, gpu);
   if (partitioner == "contiguous") return run<ringattn::contiguous>(ranks, tokens, steps, gpu);
+  if (partitioner == "balanced") return run<ringattn::balanced>(ranks, tokens, steps, gpu);
   return run<ringattn::round_robin>(ranks, tokens, steps, gpu);
 } catch (const example::help_requested& h) {
   std::printf("%s", h.text.c_str());
