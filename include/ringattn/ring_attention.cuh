@@ -290,21 +290,20 @@ public:
   //! `device_workspace_bytes<T>()`. Collective. All work is ordered on `stream` (the exchange
   //! runs on an internal stream joined back by events). Validation throws `invalid_argument`
   //! before anything is enqueued (and aborts the group so peers stop waiting).
-  template <class T>
-  requires(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) void forward(
-      std::type_identity_t<thd_view<const T>> q, std::type_identity_t<thd_view<const T>> k,
-      std::type_identity_t<thd_view<const T>> v, thd_view<T> out, float* lse, void* workspace,
-      std::size_t workspace_bytes, cudaStream_t stream) {
+  template <device_element T>
+  void forward(std::type_identity_t<thd_view<const T>> q, std::type_identity_t<thd_view<const T>> k,
+               std::type_identity_t<thd_view<const T>> v, thd_view<T> out, float* lse,
+               void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
     forward<T>(q, k, v, out, lse, nullptr, workspace, workspace_bytes, stream);
   }
   //! The same, also writing `max_logit` (`[q_heads]` fp32 device memory; null: not computed, at
   //! no cost), as `forward_host` does: the ranks' maxima meet in P - 1 exchanges of `q_heads`
   //! floats on `stream` after the last block.
-  template <class T>
-  requires(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) void forward(
-      std::type_identity_t<thd_view<const T>> q, std::type_identity_t<thd_view<const T>> k,
-      std::type_identity_t<thd_view<const T>> v, thd_view<T> out, float* lse, float* max_logit,
-      void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
+  template <device_element T>
+  void forward(std::type_identity_t<thd_view<const T>> q, std::type_identity_t<thd_view<const T>> k,
+               std::type_identity_t<thd_view<const T>> v, thd_view<T> out, float* lse,
+               float* max_logit, void* workspace, std::size_t workspace_bytes,
+               cudaStream_t stream) {
     const std::span<std::byte> ws(static_cast<std::byte*>(workspace), workspace_bytes);
     using buffer = ring_checks::named_buffer;
     const buffer buffers[] = {{q.data, "q"},
@@ -348,13 +347,13 @@ public:
   //! `device_backward_workspace_bytes<T>()`. Collective; deterministic (two calls give the same
   //! bits) with every BlockKernel but the cuDNN model's `cudnn_atomic` backward. Validation
   //! throws `invalid_argument` before anything is enqueued (and aborts the group).
-  template <class T>
-  requires(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) void backward(
-      std::type_identity_t<thd_view<const T>> q, std::type_identity_t<thd_view<const T>> k,
-      std::type_identity_t<thd_view<const T>> v, std::type_identity_t<thd_view<const T>> out,
-      const float* lse, std::type_identity_t<thd_view<const T>> dout, thd_view<T> dq,
-      std::type_identity_t<thd_view<T>> dk, std::type_identity_t<thd_view<T>> dv, void* workspace,
-      std::size_t workspace_bytes, cudaStream_t stream) {
+  template <device_element T>
+  void
+  backward(std::type_identity_t<thd_view<const T>> q, std::type_identity_t<thd_view<const T>> k,
+           std::type_identity_t<thd_view<const T>> v, std::type_identity_t<thd_view<const T>> out,
+           const float* lse, std::type_identity_t<thd_view<const T>> dout, thd_view<T> dq,
+           std::type_identity_t<thd_view<T>> dk, std::type_identity_t<thd_view<T>> dv,
+           void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
     const std::span<std::byte> ws(static_cast<std::byte*>(workspace), workspace_bytes);
     using buffer = ring_checks::named_buffer;
     const buffer buffers[] = {{q.data, "q"},   {k.data, "k"},

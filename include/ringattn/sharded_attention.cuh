@@ -305,13 +305,13 @@ public:
   //! device pointers, `workspace` device memory of `device_workspace_bytes<T>()`. Collective;
   //! every rank's `out` and `lse` receive the same bits. Validation as in `forward_host`, before
   //! anything is enqueued.
-  template <class T>
-  requires(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) void forward(
-      std::type_identity_t<thd_view<const T>> q_new, std::type_identity_t<thd_view<const T>> k_new,
-      std::type_identity_t<thd_view<const T>> v_new,
-      std::type_identity_t<thd_view<const T>> k_cache,
-      std::type_identity_t<thd_view<const T>> v_cache, thd_view<T> out, float* lse, void* workspace,
-      std::size_t workspace_bytes, cudaStream_t stream) {
+  template <device_element T>
+  void forward(std::type_identity_t<thd_view<const T>> q_new,
+               std::type_identity_t<thd_view<const T>> k_new,
+               std::type_identity_t<thd_view<const T>> v_new,
+               std::type_identity_t<thd_view<const T>> k_cache,
+               std::type_identity_t<thd_view<const T>> v_cache, thd_view<T> out, float* lse,
+               void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
     const std::span<std::byte> ws(static_cast<std::byte*>(workspace), workspace_bytes);
     using checks = detail::ring_checks;
     const checks::named_buffer buffers[] = {{q_new.data, "q_new"},

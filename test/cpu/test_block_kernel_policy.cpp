@@ -39,6 +39,12 @@ static_assert(block_kernel<host_reference<full_mask>> &&
               !device_block_kernel_for<host_reference<full_mask>, cudaStream_t>);
 static_assert(!block_kernel<int> && !block_kernel<not_a_kernel> && !block_kernel<mask_only>);
 static_assert(mask_policy<full_mask> && mask_policy<causal_mask> && !mask_policy<int>);
+// Element types: views hold fp16, bf16 and fp32 (const or not); the device path takes the 16-bit
+// ones exactly.
+static_assert(element<__half> && element<const __nv_bfloat16> && element<float> &&
+              !element<double> && !element<int>);
+static_assert(device_element<__half> && device_element<__nv_bfloat16> && !device_element<float> &&
+              !device_element<const __half> && !device_element<double>);
 
 namespace {
 using T = __nv_bfloat16;

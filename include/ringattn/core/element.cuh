@@ -46,10 +46,14 @@ inline constexpr dtype dtype_of_v = dtype_of<std::remove_const_t<T>>::value;
 
 //! True for the element types a tensor view may hold.
 template <class T>
-concept element = std::is_same_v<std::remove_const_t<T>, __half> ||
-                  std::is_same_v<std::remove_const_t<T>, __nv_bfloat16> ||
-                  std::is_same_v < std::remove_const_t<T>,
-float > ;
+concept element = (std::is_same_v<std::remove_const_t<T>, __half> ||
+                   std::is_same_v<std::remove_const_t<T>, __nv_bfloat16> ||
+                   std::is_same_v<std::remove_const_t<T>, float>);
+
+//! True for the element types the device path computes in: the 16-bit ones (its products
+//! accumulate in fp32). `float` runs on the host path only.
+template <class T>
+concept device_element = (std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>);
 
 //! Conversions usable on the host (plain C++) and the device; round to nearest even.
 RINGATTN_HOST_DEVICE inline float to_float(float x) { return x; }

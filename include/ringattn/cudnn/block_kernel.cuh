@@ -408,7 +408,7 @@ concept cudnn_backward_algorithm = requires {
 //! `__nv_bfloat16`), its backward running `Algorithm`.
 template <class Mask, class T, class Algorithm = cudnn_deterministic>
 struct cudnn_kernel : host_reference<Mask> {
-  static_assert(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>,
+  static_assert(device_element<T>,
                 "ringattn::cudnn_kernel<Mask, T, Algorithm>: T must be __half or __nv_bfloat16");
   static_assert(cudnn_backward_algorithm<Algorithm>,
                 "ringattn::cudnn_kernel<Mask, T, Algorithm>: Algorithm must be "

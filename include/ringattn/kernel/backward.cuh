@@ -496,9 +496,9 @@ inline bool backward_path_available(backward_path path) {
 
 //! Adds one K/V block's share of dQ, dK, dV to `a.grad` (fp32, device memory), asynchronously on
 //! `stream`. Validation (host, before any launch) throws `invalid_argument`.
-template <class T>
-requires(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) void block_backward(
-    const block_backward_args<T>& a, const device_backward_schedule& s, cudaStream_t stream) {
+template <device_element T>
+void block_backward(const block_backward_args<T>& a, const device_backward_schedule& s,
+                    cudaStream_t stream) {
   validation r = validate_block_backward<T>(a, {});
   r.require(s.q_tokens() == a.q.tokens && s.kv_tokens() == a.k.tokens, "the schedule was made for ",
             s.q_tokens(), " query and ", s.kv_tokens(), " key tokens, the call has ", a.q.tokens,
@@ -537,9 +537,9 @@ requires(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) void blo
 }
 
 //! `delta[h, t] = dout(t, h) . out(t, h)` (fp32, `[heads, tokens]`), asynchronously on `stream`.
-template <class T>
-requires(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) void compute_delta(
-    thd_view<const T> out, thd_view<const T> dout, float* delta, cudaStream_t stream) {
+template <device_element T>
+void compute_delta(thd_view<const T> out, thd_view<const T> dout, float* delta,
+                   cudaStream_t stream) {
   validation r = validate_view(out, "out");
   r.require(validate_view(dout, "dout"));
   r.require(out.tokens == dout.tokens && out.heads == dout.heads && out.head_dim == dout.head_dim,
@@ -574,10 +574,8 @@ inline void accumulate(float* a, const float* b, std::int64_t n, cudaStream_t st
 
 //! Writes a dense fp32 `[tokens, heads, head_dim]` accumulator into `out` (T, any strides),
 //! asynchronously on `stream`.
-template <class T>
-requires(std::is_same_v<T, __half> ||
-         std::is_same_v<T, __nv_bfloat16>) void write_gradient(const float* x, thd_view<T> out,
-                                                               cudaStream_t stream) {
+template <device_element T>
+void write_gradient(const float* x, thd_view<T> out, cudaStream_t stream) {
   validate_view(out, "the gradient").throw_if_invalid();
   const std::int64_t n = out.tokens * out.heads * out.head_dim;
   if (n == 0) return;

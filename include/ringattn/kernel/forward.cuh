@@ -401,9 +401,9 @@ void block_forward(const block_forward_args<T>& a, const device_block_schedule& 
 
 //! Merges attention of `a.q` against the K/V block `a.k`, `a.v` into `a.state`, asynchronously on
 //! `stream`. Validation (on the host, before anything is launched) throws `invalid_argument`.
-template <class T>
-requires(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) void block_forward(
-    const block_forward_args<T>& a, const device_block_schedule& s, cudaStream_t stream) {
+template <device_element T>
+void block_forward(const block_forward_args<T>& a, const device_block_schedule& s,
+                   cudaStream_t stream) {
   detail::block_forward<T, kernels::epilogue::merge>(a, s, nullptr, nullptr, stream);
 }
 
@@ -430,17 +430,14 @@ validation validate_dense_out(const thd_view<T>& out, const block_forward_args<T
 //! row of every group and leaves rows outside the groups untouched, so they replace `reset` or
 //! `finalize` only for a call whose groups cover every query row (`rows_of(groups) ==
 //! q_tokens`).
-template <class T>
-requires(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) void block_forward_first(
-    const block_forward_args<T>& a, const device_block_schedule& s, cudaStream_t stream) {
+template <device_element T>
+void block_forward_first(const block_forward_args<T>& a, const device_block_schedule& s,
+                         cudaStream_t stream) {
   detail::block_forward<T, kernels::epilogue::fresh>(a, s, nullptr, nullptr, stream);
 }
-template <class T>
-requires(std::is_same_v<T, __half> ||
-         std::is_same_v<T, __nv_bfloat16>) void block_forward_last(const block_forward_args<T>& a,
-                                                                   const device_block_schedule& s,
-                                                                   thd_view<T> out,
-                                                                   cudaStream_t stream) {
+template <device_element T>
+void block_forward_last(const block_forward_args<T>& a, const device_block_schedule& s,
+                        thd_view<T> out, cudaStream_t stream) {
   validation r = detail::validate_dense_out(out, a);
   r.throw_if_invalid();
   detail::block_forward<T, kernels::epilogue::merge_out>(a, s, out.data, nullptr, stream);
@@ -450,12 +447,9 @@ requires(std::is_same_v<T, __half> ||
 //! `[q_tokens, q_heads, head_dim]` in T (4-byte aligned), `lse` `[q_heads, q_tokens]`. Every row of
 //! `out` and `lse` that no group covers is left untouched. For a single-block attention and for
 //! measuring what the merge costs.
-template <class T>
-requires(std::is_same_v<T, __half> ||
-         std::is_same_v<T, __nv_bfloat16>) void block_forward_plain(const block_forward_args<T>& a,
-                                                                    const device_block_schedule& s,
-                                                                    thd_view<T> out, float* lse,
-                                                                    cudaStream_t stream) {
+template <device_element T>
+void block_forward_plain(const block_forward_args<T>& a, const device_block_schedule& s,
+                         thd_view<T> out, float* lse, cudaStream_t stream) {
   validation r = detail::validate_dense_out(out, a);
   r.require(lse != nullptr || a.q.tokens == 0, "lse is a null pointer");
   r.require(aligned_to(lse, 4), "lse must be 4-byte aligned");
@@ -477,10 +471,8 @@ inline void reset(const attention_state& s, cudaStream_t stream) {
 
 //! Writes a device state's output, o / sum, to `out` (fp16/bf16) and replaces the state's lse (the
 //! reference) by the rows' lse, asynchronously on `stream`.
-template <class T>
-requires(std::is_same_v<T, __half> ||
-         std::is_same_v<T, __nv_bfloat16>) void finalize(const attention_state& s, thd_view<T> out,
-                                                         cudaStream_t stream) {
+template <device_element T>
+void finalize(const attention_state& s, thd_view<T> out, cudaStream_t stream) {
   validation r = validate_view(out, "out");
   r.require(out.tokens == s.tokens && out.heads == s.q_heads && out.head_dim == s.head_dim,
             "out is [", out.tokens, ", ", out.heads, ", ", out.head_dim, "] but the state is [",
@@ -501,10 +493,9 @@ requires(std::is_same_v<T, __half> ||
 //! `partials + r * slot_floats`: the o, lse (the reference) and sum of a state of `out`'s shape,
 //! one after another (`attention_state` over that memory). The order of the slots is the order
 //! of the merges: the same slots give the same bits on any device.
-template <class T>
-requires(std::is_same_v<T, __half> || std::is_same_v<T, __nv_bfloat16>) void merge_partial_states(
-    const float* partials, std::int64_t slot_floats, int parts, thd_view<T> out, float* lse,
-    cudaStream_t stream) {
+template <device_element T>
+void merge_partial_states(const float* partials, std::int64_t slot_floats, int parts,
+                          thd_view<T> out, float* lse, cudaStream_t stream) {
   validation r = validate_view(out, "out");
   r.require(rows_aligned_to(out, 4), "out must be 4-byte aligned with even strides");
   r.require(parts >= 1, "no partial state to merge");
