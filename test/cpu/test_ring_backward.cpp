@@ -1,6 +1,7 @@
 // The host ring backward: in-process communicator (ranks are threads), every partitioner x mask
 // x P x GQA x packed odd lengths, dq, dk and dv against the float64 oracle's backward of the
-// gathered batch; bytes on the wire; bitwise repeatability; workspace size.
+// gathered batch; bytes on the wire; the device path's messages in its order; bitwise
+// repeatability; workspace size.
 #include "../ranks.hpp"
 #include "../sharded_backward_case.hpp"
 
@@ -15,6 +16,8 @@
 
 #include <array>
 #include <cstring>
+#include <string>
+#include <vector>
 
 using namespace ringattn;
 
@@ -128,20 +131,91 @@ TEST_CASE("ring backward workspace: host and device sizes") {
     ring_attention<zigzag, in_process_communicator, causal> attn(comm, a, cu);
     const std::size_t n = static_cast<std::size_t>(attn.local_tokens());
     const std::size_t most = static_cast<std::size_t>(attn.plan().max_local_tokens());
-    // K, V (bf16) and dK, dV (fp32) of the largest block, twice; dQ fp32; D fp32; 256-byte
-    // alignment of the pieces.
+    // K, V (bf16) and dK, dV (fp32) of the largest block, twice; dQ fp32; D fp32; one fp32
+    // dK/dV of the largest block (a step's share); 256-byte alignment of the pieces. The host
+    // and device paths take the same.
     const std::size_t blocks = 2 * (2 * most * 2 * 64 * (2 + 4));
     const std::size_t rest = n * 8 * 64 * 4 + n * 8 * 4;
+    const std::size_t share = 2 * most * 2 * 64 * 4;
     const std::size_t bytes = attn.host_backward_workspace_bytes<T>();
-    CHECK(bytes >= blocks + rest);
-    CHECK(bytes <= blocks + rest + 3 * 256);
-    // The device path adds one fp32 dK/dV of the largest block (a step's share).
-    const std::size_t device = attn.device_backward_workspace_bytes<T>();
-    CHECK(device >= bytes + 2 * most * 2 * 64 * 4);
-    CHECK(device <= bytes + 2 * most * 2 * 64 * 4 + 2 * 256);
+    CHECK(bytes >= blocks + rest + share);
+    CHECK(bytes <= blocks + rest + share + 5 * 256);
+    CHECK(attn.device_backward_workspace_bytes<T>() == bytes);
   });
   for (const auto& e : errors)
     REQUIRE(message(e) == "");
+}
+
+namespace {
+// An exchange as a communicator saw it.
+struct exchange_record {
+  std::size_t send_bytes, receive_bytes;
+  int to, from;
+  std::int64_t step;
+  bool operator==(const exchange_record&) const = default;
+};
+// The in-process communicator, with a log of the exchanges its rank makes.
+class recording_communicator {
+public:
+  explicit recording_communicator(in_process_communicator& c) : c_(c) {}
+  int rank() const { return c_.rank(); }
+  int size() const { return c_.size(); }
+  void exchange(const void* send, std::size_t send_bytes, int to, void* receive,
+                std::size_t receive_bytes, int from, std::int64_t step) {
+    log.push_back({send_bytes, receive_bytes, to, from, step});
+    c_.exchange(send, send_bytes, to, receive, receive_bytes, from, step);
+  }
+  void all_gather(const void* send, std::size_t bytes, void* receive) {
+    c_.all_gather(send, bytes, receive);
+  }
+  void barrier() { c_.barrier(); }
+  void abort(const std::string& why) { c_.abort(why); }
+  std::uint64_t bytes_sent() const { return c_.bytes_sent(); }
+  std::vector<exchange_record> log;
+
+private:
+  in_process_communicator& c_;
+};
+static_assert(host_communicator<recording_communicator>);
+} // namespace
+
+// The device ring's protocol (ring/device_executor.cuh), which the host path follows so that CI
+// runs the messages the GPU exchanges: per step but the last, block t's K/V on (tag t), then its
+// dK/dV on (tag t); after the last step the held block's dK/dV home (tag: the step count).
+TEST_CASE_TEMPLATE("host ring backward: the device path's messages in its order", P, contiguous,
+                   zigzag, balanced) {
+  std::mt19937_64 rng(test::fresh_seed());
+  const auto cu = test::random_cu_seqlens(3, 1, 61, rng);
+  for (int ranks : {1, 2, 3, 4}) {
+    CAPTURE(ranks);
+    test::sharded_backward_case<P, T> c(cu, ranks, {4, 2, 64, 0.0f}, mask_kind::causal, rng);
+    in_process_group group(ranks);
+    const auto errors = on_ranks(group, [&](int r, in_process_communicator& comm) {
+      recording_communicator rec(comm);
+      ring_attention<P, recording_communicator, causal> attn(rec, c.args, c.plan.cu_seqlens());
+      const auto fwd = c.forward_rank(attn, r);
+      rec.log.clear();
+      c.backward_rank(attn, r, fwd);
+      const ring_schedule& s = attn.schedule();
+      const ring_workspace w(s.q_tokens(), s.max_kv_tokens(), c.args, sizeof(T));
+      std::vector<exchange_record> want;
+      for (const ring_step& step : s.steps())
+        if (const ring_step* next = s.next(step.index)) {
+          want.push_back({w.block_bytes(step.kv_tokens), w.block_bytes(next->kv_tokens),
+                          s.send_to(), s.receive_from(), step.index});
+          want.push_back({w.grad_bytes(step.kv_tokens), w.grad_bytes(next->kv_tokens), s.send_to(),
+                          s.receive_from(), step.index});
+        }
+      if (const int steps = s.step_count(); steps > 1) {
+        const ring_step& held = s.step(steps - 1);
+        want.push_back({w.grad_bytes(held.kv_tokens), w.grad_bytes(s.q_tokens()), held.source,
+                        s.holder_of_own(), steps});
+      }
+      CHECK(rec.log == want);
+    });
+    for (const auto& e : errors)
+      REQUIRE(message(e) == "");
+  }
 }
 
 TEST_CASE("host ring backward: a rank that never arrives makes the others fail, naming it") {

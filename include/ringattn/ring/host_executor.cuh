@@ -96,9 +96,25 @@ void host_ring_backward(Communicator& comm, const ring_schedule& s, const attent
     copy_own_block_host(k, v, own);
     std::fill(own.dk, own.dk + ws.kv_elements(n), 0.0f); // dk, then dv
   }
+  // The device ring's messages in its order (ring/device_executor.cuh), each exchange blocking:
+  // block t's K/V go on before its compute; its share of dK/dV is computed into `local` (step 0:
+  // straight into the own block's accumulators) and added to block t's accumulators, which came
+  // from rank - 1 in step t - 1's second exchange; the sum goes on to rank + 1 while block
+  // t + 1's accumulators arrive.
+  float* local = ws.share(base);
   for (const ring_step& step : s.steps()) {
-    nvtx_range range("backward step", step.index, s.rank());
-    const auto b = ws.grad_slot_views<T>(base, step.index % 2, step.kv_tokens);
+    const int t = step.index;
+    nvtx_range range("backward step", t, s.rank());
+    const std::int64_t nk = step.kv_tokens;
+    const auto b = ws.grad_slot_views<T>(base, t % 2, nk);
+    const ring_step* next = s.next(t);
+    if (next)
+      comm.exchange(b.k.data, ws.block_bytes(nk), s.send_to(),
+                    ws.grad_slot_views<T>(base, (t + 1) % 2, next->kv_tokens).k.data,
+                    ws.block_bytes(next->kv_tokens), s.receive_from(), t);
+    float* share = t == 0 ? b.dk : local;
+    const std::size_t elements = ws.kv_elements(nk);
+    if (t > 0) std::fill(local, local + elements, 0.0f);
     if (!step.groups.empty())
       BlockKernel::host_backward(block_backward_args<T>{q,
                                                         thd_view<const T>(b.k),
@@ -107,14 +123,15 @@ void host_ring_backward(Communicator& comm, const ring_schedule& s, const attent
                                                         lse,
                                                         delta,
                                                         args,
-                                                        {dq_acc, b.dk, b.dv}},
+                                                        {dq_acc, share, share + ws.k_elements(nk)}},
                                  step.groups);
-    if (const ring_step* next = s.next(step.index))
-      comm.exchange(b.k.data, ws.block_bytes(step.kv_tokens) + ws.grad_bytes(step.kv_tokens),
-                    s.send_to(),
-                    ws.grad_slot_views<T>(base, next->index % 2, next->kv_tokens).k.data,
-                    ws.block_bytes(next->kv_tokens) + ws.grad_bytes(next->kv_tokens),
-                    s.receive_from(), step.index);
+    if (t > 0)
+      for (std::size_t i = 0; i < elements; ++i)
+        b.dk[i] += local[i];
+    if (next)
+      comm.exchange(b.dk, ws.grad_bytes(nk), s.send_to(),
+                    ws.grad_slot_views<T>(base, (t + 1) % 2, next->kv_tokens).dk,
+                    ws.grad_bytes(next->kv_tokens), s.receive_from(), t);
   }
   const float* own_dk = ws.grad_slot_views<T>(base, 0, n).dk;
   if (steps > 1) {

@@ -66,8 +66,9 @@ struct ring_pass {
                                   std::size_t element_bytes) {
     return {s.q_tokens(), s.max_kv_tokens(), args, element_bytes};
   }
+  //! The host path computes a step's dK/dV share apart, as the device path does.
   static std::size_t host_backward_bytes(const ring_workspace& w) {
-    return w.host_backward_bytes();
+    return w.device_backward_bytes();
   }
   template <class BlockKernel, class Communicator, element T, class... Views>
   static void host_forward(Communicator& comm, const ring_schedule& s,

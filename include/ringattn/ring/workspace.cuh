@@ -3,8 +3,9 @@
 //! The layout of a ring's workspace, one formula for every path and every `*_bytes()` query.
 //!
 //! Forward (host and device):   [ K/V slot 0 | ... | K/V slot S-1 | state o | state sum ]
-//! Backward (host):             [ grad slot 0 | ... | grad slot S-1 | dQ (fp32) | D ]
-//! Backward (device):           the host layout, then `shares` fp32 dK/dV of the largest block
+//! Backward, its base:          [ grad slot 0 | ... | grad slot S-1 | dQ (fp32) | D ]
+//!   (`host_backward_bytes`), then `shares` fp32 dK/dV of the largest block
+//!   (`device_backward_bytes`: what the ring and the all-gather take on both paths)
 //!
 //! A K/V slot holds a block's k (`[tokens, kv_heads, head_dim]` in T, dense: what travels) then
 //! its v (`head_dim_v` wide); a grad slot the same followed by the block's fp32 dk, dv (their
