@@ -8,8 +8,8 @@
 #         single-GPU suite's device code for sm_80, the host suites under AddressSanitizer +
 #         UndefinedBehaviorSanitizer (asan) and ThreadSanitizer (tsan, with the stress repeats:
 #         races show there, with the sanitizer watching), the libFuzzer targets for
-#         a bounded time (fuzz), and the PyTorch extension with its device path (the host tests
-#         10 times in a row against it).
+#         a bounded time (fuzz), and the PyTorch extension with its native kernels' device path
+#         (the host tests 5 times in a row against it).
 # Usage: scripts/test.sh          both tiers (what CI runs)
 #        scripts/test.sh fast     the fast tier alone
 #        scripts/test.sh full     the full tier alone (it builds what it needs)
@@ -55,8 +55,8 @@ tier_full() {
     cmake --workflow --preset tsan
   phase "full 5/6: fuzz (the planner and validation, bounded time)" "1 min" \
     cmake --workflow --preset fuzz
-  phase "full 6/6: the PyTorch extension with its device path; its host tests 10 times in a row" \
-    "14 min" bash scripts/test_torch.sh repeat
+  phase "full 6/6: the PyTorch extension with its device path; its host tests 5 times in a row" \
+    "8 min" bash scripts/test_torch.sh repeat
   echo "== full tier passed in $(($(date +%s) - t0)) s"
 }
 

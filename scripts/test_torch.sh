@@ -9,9 +9,10 @@
 # CUDA build runs CPU tensors on a machine without a GPU, which is what the host-path tests need.
 # Modes: host builds the host path alone (RINGATTN_TORCH_DEVICE=OFF: no nvcc compile) and runs the
 # tests and the training example on the CPU; full (the default) builds the device path too, and
-# with no pytest arguments runs the training example on the CPU and the host tests 10 times more;
-# repeat builds the device path and runs the host tests 10 times in a row, nothing else (the
-# full test tier, after the fast one ran the rest).
+# with no pytest arguments runs the training example on the CPU and the host tests
+# $RINGATTN_TORCH_REPEATS (default 5) times more; repeat builds the device path (the native
+# kernels'; the cuDNN kernel's only where RINGATTN_TORCH_CUDNN says so) and runs the host tests
+# that many times in a row, nothing else (the full test tier, after the fast one ran the rest).
 # Usage: scripts/test_torch.sh [host|full|repeat] [pytest arguments]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +25,9 @@ host | full | repeat)
   ;;
 esac
 if [ "$mode" = host ]; then export RINGATTN_TORCH_DEVICE=${RINGATTN_TORCH_DEVICE:-OFF}; fi
+# The cuDNN plans take as long to compile as the native ones, and the C++ suites compile the cuDNN
+# kernel already; the GPU machine's runs (full mode) build them where cuDNN is found.
+if [ "$mode" = repeat ]; then export RINGATTN_TORCH_CUDNN=${RINGATTN_TORCH_CUDNN:-OFF}; fi
 [ "${RINGATTN_TORCH_DEVICE:-ON}" = OFF ] || require_nvcc torch
 
 py=${RINGATTN_TORCH_PYTHON:-}
@@ -66,18 +70,20 @@ export RINGATTN_TORCH_CUDA_ARCHITECTURES=${RINGATTN_TORCH_CUDA_ARCHITECTURES:-90
 "$py" -m pip install --quiet --no-build-isolation --no-deps ./python
 [ "$mode" = repeat ] || "$py" -m pytest -q -rs python/tests "$@"
 # With no pytest arguments: the training example on CPU threads (2 gloo processes, checked against
-# SDPA); in the full and repeat modes the host tests (test_host.py, test_group.py: virtual ranks on threads,
-# 2-4 gloo processes, every refusal) 10 times more in a row, so that a race between ranks that
-# shows only now and then fails the run.
+# SDPA); in the full and repeat modes the host tests (test_host.py, test_group.py: virtual ranks on
+# threads, 2-4 gloo processes, every refusal) $RINGATTN_TORCH_REPEATS times more in a row, so that
+# a race between ranks that shows only now and then fails the run (a machine with more cores
+# shows more of them: ask it for more runs there).
 if [ $# -eq 0 ] && [ "$mode" != repeat ]; then
   "$py" -m torch.distributed.run --standalone --nproc-per-node 2 \
     examples/06_torch_training/train.py --device cpu --steps 10 --check
 fi
 if [ $# -eq 0 ] && [ "$mode" != host ]; then
   log="${TMPDIR:-/tmp}/ringattn-host-tests.log"
-  for run in $(seq 10); do
+  repeats=${RINGATTN_TORCH_REPEATS:-5}
+  for run in $(seq "$repeats"); do
     "$py" -m pytest -q -p no:cacheprovider python/tests/test_host.py python/tests/test_group.py \
-      >"$log" 2>&1 || { cat "$log"; echo "host tests: run $run of 10 failed"; exit 1; }
+      >"$log" 2>&1 || { cat "$log"; echo "host tests: run $run of $repeats failed"; exit 1; }
   done
-  echo "host tests: 10 runs in a row passed ($(tail -n 1 "$log"))"
+  echo "host tests: $repeats runs in a row passed ($(tail -n 1 "$log"))"
 fi
