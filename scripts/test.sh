@@ -33,12 +33,12 @@ build_fast() { cmake --preset ci && cmake --build --preset fast; }
 tier_fast() {
   local t0
   t0=$(date +%s)
-  phase "fast 1/3: configure, build the tests and examples (device code for sm_90a)" "9 min" \
+  phase "fast 1/3: configure, build the tests and examples (device code for sm_90a)" "10 min" \
     build_fast
   phase "fast 2/3: the cpu, mpi, packaging, compile and docs tests (gpu: skipped without a GPU)" \
     "1.5 min" ctest --preset fast
   phase "fast 3/3: the PyTorch extension's host path and its tests (a machine's first run also downloads PyTorch, about 5 GB)" \
-    "2.5 min" bash scripts/test_torch.sh host
+    "3 min" bash scripts/test_torch.sh host
   echo "== fast tier passed in $(($(date +%s) - t0)) s"
 }
 
@@ -46,17 +46,17 @@ tier_full() {
   local t0
   t0=$(date +%s)
   phase "full 1/6: the rest of the sm_90a build (benchmarks, multi-GPU and MPI-GPU tests), every header through nvcc" \
-    "8 min" cmake --workflow --preset full
+    "8.5 min" cmake --workflow --preset full
   phase "full 2/6: the single-GPU suite's device code for sm_80 (nvcc -cubin)" "2 min" \
     cmake --workflow --preset sm80
   phase "full 3/6: asan (AddressSanitizer + UndefinedBehaviorSanitizer: cpu and mpi suites)" \
-    "8 min" cmake --workflow --preset asan
-  phase "full 4/6: tsan (ThreadSanitizer: cpu suite, the stress repeats included)" "5 min" \
+    "7 min" cmake --workflow --preset asan
+  phase "full 4/6: tsan (ThreadSanitizer: cpu suite, the stress repeats included)" "7 min" \
     cmake --workflow --preset tsan
   phase "full 5/6: fuzz (the planner and validation, bounded time)" "1 min" \
     cmake --workflow --preset fuzz
   phase "full 6/6: the PyTorch extension with its device path; its host tests 5 times in a row" \
-    "8 min" bash scripts/test_torch.sh repeat
+    "6.5 min" bash scripts/test_torch.sh repeat
   echo "== full tier passed in $(($(date +%s) - t0)) s"
 }
 
