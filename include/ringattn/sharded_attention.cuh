@@ -169,6 +169,21 @@ public:
 
 } // namespace detail
 
+//! A paged K/V cache shard (`sharded_attention::plan(cu_new, paged_cache)`): k_cache and v_cache
+//! are a pool of `pages` pages of `page_size` token rows (`[pages * page_size, kv_heads,
+//! head_dim]`); sequence b's `cache_length[b]` cached tokens fill its pages in order, listed in
+//! `page_table[cu_pages[b] .. cu_pages[b + 1])`: token j is pool row
+//! `page_table[cu_pages[b] + j / page_size] * page_size + j % page_size`. Pages past a sequence's
+//! last token (its room to grow) are not read, and sequences may share pages (a common prefix).
+//! The page allocator is the caller's; a new token is appended into its owner rank's pool.
+struct paged_cache {
+  std::int32_t page_size = 0;                 //!< a power of two from 16 to 256
+  std::int64_t pages = 0;                     //!< pages in the pool
+  std::span<const std::int32_t> cu_pages;     //!< batch + 1 offsets into page_table
+  std::span<const std::int32_t> page_table;   //!< pool pages of each sequence, in token order
+  std::span<const std::int32_t> cache_length; //!< cached tokens of each sequence on this rank
+};
+
 template <class Communicator, class BlockKernel>
 class sharded_attention {
   static_assert(host_communicator<Communicator>,
@@ -215,6 +230,16 @@ public:
   void plan(std::span<const std::int32_t> cu_new, std::span<const std::int32_t> cache_begin,
             std::span<const std::int32_t> cache_length, std::int64_t cache_tokens) {
     plan_checked(validation::ok(), cu_new, cache_begin, cache_length, cache_tokens);
+  }
+  //! Plans a step over a paged cache shard (`paged_cache`; k_cache and v_cache of the forward are
+  //! its pool, `pages x page_size` rows). Otherwise as above. A paged step runs on `forward_host`;
+  //! the device path reads packed and slab caches.
+  void plan(std::span<const std::int32_t> cu_new, const paged_cache& cache) {
+    constexpr std::int64_t most = std::numeric_limits<std::int32_t>::max();
+    const bool fits =
+        cache.page_size > 0 && cache.pages >= 0 && cache.pages <= most / cache.page_size;
+    plan_checked(validation::ok(), cu_new, {}, cache.cache_length,
+                 fits ? cache.pages * cache.page_size : 0, &cache);
   }
 
   const attention_arguments& arguments() const noexcept { return args_; }
@@ -274,9 +299,10 @@ public:
       if (!new_groups_.empty())
         BlockKernel::host_forward(block_forward_args<T>{q_new, k_new, v_new, args_, state},
                                   new_groups_);
-      if (!cache_groups_.empty())
-        BlockKernel::host_forward(block_forward_args<T>{q_new, k_cache, v_cache, args_, state},
-                                  cache_groups_);
+      for (const auto& round : cache_rounds_)
+        if (!round.empty())
+          BlockKernel::host_forward(block_forward_args<T>{q_new, k_cache, v_cache, args_, state},
+                                    round);
       for (int k = 1; k < p; ++k)
         comm_.exchange(base + me * slot_floats(), partial_bytes(), (me + k) % p,
                        base + ((me - k + p) % p) * slot_floats(), partial_bytes(), (me - k + p) % p,
@@ -295,7 +321,8 @@ public:
       if (device_) return;
       comm_.prepare_device();
       auto d = std::make_unique<device_resources>();
-      if (planned_) d->schedule(cache_groups_, new_groups_, new_tokens_, cache_tokens_, args_);
+      if (planned_ && !paged_)
+        d->schedule(cache_rounds_[0], new_groups_, new_tokens_, cache_tokens_, args_);
       device_ = std::move(d);
     }
   }
@@ -324,6 +351,8 @@ public:
                                             {workspace, "the workspace"}};
     auto device = [&](validation& ok) {
       ok.require(device_ != nullptr, "prepare_device() must run before the device forward");
+      ok.require(!paged_, "a step planned over a paged cache runs on forward_host (the device "
+                          "kernels read packed and slab caches)");
       if (ok) ok.require(checks::placement(device_->comm.device(), stream, buffers, "forward"));
       ok.require(rows_aligned_to(q_new, 16),
                  "q_new must be 16-byte aligned with token and head strides that are multiples "
@@ -388,21 +417,27 @@ private:
   // The common plan: this rank's own validation `own` so far, then the agreement, then the
   // groups: per sequence with new tokens, a full block against its cached tokens here and (rank
   // 0) the causal block of the new tokens against themselves.
+  // A paged cache (`paged` not null) has no `cache_begin`: its groups come from the page table.
   void plan_checked(validation own, std::span<const std::int32_t> cu_new,
                     std::span<const std::int32_t> cache_begin,
-                    std::span<const std::int32_t> cache_length, std::int64_t cache_tokens) {
-    own.require(validate_step(cu_new, cache_begin, cache_length, cache_tokens));
+                    std::span<const std::int32_t> cache_length, std::int64_t cache_tokens,
+                    const paged_cache* paged = nullptr) {
+    own.require(paged ? validate_paged(cu_new, *paged)
+                      : validate_step(cu_new, cache_begin, cache_length, cache_tokens));
     // This rank's groups, made and checked before the agreement: whatever can fail on one rank
     // fails into `own`, so that every rank throws together.
-    std::vector<block_group> cache_groups, new_groups;
+    std::vector<std::vector<block_group>> cache_rounds(1);
+    std::vector<block_group> new_groups;
     if (own) {
       for (std::size_t b = 0; b + 1 < cu_new.size(); ++b) {
         const std::int64_t n = cu_new[b + 1] - cu_new[b], m = cache_length[b];
         if (n == 0) continue;
-        if (m > 0) {
+        if (m > 0 && paged) {
+          add_page_runs(cache_rounds, *paged, b, cu_new[b], n);
+        } else if (m > 0) {
           block_group g{cu_new[b], n, 1, {}};
           g.kv[0] = {cache_begin[b], m, band{-unbounded, unbounded}};
-          cache_groups.push_back(g);
+          cache_rounds[0].push_back(g);
         }
         if (comm_.rank() == 0) { // the new tokens' own block: one rank computes it
           block_group g{cu_new[b], n, 1, {}};
@@ -410,7 +445,8 @@ private:
           new_groups.push_back(g);
         }
       }
-      own.require(validate_groups(cache_groups, cu_new.back(), cache_tokens));
+      for (const auto& round : cache_rounds)
+        if (own) own.require(validate_groups(round, cu_new.back(), cache_tokens));
       if (own) own.require(validate_groups(new_groups, cu_new.back(), cu_new.back()));
     }
     struct step_fingerprint {
@@ -437,32 +473,101 @@ private:
     v.throw_if_invalid();
     new_tokens_ = cu_new.back();
     cache_tokens_ = cache_tokens;
-    cache_groups_ = std::move(cache_groups);
+    cache_rounds_ = std::move(cache_rounds);
     new_groups_ = std::move(new_groups);
-    cache_covers_ = rows_of(cache_groups_) == new_tokens_;
+    paged_ = paged != nullptr;
+    cache_covers_ = rows_of(cache_rounds_[0]) == new_tokens_;
     // Every rank counts the step before anything that could still throw on one rank alone.
     gate_.replan(detail::fnv1a(&mine, sizeof mine, fingerprint_ + ++plans_));
     if constexpr (has_device_path)
-      if (device_) device_->schedule(cache_groups_, new_groups_, new_tokens_, cache_tokens_, args_);
+      if (device_ && !paged_)
+        device_->schedule(cache_rounds_[0], new_groups_, new_tokens_, cache_tokens_, args_);
     planned_ = true;
+  }
+
+  // Sequence b's cached tokens in a paged cache as runs of consecutive pool rows (pages that
+  // follow each other in the pool join one run), `max_blocks_per_group` runs a group: runs 2r
+  // and 2r + 1 of every sequence make round r, one host forward call each.
+  static void add_page_runs(std::vector<std::vector<block_group>>& rounds, const paged_cache& c,
+                            std::size_t b, std::int64_t q_begin, std::int64_t n) {
+    const std::int64_t m = c.cache_length[b], size = c.page_size;
+    const std::int32_t* pages = c.page_table.data() + c.cu_pages[b];
+    std::size_t run = 0;
+    for (std::int64_t j = 0; j < m; ++run) { // j: the run's first token, at a page's start
+      const std::int64_t row = std::int64_t{pages[j / size]} * size;
+      std::int64_t count = std::min(size, m - j);
+      while (j + count < m && std::int64_t{pages[(j + count) / size]} * size == row + count)
+        count += std::min(size, m - j - count);
+      const std::size_t r = run / max_blocks_per_group;
+      if (rounds.size() <= r) rounds.emplace_back();
+      if (run % max_blocks_per_group == 0) rounds[r].push_back(block_group{q_begin, n, 0, {}});
+      block_group& g = rounds[r].back();
+      g.kv[g.count++] = {row, count, band{-unbounded, unbounded}};
+      j += count;
+    }
+  }
+
+  static validation validate_new(std::span<const std::int32_t> cu_new) {
+    validation v = validation::ok();
+    v.require(cu_new.size() >= 2, "cu_new must hold batch + 1 offsets (got ", cu_new.size(), ")");
+    if (!v) return v;
+    v.require(cu_new.front() == 0, "cu_new must start at 0");
+    for (std::size_t b = 0; v && b + 1 < cu_new.size(); ++b)
+      v.require(cu_new[b + 1] >= cu_new[b], "cu_new must not decrease (sequence ", b, ")");
+    return v;
+  }
+
+  static validation validate_paged(std::span<const std::int32_t> cu_new, const paged_cache& c) {
+    validation v = validate_new(cu_new);
+    if (!v) return v;
+    const std::size_t batch = cu_new.size() - 1;
+    constexpr std::int64_t most = std::numeric_limits<std::int32_t>::max();
+    v.require(c.page_size >= 16 && c.page_size <= 256 &&
+                  std::has_single_bit(static_cast<std::uint32_t>(c.page_size)),
+              "page_size must be a power of two from 16 to 256 (got ", c.page_size, ")");
+    v.require(c.pages >= 0, "the pool holds a negative number of pages (", c.pages, ")");
+    if (!v) return v;
+    v.require(c.pages <= most / c.page_size, "a pool of ", c.pages, " pages of ", c.page_size,
+              " tokens exceeds the int32 limit of ", most, " rows (its offsets are int32)");
+    v.require(c.cu_pages.size() == batch + 1 && c.cache_length.size() == batch,
+              "the paged cache must describe the ", batch, " sequences of cu_new (got ",
+              c.cu_pages.size(), " page offsets and ", c.cache_length.size(), " lengths)");
+    if (!v) return v;
+    v.require(c.cu_pages.front() == 0, "cu_pages must start at 0");
+    v.require(static_cast<std::size_t>(c.cu_pages.back()) == c.page_table.size(),
+              "cu_pages must end at the page table's size (", c.page_table.size(), "), not at ",
+              c.cu_pages.back());
+    for (std::size_t b = 0; v && b < batch; ++b) {
+      const std::int64_t first = c.cu_pages[b], held = std::int64_t{c.cu_pages[b + 1]} - first,
+                         length = c.cache_length[b];
+      v.require(held >= 0, "cu_pages must not decrease (sequence ", b, ")");
+      v.require(length >= 0, "sequence ", b, " has a negative cache length (", length, ")");
+      if (!v) break;
+      const std::int64_t needed = (length + c.page_size - 1) / c.page_size;
+      v.require(needed <= held, "sequence ", b, "'s ", length, " cached tokens need ", needed,
+                " pages of ", c.page_size, "; its page table lists ", held);
+      for (std::int64_t k = 0; v && k < needed; ++k) {
+        const std::int32_t page = c.page_table[static_cast<std::size_t>(first + k)];
+        v.require(page >= 0 && page < c.pages, "sequence ", b, "'s page ", k, " is ", page,
+                  ", outside the pool of ", c.pages, " pages");
+      }
+    }
+    return v;
   }
 
   static validation validate_step(std::span<const std::int32_t> cu_new,
                                   std::span<const std::int32_t> begin,
                                   std::span<const std::int32_t> length, std::int64_t cache_tokens) {
-    validation v = validation::ok();
-    v.require(cu_new.size() >= 2, "cu_new must hold batch + 1 offsets (got ", cu_new.size(), ")");
+    validation v = validate_new(cu_new);
     if (!v) return v;
     const std::size_t batch = cu_new.size() - 1;
     v.require(begin.size() == batch && length.size() == batch, "the cache must describe the ",
               batch, " sequences of cu_new (got ", begin.size(), " and ", length.size(), ")");
-    v.require(cu_new.front() == 0, "cu_new must start at 0");
     v.require(cache_tokens >= 0, "the cache holds a negative number of tokens");
     constexpr std::int64_t most = std::numeric_limits<std::int32_t>::max();
     v.require(cache_tokens <= most, "the cache shard of ", cache_tokens,
               " rows exceeds the int32 limit of ", most, " rows (its offsets are int32)");
     for (std::size_t b = 0; v && b < batch; ++b) {
-      v.require(cu_new[b + 1] >= cu_new[b], "cu_new must not decrease (sequence ", b, ")");
       v.require(begin[b] >= 0 && length[b] >= 0 &&
                     static_cast<std::int64_t>(begin[b]) + length[b] <= cache_tokens,
                 "sequence ", b, "'s cached tokens [", begin[b], ", ",
@@ -582,7 +687,10 @@ private:
   detail::call_gate<Communicator> gate_;
   std::uint64_t plans_ = 0;
   std::int64_t new_tokens_ = 0, cache_tokens_ = 0;
-  std::vector<block_group> cache_groups_, new_groups_;
+  std::vector<std::vector<block_group>> cache_rounds_ =
+      std::vector<std::vector<block_group>>(1); // the cache's groups (paged: in rounds)
+  std::vector<block_group> new_groups_;
+  bool paged_ = false;
   bool cache_covers_ = false;
   bool planned_ = false;
   std::unique_ptr<device_resources> device_;

@@ -14,8 +14,12 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <limits>
+#include <numeric>
+#include <random>
 #include <string>
 
 using namespace ringattn;
@@ -104,6 +108,171 @@ TEST_CASE_TEMPLATE("sharded decode equals attention over the whole cache, on eve
                    contiguous, round_robin, zigzag) {
   check_decode<P>();
   check_decode<P>(128); // multi-head latent attention: q/k 192, v and out 128
+}
+
+namespace {
+// A rank's shard laid out in a paged pool: each sequence's tokens in pages of `page_size` drawn
+// from a shuffled pool (sequence 0's pages in order, so runs of pages join), a spare page after
+// some sequences' last, and every row no sequence owns poisoned with NaN (read, it would reach
+// the output).
+struct paged_shard {
+  std::vector<T> k, v;
+  std::vector<std::int32_t> cu_pages{0}, table, length;
+  std::int64_t pages = 0;
+};
+template <class P>
+paged_shard page_out(const test::decode_case<P, T>& c,
+                     const typename test::decode_case<P, T>::shard& sh, int page_size,
+                     std::mt19937_64& rng) {
+  const attention_arguments& a = c.args;
+  const std::size_t row = static_cast<std::size_t>(a.kv_heads) * a.head_dim,
+                    vrow = static_cast<std::size_t>(a.kv_heads) * a.v_dim();
+  paged_shard out;
+  std::vector<std::int64_t> count;
+  for (int b = 0; b < c.batch; ++b) {
+    const std::int64_t len = sh.cu[b + 1] - sh.cu[b];
+    count.push_back((len + page_size - 1) / page_size + (rng() % 2));
+    out.pages += count.back();
+    out.length.push_back(static_cast<std::int32_t>(len));
+  }
+  out.pages += 2; // pages no sequence holds
+  std::vector<std::int32_t> order(static_cast<std::size_t>(out.pages));
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin() + count[0], order.end(), rng);
+  std::size_t next = 0;
+  out.k.assign(static_cast<std::size_t>(out.pages * page_size) * row,
+               from_float<T>(std::numeric_limits<float>::quiet_NaN()));
+  out.v.assign(static_cast<std::size_t>(out.pages * page_size) * vrow, out.k.front());
+  for (int b = 0; b < c.batch; ++b) {
+    for (std::int64_t i = 0; i < count[b]; ++i)
+      out.table.push_back(order[next++]);
+    out.cu_pages.push_back(static_cast<std::int32_t>(out.table.size()));
+    const std::int32_t* pages = out.table.data() + out.cu_pages[b];
+    for (std::int64_t j = 0; j < out.length[b]; ++j) {
+      const std::int64_t at = std::int64_t{pages[j / page_size]} * page_size + j % page_size;
+      const std::int64_t from = sh.cu[b] + j;
+      std::copy_n(sh.k.begin() + from * row, row, out.k.begin() + at * row);
+      std::copy_n(sh.v.begin() + from * vrow, vrow, out.v.begin() + at * vrow);
+    }
+  }
+  return out;
+}
+} // namespace
+
+TEST_CASE_TEMPLATE("sharded decode over a paged cache equals attention over the whole cache", P,
+                   contiguous, zigzag) {
+  const auto seed = test::fresh_seed();
+  CAPTURE(seed);
+  for (int page_size : {16, 32})
+    for (int group : {1, 4})
+      for (int ranks : {1, 2, 3}) {
+        CAPTURE(page_size);
+        CAPTURE(group);
+        CAPTURE(ranks);
+        std::mt19937_64 rng(seed +
+                            static_cast<std::uint64_t>(page_size * 100 + group * 10 + ranks));
+        const attention_arguments a{.q_heads = 8, .kv_heads = 8 / group, .head_dim = 64};
+        test::decode_case<P, T> c(test::random_cu_seqlens(3, 1, 150, rng), ranks, a, rng);
+        for (int step = 0; step < 2; ++step) {
+          CAPTURE(step);
+          const auto s = c.draw(rng, 1, 4);
+          const std::int64_t n = s.tokens;
+          const int qh = a.q_heads, kvh = a.kv_heads, d = a.head_dim;
+          std::vector<paged_shard> shards;
+          for (int r = 0; r < ranks; ++r)
+            shards.push_back(page_out(c, c.rank_shard(r), page_size, rng));
+          std::vector<rank_result> res(ranks);
+          in_process_group g(ranks);
+          const auto errors = on_ranks(g, [&](int r, in_process_communicator& comm) {
+            decoder dec(comm, a);
+            const paged_shard& sh = shards[r];
+            dec.plan(s.cu_new, paged_cache{page_size, sh.pages, sh.cu_pages, sh.table, sh.length});
+            std::vector<std::byte> ws(dec.host_workspace_bytes<T>());
+            res[r].out.assign(n * qh * d, test::poison<T>());
+            res[r].lse.assign(n * qh, -7.0f);
+            const std::int64_t rows = sh.pages * page_size;
+            dec.forward_host(thd_view<const T>(s.q.data(), n, qh, d),
+                             thd_view<const T>(s.k.data(), n, kvh, d),
+                             thd_view<const T>(s.v.data(), n, kvh, d),
+                             thd_view<const T>(sh.k.data(), rows, kvh, d),
+                             thd_view<const T>(sh.v.data(), rows, kvh, d),
+                             thd_view<T>(res[r].out.data(), n, qh, d), res[r].lse.data(), ws);
+          });
+          for (const auto& e : errors)
+            REQUIRE(message(e) == "");
+          // The packed cache's tolerances: bf16 output 4e-3 relative L2, LSE 1e-5.
+          const auto [err, lse_err] = c.error(s, res[0].out, res[0].lse);
+          CHECK(err < 4e-3);
+          CHECK(lse_err < 1e-5);
+          for (int r = 1; r < ranks; ++r)
+            CHECK(test::same_bits(res[r].out, res[r].lse, res[0].out, res[0].lse));
+          CHECK(c.append(s) == s.tokens);
+        }
+      }
+}
+
+TEST_CASE("sharded decode over a paged cache: a bad page table is refused on every rank") {
+  const attention_arguments a{4, 2, 64, 0.0f};
+  const int ranks = 2;
+  const std::vector<std::int32_t> cu_new{0, 1, 2};
+  // Two sequences of 20 and 5 cached tokens in pages of 16 of a pool of 4 pages.
+  struct variant {
+    paged_cache (*make)(const std::vector<std::int32_t>&, const std::vector<std::int32_t>&,
+                        const std::vector<std::int32_t>&);
+    const char* says;
+  };
+  static const std::vector<std::int32_t> cu_pages{0, 2, 3}, table{3, 0, 1}, length{20, 5},
+      short_table{0, 1, 3}, far_table{3, 0, 4};
+  const variant variants[] = {
+      {[](auto& cu, auto& t, auto& l) {
+         return paged_cache{24, 4, cu, t, l};
+       },
+       "page_size must be a power of two from 16 to 256 (got 24)"},
+      {[](auto& cu, auto& t, auto& l) {
+         return paged_cache{16, 4, cu, t, l};
+       },
+       ""},
+      {[](auto&, auto& t, auto& l) {
+         return paged_cache{16, 4, short_table, t, l};
+       },
+       "sequence 0's 20 cached tokens need 2 pages of 16; its page table lists 1"},
+      {[](auto& cu, auto&, auto& l) {
+         return paged_cache{16, 4, cu, far_table, l};
+       },
+       "sequence 1's page 0 is 4, outside the pool of 4 pages"},
+      {[](auto& cu, auto& t, auto&) {
+         return paged_cache{16, 4, cu, t, std::span(length).first(1)};
+       },
+       "the paged cache must describe the 2 sequences of cu_new (got 3 page offsets and 1 "
+       "lengths)"},
+      {[](auto& cu, auto& t, auto& l) {
+         return paged_cache{16, std::int64_t{1} << 40, cu, t, l};
+       },
+       "exceeds the int32 limit"}};
+  for (const variant& x : variants) {
+    CAPTURE(x.says);
+    std::vector<std::string> seen(ranks);
+    in_process_group g(ranks);
+    const auto errors = on_ranks(g, [&](int r, in_process_communicator& comm) {
+      decoder dec(comm, a);
+      // Rank 1 alone passes the variant; rank 0 a good table.
+      const paged_cache good{16, 4, cu_pages, table, length};
+      try {
+        dec.plan(cu_new, r == 1 ? x.make(cu_pages, table, length) : good);
+      } catch (const invalid_argument& e) {
+        seen[r] = e.what();
+      }
+    });
+    for (const auto& e : errors)
+      REQUIRE(message(e) == "");
+    for (int r = 0; r < ranks; ++r) {
+      CAPTURE(r);
+      if (*x.says == '\0')
+        CHECK(seen[r] == "");
+      else // rank 1 says why; rank 0 that rank 1 refused
+        CHECK(seen[r].find(r == 1 ? x.says : "rank 1 rejected its step") != std::string::npos);
+    }
+  }
 }
 
 TEST_CASE("sharded decode: bad input fails on every rank, and the next step runs") {
