@@ -216,39 +216,24 @@ TEST_CASE("sharded decode over a paged cache: a bad page table is refused on eve
   const int ranks = 2;
   const std::vector<std::int32_t> cu_new{0, 1, 2};
   // Two sequences of 20 and 5 cached tokens in pages of 16 of a pool of 4 pages.
+  static const std::vector<std::int32_t> cu_pages{0, 2, 3}, table{3, 0, 1}, length{20, 5},
+      short_cu_pages{0, 1, 3}, far_table{3, 0, 4};
   struct variant {
-    paged_cache (*make)(const std::vector<std::int32_t>&, const std::vector<std::int32_t>&,
-                        const std::vector<std::int32_t>&);
+    paged_cache cache;
     const char* says;
   };
-  static const std::vector<std::int32_t> cu_pages{0, 2, 3}, table{3, 0, 1}, length{20, 5},
-      short_table{0, 1, 3}, far_table{3, 0, 4};
   const variant variants[] = {
-      {[](auto& cu, auto& t, auto& l) {
-         return paged_cache{24, 4, cu, t, l};
-       },
+      {{24, 4, cu_pages, table, length},
        "page_size must be a power of two from 16 to 256 (got 24)"},
-      {[](auto& cu, auto& t, auto& l) {
-         return paged_cache{16, 4, cu, t, l};
-       },
-       ""},
-      {[](auto&, auto& t, auto& l) {
-         return paged_cache{16, 4, short_table, t, l};
-       },
+      {{16, 4, cu_pages, table, length}, ""},
+      {{16, 4, short_cu_pages, table, length},
        "sequence 0's 20 cached tokens need 2 pages of 16; its page table lists 1"},
-      {[](auto& cu, auto&, auto& l) {
-         return paged_cache{16, 4, cu, far_table, l};
-       },
+      {{16, 4, cu_pages, far_table, length},
        "sequence 1's page 0 is 4, outside the pool of 4 pages"},
-      {[](auto& cu, auto& t, auto&) {
-         return paged_cache{16, 4, cu, t, std::span(length).first(1)};
-       },
+      {{16, 4, cu_pages, table, std::span(length).first(1)},
        "the paged cache must describe the 2 sequences of cu_new (got 3 page offsets and 1 "
        "lengths)"},
-      {[](auto& cu, auto& t, auto& l) {
-         return paged_cache{16, std::int64_t{1} << 40, cu, t, l};
-       },
-       "exceeds the int32 limit"}};
+      {{16, std::int64_t{1} << 40, cu_pages, table, length}, "exceeds the int32 limit"}};
   for (const variant& x : variants) {
     CAPTURE(x.says);
     std::vector<std::string> seen(ranks);
@@ -258,7 +243,7 @@ TEST_CASE("sharded decode over a paged cache: a bad page table is refused on eve
       // Rank 1 alone passes the variant; rank 0 a good table.
       const paged_cache good{16, 4, cu_pages, table, length};
       try {
-        dec.plan(cu_new, r == 1 ? x.make(cu_pages, table, length) : good);
+        dec.plan(cu_new, r == 1 ? x.cache : good);
       } catch (const invalid_argument& e) {
         seen[r] = e.what();
       }
