@@ -8,11 +8,13 @@
 // OUT.json
 // --backward`, same device run.
 //
-// "path": 4 the Hopper (wgmma) kernel with three warpgroups a thread block (a producer), 3 with
+// "path": 5 the Hopper five-product kernel (backward_options::deterministic = false: dQ added in
+// the L2), 4 the Hopper (wgmma) kernel with three warpgroups a thread block (a producer), 3 with
 // two, 2 with one, 1 the
 // mma.sync ones (8K and 32K), 0 the CUDA-core ones (2K and 8K only: one 32K call
 // would take seconds). "kernels": 0 the whole backward, 1 the dK/dV kernel alone, 2 the dQ
-// kernel alone (where the time goes; tensor-core paths only).
+// kernel alone (where the time goes; tensor-core paths only); for path 5, 1 the kernel with its
+// dQ reduction left out and 2 with it (what the reduction costs).
 #include "single_gpu.cuh"
 
 namespace {
@@ -29,8 +31,10 @@ void block_backward(benchmark::State& state) {
                                                   {backward_path::tensor_cores, 0},
                                                   {backward_path::wgmma, 1},
                                                   {backward_path::wgmma, 2},
-                                                  {backward_path::wgmma, 3}};
-  constexpr const char* names[] = {"cuda-core", "mma.sync", "wgmma x1", "wgmma x2", "wgmma x3"};
+                                                  {backward_path::wgmma, 3},
+                                                  {backward_path::wgmma, 3, false}};
+  constexpr const char* names[] = {"cuda-core", "mma.sync", "wgmma x1",
+                                   "wgmma x2",  "wgmma x3", "wgmma five-product"};
   const auto path = static_cast<std::size_t>(state.range(3));
   const int kernels = static_cast<int>(state.range(4));
   if (!ringattn::backward_path_available(paths[path].path)) {
@@ -60,13 +64,16 @@ void block_backward(benchmark::State& state) {
   ringattn::bench::report_flops(
       state, 2.5 * ringattn::bench::attention_forward_flops(1, q_heads, s, s, d, causal));
   static constexpr const char* parts[] = {"", " (dK/dV kernel)", " (dQ kernel)"};
+  static constexpr const char* five_parts[] = {"", " (kernel, dQ reduction left out)",
+                                               " (kernel with dQ reduction)", " (kernel, head-major dQ)"};
   state.SetLabel(std::string(names[path]) + " backward" + (causal ? " causal" : " full") +
-                 parts[kernels]);
+                 (path == 5 ? five_parts : parts)[kernels]);
 }
 BENCHMARK(block_backward)
     ->ArgNames({"tokens", "kv_heads", "causal", "path", "kernels"})
-    ->ArgsProduct({{8192, 32768}, {32, 8}, {0, 1}, {4, 3, 2, 1}, {0}})
-    ->ArgsProduct({{8192}, {8}, {0, 1}, {4, 3, 2, 1}, {1, 2}})
+    ->ArgsProduct({{8192, 32768}, {32, 8}, {0, 1}, {5, 4, 3, 2, 1}, {0}})
+    ->ArgsProduct({{8192}, {8}, {0, 1}, {5, 4, 3, 2, 1}, {1, 2}})
+    ->ArgsProduct({{8192}, {8}, {0, 1}, {5}, {3}})
     ->ArgsProduct({{2048, 8192}, {8}, {0, 1}, {0}, {0}})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond)

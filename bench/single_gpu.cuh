@@ -72,9 +72,20 @@ public:
   }
   //! One kind of the tensor-core block backward's thread blocks alone (1: dK/dV, 2: dQ), into
   //! the fp32 accumulators as they are: where the backward's time goes.
+  //! Under a non-deterministic schedule at head_dim 128 (the five-product kernel, one kind of
+  //! block): 1 its blocks with dQ's reduction left out, 2 with it.
   void backward_kernel(int which, cudaStream_t stream) const {
     auto p = backward_.tc_params<T>(
         {q(), k(), v(), out_view(dout_), lse_, delta_, args_, {dq_, dk_, dv_}});
+    if (backward_.five_products(args_.qk_dim(), args_.v_dim())) {
+      if (which == 1)
+        ringattn::detail::launch_block_backward_five<T, 0>(p, stream);
+      else if (which == 2)
+        ringattn::detail::launch_block_backward_five<T, 1>(p, stream);
+      else
+        ringattn::detail::launch_block_backward_five<T, 2>(p, stream);
+      return;
+    }
     (which == 1 ? p.row_tile_count : p.key_tile_count) = 0;
     const int wgmma = backward_.wgmma(args_.head_dim) ? backward_.wgmma_warpgroups() : 0;
     if (args_.separate_widths())

@@ -58,8 +58,9 @@ TEST_CASE_TEMPLATE("CUDA block backward equals the oracle: bands x GQA x head_di
   CAPTURE(seed);
   std::mt19937_64 rng(seed);
   const double tc_tolerance = std::is_same_v<T, __nv_bfloat16> ? 4e-3 : 1e-3;
-  // CUDA cores, mma.sync, wgmma with three (a producer) warpgroups a thread block, and in builds
-  // with RINGATTN_EXPERIMENTS also with one and two.
+  // CUDA cores, mma.sync, wgmma with three (a producer) warpgroups a thread block, in builds with
+  // RINGATTN_EXPERIMENTS also with one and two, and the non-deterministic wgmma schedule (the
+  // five-product kernel at head_dim 128, whose dQ is not bitwise repeatable).
   std::vector<backward_options> paths{{backward_path::cuda_cores, 0},
                                       {backward_path::tensor_cores, 0}};
   if (backward_path_available(backward_path::wgmma))
@@ -67,16 +68,14 @@ TEST_CASE_TEMPLATE("CUDA block backward equals the oracle: bands x GQA x head_di
 #if defined(RINGATTN_EXPERIMENTS)
       {backward_path::wgmma, 1}, {backward_path::wgmma, 2},
 #endif
-      {
-        backward_path::wgmma, 3
-      }
+      {backward_path::wgmma, 3}, {backward_path::wgmma, 3, false}
     });
   else
     MESSAGE("no wgmma kernels here (an sm_90a image on a compute capability 9.0 device)");
   // RINGATTN_TEST_SMALL=1 (compute-sanitizer runs): GQA 1 and 4, head_dim 64 and 128, shorter
   // sequences.
   const bool small = std::getenv("RINGATTN_TEST_SMALL") != nullptr;
-  double worst[5] = {}; // the largest error seen per path (as in `paths`)
+  double worst[6] = {}; // the largest error seen per path (as in `paths`)
   for (int group : {1, 4, 8})
     for (int d : {64, 128, 256})
       for (const band& b : test::test_bands(rng)) {
@@ -107,7 +106,10 @@ TEST_CASE_TEMPLATE("CUDA block backward equals the oracle: bands x GQA x head_di
           CHECK(test::grad_error(split.dk, c.ref.dk.data) < tol);
           CHECK(test::grad_error(split.dv, c.ref.dv.data) < tol);
           const test::block_grads again = run(c, c.calls(3, true), path);
-          CHECK(std::memcmp(again.dq.data(), split.dq.data(), split.dq.size() * 4) == 0);
+          if (path.deterministic)
+            CHECK(std::memcmp(again.dq.data(), split.dq.data(), split.dq.size() * 4) == 0);
+          else
+            CHECK(test::grad_error(again.dq, c.ref.dq.data) < tol);
           CHECK(std::memcmp(again.dk.data(), split.dk.data(), split.dk.size() * 4) == 0);
           CHECK(std::memcmp(again.dv.data(), split.dv.data(), split.dv.size() * 4) == 0);
         }
@@ -116,7 +118,8 @@ TEST_CASE_TEMPLATE("CUDA block backward equals the oracle: bands x GQA x head_di
   for (std::size_t i = 0; i < paths.size(); ++i)
     seen += std::string(i ? ", " : "") + to_string(paths[i].path) +
             (paths[i].path == backward_path::wgmma
-                 ? " (" + std::to_string(paths[i].wgmma_warpgroups) + " warpgroups)"
+                 ? " (" + std::to_string(paths[i].wgmma_warpgroups) + " warpgroups" +
+                       (paths[i].deterministic ? ")" : ", non-deterministic)")
                  : std::string()) +
             " " + std::to_string(worst[i]);
   MESSAGE("largest relative error: ", seen);

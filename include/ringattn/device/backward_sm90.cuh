@@ -118,10 +118,11 @@ __device__ __forceinline__ void add_rows(float* base, std::int64_t row_stride, i
   }
 }
 // The mbarriers of a warp-specialised block (producer warpgroup 0, consumers 1 and 2), for step
-// n of a pipeline of `S` stages: `full` (every producer thread's copies of the step landed),
-// `empty` (every consumer thread is done with the stage), and `kept` (the producer's copies of
-// the tiles the block keeps throughout). One set a thread block (static shared memory).
-template <int S>
+// n of a pipeline of `S` stages: `full` (the copies of each of the `Producers` copying threads
+// for the step landed), `empty` (every consumer thread is done with the stage), and `kept` (the
+// producer's copies of the tiles the block keeps throughout). One set a thread block (static
+// shared memory).
+template <int S, int Producers = 128>
 struct ws_barriers {
   std::uint32_t full0, empty0, kept;
   // Every thread of the block calls it (thread 0 initialises, then a block barrier).
@@ -130,10 +131,10 @@ struct ws_barriers {
     const ws_barriers w{smem_address(&bars[0]), smem_address(&bars[S]), smem_address(&bars[2 * S])};
     if (threadIdx.x == 0) {
       for (int st = 0; st < S; ++st) {
-        mbarrier_init(w.full0 + 8 * st, 128);
+        mbarrier_init(w.full0 + 8 * st, Producers);
         mbarrier_init(w.empty0 + 8 * st, 256);
       }
-      mbarrier_init(w.kept, 128);
+      mbarrier_init(w.kept, Producers);
     }
     __syncthreads();
     return w;
@@ -153,6 +154,11 @@ struct ws_barriers {
   }
   __device__ __forceinline__ void release(int n) const { mbarrier_arrive(empty0 + 8 * (n % S)); }
 };
+// What a dK/dV step computes besides dK and dV: nothing.
+struct no_extra_products {
+  __device__ __forceinline__ void before_dk(const std::uint32_t (&)[4][4], int, int) {}
+  __device__ __forceinline__ void after_dk() {}
+};
 // One step of a dK/dV block's warpgroup: S^T and dP^T of its 64 key rows (`k`, `v`: those rows
 // of the block's [BK, D] K and [BK, DV] V tiles; `key0` the first of them in the block) against
 // the step's 64 query rows (`q`, `o`: their Q and dO tiles; `lse` in natural log and `delta` in
@@ -163,11 +169,15 @@ struct ws_barriers {
 // then kept only as its 16-bit fragments (dS^T is computed from them), dP^T is computed after
 // it, lse and delta are read from shared memory where they are used, and dV's and dK's products
 // go out together.
-template <class T, int D, int DV, int BK, class Step>
+// `extra` (the five-product kernel's dQ, `dq_five`; none by default) gets the packed dS^T before
+// dK's product is issued (`before_dk`) and issues its own products after it (`after_dk`), which
+// the step's last wait covers.
+template <class T, int D, int DV, int BK, class Step, class Extra = no_extra_products>
 __device__ __forceinline__ void dkdv_step(float (&dk)[D / 2], float (&dv)[DV / 2], const Step& st,
                                           int cols, int key0, std::uint32_t k, std::uint32_t v,
                                           std::uint32_t q, std::uint32_t o, const float* lse,
-                                          const float* delta, float scale, int warp, int lane) {
+                                          const float* delta, float scale, int warp, int lane,
+                                          Extra&& extra = Extra{}) {
   constexpr float log2e = 1.4426950408889634f;
   constexpr bool lean = D + DV > 256;
   const float scale_log2 = scale * log2e;
@@ -274,12 +284,14 @@ __device__ __forceinline__ void dkdv_step(float (&dk)[D / 2], float (&dv)[DV / 2
       for (int e = 0; e < 4; ++e)
         dp[4 * t + e] = s[4 * t + e] * (dp[4 * t + e] - delta_at(t, e & 1)) * scale;
     pack<T>(dp, da);
+    extra.before_dk(da, warp, lane);
     fence_operands(da);
     fence_operands(dk);
     wgmma_fence();
   }
   product_rs<T>(dk, da, q); // dK += dS^T Q
   wgmma_commit();
+  extra.after_dk();
   wgmma_wait<0>();
   fence_operands(pa);
   fence_operands(da);
@@ -684,6 +696,213 @@ __device__ __forceinline__ void dq_sm90_ws(const tc_backward_params<T>& tp, std:
   }
   const std::int64_t stride = static_cast<std::int64_t>(p.q_heads) * D;
   add_rows<D>(p.dq + row0 * stride + h * D, stride, cw * R + warp * 16, rows, dq, lane);
+}
+
+namespace sm90_backward {
+// Shared memory of the five-product kernel's parts (bytes; each swizzled tile 1 KB aligned).
+struct five_layout {
+  static constexpr int stages = 2;
+  static constexpr int kv_tile = 2 * R * 128 * 2;         // K or V: 128 keys x 128 bf16/fp16
+  static constexpr int q_tile = R * 128 * 2;              // Q or dO: 64 rows x 128
+  static constexpr int stage_bytes = 2 * q_tile;          // Q then dO
+  static constexpr int ds_tile = 2 * R * R * 2;           // dS^T: 128 keys x 64 rows
+  static constexpr int dq_stride = 136;                   // floats a row of the dQ tile
+  static constexpr int dq_tile = R * dq_stride * 4;       // 64 rows x 128 fp32 (both consumers)
+  static constexpr int k = 0, v = kv_tile, stage0 = 2 * kv_tile;
+  static constexpr int ds = stage0 + stages * stage_bytes; // two dS^T tiles
+  static constexpr int dq = ds + 2 * ds_tile;              // two dQ tiles (one a consumer)
+  static constexpr int lse = dq + dq_tile;                 // lse[stages][64], delta[stages][64]
+  static constexpr int bytes = lse + 2 * stages * R * 4;
+};
+// Named barriers of the five-product kernel (0 is __syncthreads): both consumers' dS^T halves
+// written; consumer c's dQ tile written (`dq_full` + c) and read by the writer (`dq_read` + c),
+// each of the consumer's 128 threads and the writer warp's 32.
+inline constexpr int five_ds_ready = 1, five_dq_full = 2, five_dq_read = 3;
+// dQ of a consumer warpgroup's step in the five-product kernel: dQ[:, 64 cw..] = dS K over the
+// block's 128 keys. `before_dk` writes this warpgroup's 64 keys of dS^T (packed, the 128-byte
+// swizzle: key rows of 64 query rows) into the step's dS^T tile; `after_dk` waits until the
+// other consumer's half is there and issues the 8 k-steps, A read M-major from the dS^T tile, B
+// = K read N-major (its rows are the keys).
+template <class T>
+struct dq_five {
+  float acc[32];
+  std::uint32_t ds, k; // the step's dS^T tile; K's 64 columns 64 cw..
+  int cw;
+  __device__ __forceinline__ void before_dk(const std::uint32_t (&da)[4][4], int warp, int lane) {
+    // Element (key, row) at key * 128 + ((row / 8) ^ (key % 8)) * 16 + (row % 8) * 2; this lane's
+    // keys are 64 cw + 16 warp + lane / 4 (+ 8), so key % 8 = lane / 4.
+    const std::uint32_t line = ds + (cw * R + warp * 16 + (lane >> 2)) * 128 + (lane & 3) * 4;
+#pragma unroll
+    for (int t = 0; t < 8; ++t)
+#pragma unroll
+      for (int hi = 0; hi < 2; ++hi)
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(line + hi * 1024 +
+                                                        ((t ^ (lane >> 2)) << 4)),
+                     "r"(da[t / 2][(t & 1) * 2 + hi])
+                     : "memory");
+    fence_proxy_async(); // before the other consumer's wgmma reads it
+  }
+  __device__ __forceinline__ void after_dk() {
+    named_barrier_sync<256>(five_ds_ready);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < 2 * R / 16; ++kk)
+      wgmma_ss<T, 1, 1>(acc, n_major(ds, kk), n_major(k, kk), kk > 0);
+    wgmma_commit();
+  }
+};
+} // namespace sm90_backward
+
+//! dK, dV of 128 key columns of one kv head and their share of dQ, in five products (head_dim
+//! 128): the warp-specialised block of `dkdv_sm90_ws`, whose consumers also compute dQ = dS K
+//! of each step (`dq_five`: dS^T through shared memory, both consumers' halves) and hand it, fp32,
+//! through a shared-memory tile to the producer warpgroup's third warp, which adds it to `p.dq`
+//! with bulk reductions in the L2 (`cp.reduce.async.bulk .add.f32`, a 256-byte row at a time), so
+//! the consumers never wait for the L2. The producer's first two warps copy (64 threads, two
+//! stages); its fourth has nothing to do. dQ is added in no fixed order (not bitwise repeatable).
+//! `Reduce` false leaves the reduction out (what it costs: bench/block_backward.cu).
+template <class T, int Reduce>
+__device__ __forceinline__ void dkdv_dq_sm90(const tc_backward_params<T>& tp, std::int64_t b) {
+  using namespace sm90_backward;
+  using L = five_layout;
+  constexpr int D = 128, BK = 2 * R, S = L::stages;
+  static_assert(sizeof(T) == 2);
+  const backward_params<T>& p = tp.b;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  const std::uint32_t raw = smem_address(smem_raw);
+  const std::uint32_t pad = (1024u - (raw & 1023u)) & 1023u; // swizzle atoms start 1 KB aligned
+  const std::uint32_t base = raw + pad, aK = base + L::k, aV = base + L::v, aS = base + L::stage0,
+                      aDS = base + L::ds, aDQ = base + L::dq;
+  float* sL = reinterpret_cast<float*>(smem_raw + pad + L::lse);
+  float* sD = sL + S * R;
+  const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x >> 7), 0);
+  const int kvh = static_cast<int>(b % p.kv_heads);
+  const key_tile kt = tp.key_tiles[b / p.kv_heads];
+  const key_interval in = p.intervals[kt.interval];
+  const int cols = static_cast<int>(in.end - kt.begin < BK ? in.end - kt.begin : BK);
+  const std::int64_t dq_stride = static_cast<std::int64_t>(p.q_heads) * D;
+  const auto bars = ws_barriers<S, 64>::make(); // kept: K and V
+
+  if (wg == 0) {
+    setmaxnreg_dec<24>(); // with the consumers' 240: 24 x 128 + 240 x 256 = 65536
+    const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x >> 5), 0);
+    const int tid = static_cast<int>(threadIdx.x);
+    if (warp < 2) {
+      // ---- copies: K, V; then step n's tiles into stage n % S once step n - S released it.
+      produce_tile<BK, D, 64>(aK, p.k + kt.begin * p.k_token_stride + kvh * p.k_head_stride,
+                              p.k_token_stride, cols, tid);
+      produce_tile<BK, D, 64>(aV, p.v + kt.begin * p.v_token_stride + kvh * p.v_head_stride,
+                              p.v_token_stride, cols, tid);
+      cp_async_mbarrier_arrive(bars.kept);
+      cover_walk<T> w(p, in, kt.begin, cols, kvh);
+      for (int n = 0; !w.done(); ++n, w.next()) {
+        const int stage = n % S;
+        bars.wait_empty(n);
+        const block_group& g = p.groups[w.cover().group];
+        const std::int64_t row0 = g.q_begin + w.i0;
+        const int rows = static_cast<int>(g.q_count - w.i0 < R ? g.q_count - w.i0 : R);
+        const std::uint32_t q = aS + stage * L::stage_bytes;
+        produce_tile<R, D, 64>(q, p.q + row0 * p.q_token_stride + w.h * p.q_head_stride,
+                               p.q_token_stride, rows, tid);
+        produce_tile<R, D, 64>(q + L::q_tile,
+                               p.dout + row0 * p.do_token_stride + w.h * p.do_head_stride,
+                               p.do_token_stride, rows, tid);
+        // lse and delta of the rows (thread r: row r); zero past the tile's last row.
+        const bool ok = tid < rows;
+        const std::int64_t at = w.h * p.q_tokens + row0 + (ok ? tid : 0);
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(
+                         smem_address(sL + stage * R + tid)),
+                     "l"(p.lse + at), "r"(ok ? 4 : 0));
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(
+                         smem_address(sD + stage * R + tid)),
+                     "l"(p.delta + at), "r"(ok ? 4 : 0));
+        bars.filled(n);
+      }
+      cp_async_wait_all();
+    } else if (warp == 2) {
+      // ---- the dQ writer: per step, each consumer's tile (its rows of 64 columns) added to dQ.
+      const int lane = tid & 31;
+      cover_walk<T> w(p, in, kt.begin, cols, kvh);
+      while (!w.done()) {
+        const block_group& g = p.groups[w.cover().group];
+        const int rows = static_cast<int>(g.q_count - w.i0 < R ? g.q_count - w.i0 : R);
+        float* dst = p.dq + (g.q_begin + w.i0) * dq_stride + w.h * D;
+        const std::int64_t w_h = w.h, w_row = g.q_begin + w.i0;
+        w.next();
+        const bool last = w.done();
+        named_barrier_sync<288>(five_dq_full);
+        if constexpr (Reduce == 1) {
+          for (int r = lane; r < rows; r += 32)
+            bulk_reduce_add_f32(dst + r * dq_stride, aDQ + r * (L::dq_stride * 4), D * 4);
+        } else if constexpr (Reduce == 2) {
+          if (lane == 0)
+            bulk_reduce_add_f32(p.dq + (w_h * p.q_tokens + w_row) * D, aDQ, rows * D * 4);
+        }
+        bulk_wait_read();
+        if (!last) named_barrier_arrive<288>(five_dq_read);
+      }
+      asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+    }
+    return;
+  }
+
+  // ---- consumers
+  setmaxnreg_inc<240>();
+  const int cw = wg - 1; // consumer warpgroup 0 or 1: key columns 64 cw.., dQ columns 64 cw..
+  const int tid = static_cast<int>(threadIdx.x & 127), warp = tid >> 5, lane = tid & 31;
+  cover_walk<T> w(p, in, kt.begin, cols, kvh);
+  float dk[D / 2], dv[D / 2];
+#pragma unroll
+  for (int i = 0; i < D / 2; ++i)
+    dk[i] = dv[i] = 0.0f;
+  const std::uint32_t myK = aK + cw * (R * 128), myV = aV + cw * (R * 128);
+  dq_five<T> five{{}, 0, aK + cw * (BK * 128), cw};
+  // This thread's place in its dQ tile: rows 16 warp + lane / 4 (+ 8), columns 8 t + 2 (lane % 4).
+  constexpr int tile_stride = Reduce == 2 ? D : L::dq_stride;
+  float* const tile = reinterpret_cast<float*>(smem_raw + pad + L::dq) +
+                      (warp * 16 + (lane >> 2)) * tile_stride + cw * R + (lane & 3) * 2;
+  if (!w.done()) mbarrier_wait(bars.kept, 0);
+  auto next = w.done() ? decltype(w.current()){} : w.current();
+  for (int n = 0; !w.done(); ++n) {
+    const auto st = next;
+    w.next();
+    if (!w.done()) next = w.current();
+    const int stage = n % S;
+    bars.wait_full(n);
+    const std::uint32_t cQ = aS + stage * L::stage_bytes;
+    five.ds = aDS + (n & 1) * L::ds_tile;
+    dkdv_step<T, D, D, BK>(dk, dv, st, cols, cw * R, myK, myV, cQ, cQ + L::q_tile, sL + stage * R,
+                           sD + stage * R, p.scale, warp, lane, five);
+    fence_operands(five.acc);
+    bars.release(n); // the step's tiles fully read
+    // The dQ tile: once the writer has read the last step's.
+    if (n > 0) named_barrier_sync<288>(five_dq_read);
+#pragma unroll
+    for (int t = 0; t < 8; ++t)
+#pragma unroll
+      for (int hi = 0; hi < 2; ++hi)
+        *reinterpret_cast<float2*>(tile + hi * 8 * tile_stride + t * 8) =
+            make_float2(five.acc[4 * t + 2 * hi], five.acc[4 * t + 2 * hi + 1]);
+    fence_proxy_async(); // before the writer's bulk copies read it
+    named_barrier_arrive<288>(five_dq_full);
+  }
+  const std::int64_t stride = static_cast<std::int64_t>(p.kv_heads) * D;
+  add_rows<D>(p.dk + kt.begin * stride + kvh * D, stride, cw * R + warp * 16, cols, dk, lane);
+  add_rows<D>(p.dv + kt.begin * stride + kvh * D, stride, cw * R + warp * 16, cols, dv, lane);
+}
+
+//! Dynamic shared memory of the five-product kernel (plus 1 KB to align the swizzle atoms).
+inline constexpr int sm90_five_smem_bytes = sm90_backward::five_layout::bytes + 1024;
+
+//! The five-product Hopper block backward (head_dim 128): one thread block of `dkdv_dq_sm90` a
+//! (key tile, kv head), 384 threads; dQ is added to `p.dq` (fp32, 16-byte aligned) in the L2.
+template <class T, int Reduce = 1>
+__global__ void __launch_bounds__(384, 1) backward_sm90_five_kernel(tc_backward_params<T> tp) {
+#if RINGATTN_WGMMA_ENABLED
+  dkdv_dq_sm90<T, Reduce>(tp, blockIdx.x);
+#else
+  __trap(); // launched only where wgmma_available() said yes
+#endif
 }
 
 //! The whole Hopper block backward in one launch: the first key_tile_count * kv_heads thread

@@ -171,31 +171,32 @@ __device__ __forceinline__ std::uint64_t sw128_descriptor(std::uint32_t addr, st
       "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),   \
       "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),   \
       "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
-// One instruction, A from a descriptor: operands d..., a, b, accumulate, TransB.
-#define RINGATTN_DETAIL_WGMMA_SS(N, TYPE, D, A, B, SCALE, TB)                                      \
+// One instruction, A from a descriptor: operands d..., a, b, accumulate, TransA, TransB.
+#define RINGATTN_DETAIL_WGMMA_SS(N, TYPE, D, A, B, SCALE, TA, TB)                                  \
   "{\n.reg .pred p;\nsetp.ne.b32 p, %" SCALE ", 0;\n"                                              \
   "wgmma.mma_async.sync.aligned.m64n" N "k16.f32." TYPE "." TYPE " " D ", %" A ", %" B             \
-  ", p, 1, 1, 0, %" TB ";\n}\n"
+  ", p, 1, 1, %" TA ", %" TB ";\n}\n"
 // One instruction, A in four registers: operands d..., a0..a3, b, accumulate, TransB.
 #define RINGATTN_DETAIL_WGMMA_RS(N, TYPE, D, A0, A1, A2, A3, B, SCALE, TB)                         \
   "{\n.reg .pred p;\nsetp.ne.b32 p, %" SCALE ", 0;\n"                                              \
   "wgmma.mma_async.sync.aligned.m64n" N "k16.f32." TYPE "." TYPE " " D ", {%" A0 ", %" A1 ", %" A2 \
   ", %" A3 "}, %" B ", p, 1, 1, %" TB ";\n}\n"
 
-//! d (m64n64, fp32) = a * b + (accumulate ? d : 0); a from a descriptor.
-template <class T, int TransB>
+//! d (m64n64, fp32) = a * b + (accumulate ? d : 0); a from a descriptor, read K-major
+//! (`TransA` 0) or M-major (1: the tile holds A^T, rows of 64 M elements).
+template <class T, int TransB, int TransA = 0>
 __device__ __forceinline__ void wgmma_ss(float (&d)[32], std::uint64_t a, std::uint64_t b,
                                          int accumulate) {
   if constexpr (std::is_same_v<T, __nv_bfloat16>)
-    asm volatile(
-        RINGATTN_DETAIL_WGMMA_SS("64", "bf16", RINGATTN_DETAIL_WGMMA_D32, "32", "33", "34", "35")
-        : RINGATTN_DETAIL_WGMMA_OUT32
-        : "l"(a), "l"(b), "r"(accumulate), "n"(TransB));
+    asm volatile(RINGATTN_DETAIL_WGMMA_SS("64", "bf16", RINGATTN_DETAIL_WGMMA_D32, "32", "33", "34",
+                                          "35", "36")
+                 : RINGATTN_DETAIL_WGMMA_OUT32
+                 : "l"(a), "l"(b), "r"(accumulate), "n"(TransA), "n"(TransB));
   else
-    asm volatile(
-        RINGATTN_DETAIL_WGMMA_SS("64", "f16", RINGATTN_DETAIL_WGMMA_D32, "32", "33", "34", "35")
-        : RINGATTN_DETAIL_WGMMA_OUT32
-        : "l"(a), "l"(b), "r"(accumulate), "n"(TransB));
+    asm volatile(RINGATTN_DETAIL_WGMMA_SS("64", "f16", RINGATTN_DETAIL_WGMMA_D32, "32", "33", "34",
+                                          "35", "36")
+                 : RINGATTN_DETAIL_WGMMA_OUT32
+                 : "l"(a), "l"(b), "r"(accumulate), "n"(TransA), "n"(TransB));
 }
 
 //! d (m64n64, fp32) = a * b + (accumulate ? d : 0); a in registers.
@@ -222,14 +223,14 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[64], std::uint64_t a, std::u
                                          int accumulate) {
   if constexpr (std::is_same_v<T, __nv_bfloat16>)
     asm volatile(
-        RINGATTN_DETAIL_WGMMA_SS("128", "bf16", RINGATTN_DETAIL_WGMMA_D64, "64", "65", "66", "67")
+        RINGATTN_DETAIL_WGMMA_SS("128", "bf16", RINGATTN_DETAIL_WGMMA_D64, "64", "65", "66", "67", "68")
         : RINGATTN_DETAIL_WGMMA_OUT64
-        : "l"(a), "l"(b), "r"(accumulate), "n"(TransB));
+        : "l"(a), "l"(b), "r"(accumulate), "n"(0), "n"(TransB));
   else
     asm volatile(
-        RINGATTN_DETAIL_WGMMA_SS("128", "f16", RINGATTN_DETAIL_WGMMA_D64, "64", "65", "66", "67")
+        RINGATTN_DETAIL_WGMMA_SS("128", "f16", RINGATTN_DETAIL_WGMMA_D64, "64", "65", "66", "67", "68")
         : RINGATTN_DETAIL_WGMMA_OUT64
-        : "l"(a), "l"(b), "r"(accumulate), "n"(TransB));
+        : "l"(a), "l"(b), "r"(accumulate), "n"(0), "n"(TransB));
 }
 
 //! d (m64n128, fp32) = a * b + (accumulate ? d : 0); a in registers.
@@ -250,26 +251,32 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[64], const std::uint32_t (&a
                    "n"(TransB));
 }
 
-//! Copies rows [0, Rows) of a [tokens, D] global slice into a panelled swizzled tile with the 128
-//! threads of the producer warpgroup (`tid` 0..127); rows >= valid are zero-filled. Thread `tid`
-//! always copies chunk tid % (D/8) of rows tid / (D/8) + k * (1024/D): the swizzled offset then
-//! only moves by a constant per row step (an immediate of the unrolled loop), and the source by
-//! one 64-bit add, so each copy costs a few instructions (the producer has 24 registers a thread
-//! and must keep ahead of two consumer warpgroups).
-template <int Rows, int D, class T>
+//! Copies rows [0, Rows) of a [tokens, D] global slice into a panelled swizzled tile with the
+//! `Threads` threads of the producer (`tid` 0..Threads-1); rows >= valid are zero-filled. Thread
+//! `tid` always copies chunk tid % (D/8) of rows tid / (D/8) + k * step (step = Threads / (D/8)):
+//! the swizzled offset then only moves by a constant per row step (an immediate of the unrolled
+//! loop; with a step of 4 rows, one of two constants taking turns), and the source by one 64-bit
+//! add, so each copy costs a few instructions (the producer has few registers a thread and must
+//! keep ahead of two consumer warpgroups).
+template <int Rows, int D, int Threads = 128, class T>
 __device__ __forceinline__ void produce_tile(std::uint32_t s, const T* g, std::int64_t stride,
                                              int valid, int tid) {
-  constexpr int chunks = D / 8, step = 128 / chunks;
-  static_assert(step % 8 == 0 && Rows % step == 0);
+  constexpr int chunks = D / 8, step = Threads / chunks;
+  static_assert((step % 8 == 0 || step == 4) && Rows % (2 * step) == 0);
   const int ch = tid % chunks, r0 = tid / chunks;
-  const std::uint32_t dst =
+  // Rows r0 + k step: the swizzle's row phase is r0 & 7, or with a 4-row step (r0 < 4) r0 + 4 on
+  // odd k.
+  const std::uint32_t dst0 =
       s + 2 * ((ch >> 3) * Rows * 64 + r0 * 64 + (((ch & 7) ^ (r0 & 7)) << 3));
+  const std::uint32_t dst1 =
+      step % 8 == 0 ? dst0 : s + 2 * ((ch >> 3) * Rows * 64 + r0 * 64 + (((ch & 7) ^ (r0 + 4)) << 3));
   const T* src = g + r0 * stride + ch * 8;
   const std::int64_t jump = step * stride;
   if (valid >= Rows) { // a whole tile: no predicate
 #pragma unroll
     for (int k = 0; k < Rows / step; ++k, src += jump)
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst + k * step * 128),
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"((k & 1 ? dst1 : dst0) +
+                                                                       k * step * 128),
                    "l"(src));
     return;
   }
@@ -277,21 +284,22 @@ __device__ __forceinline__ void produce_tile(std::uint32_t s, const T* g, std::i
 #pragma unroll
   for (int k = 0; k < Rows / step; ++k, src += jump) {
     const bool ok = k * step < rows;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst + k * step * 128),
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
+                     (k & 1 ? dst1 : dst0) + k * step * 128),
                  "l"(ok ? src : g), "r"(ok ? 16 : 0));
   }
 }
 
 //! `produce_tile` for every width the kernels take: a 192-wide tile is its first two panels (128
 //! columns) and its third, copied as a 128-wide and a 64-wide tile.
-template <int Rows, int D, class T>
+template <int Rows, int D, int Threads = 128, class T>
 __device__ __forceinline__ void produce_panels(std::uint32_t s, const T* g, std::int64_t stride,
                                                int valid, int tid) {
   if constexpr (D == 192) {
-    produce_tile<Rows, 128>(s, g, stride, valid, tid);
-    produce_tile<Rows, 64>(s + 2 * Rows * 128, g + 128, stride, valid, tid);
+    produce_tile<Rows, 128, Threads>(s, g, stride, valid, tid);
+    produce_tile<Rows, 64, Threads>(s + 2 * Rows * 128, g + 128, stride, valid, tid);
   } else {
-    produce_tile<Rows, D>(s, g, stride, valid, tid);
+    produce_tile<Rows, D, Threads>(s, g, stride, valid, tid);
   }
 }
 

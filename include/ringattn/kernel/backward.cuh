@@ -199,6 +199,11 @@ struct backward_options {
   //! 1 (64 key columns or query rows a block, two blocks an SM) and 2 (128, one block), kept for
   //! comparison (bench/block_backward.cu).
   int wgmma_warpgroups = 0;
+  //! Bitwise-repeatable gradients (the default). `false` lets head_dim 128 on the wgmma path run
+  //! the five-product kernel, which adds each step's dQ share to the fp32 accumulator in the L2
+  //! in no fixed order (dq must then be 16-byte aligned); other widths and paths are the same
+  //! either way.
+  bool deterministic = true;
 };
 //! The tuned warpgroup count of the wgmma backward kernels.
 inline constexpr int tuned_wgmma_warpgroups = backward_tuning_tuned.sm90_warpgroups;
@@ -213,7 +218,7 @@ public:
   device_backward_schedule(std::span<const block_group> groups, std::int64_t q_tokens,
                            std::int64_t kv_tokens, backward_options options)
       : q_tokens_(q_tokens), kv_tokens_(kv_tokens), path_(options.path),
-        wgmma_warpgroups_(options.wgmma_warpgroups == 0 ? tuned_wgmma_warpgroups
+        deterministic_(options.deterministic), wgmma_warpgroups_(options.wgmma_warpgroups == 0 ? tuned_wgmma_warpgroups
                                                         : options.wgmma_warpgroups) {
     validate_groups(groups, q_tokens, kv_tokens).throw_if_invalid();
 #if defined(RINGATTN_EXPERIMENTS)
@@ -302,6 +307,14 @@ public:
            widths_on_wgmma(head_dim, head_dim_v) &&
            (head_dim == head_dim_v || wgmma_warpgroups_ == tuned_wgmma_warpgroups);
   }
+  //! Whether the gradients are bitwise repeatable (backward_options::deterministic).
+  bool deterministic() const noexcept { return deterministic_; }
+  //! Whether calls of these widths run the five-product kernel (dQ reduced in the L2): head_dim
+  //! 128 on the wgmma path of a non-deterministic schedule.
+  bool five_products(int head_dim, int head_dim_v) const noexcept {
+    return !deterministic_ && head_dim == 128 && head_dim_v == 128 && wgmma(head_dim, head_dim_v) &&
+           wgmma_warpgroups_ == tuned_wgmma_warpgroups;
+  }
   //! Whether a call of these widths has a kernel under this schedule: unequal widths need the
   //! wgmma kernels, and equal ones of 192 have none.
   validation supports(int head_dim, int head_dim_v) const {
@@ -358,6 +371,7 @@ public:
 private:
   std::int64_t q_tokens_ = 0, kv_tokens_ = 0;
   backward_path path_ = backward_path::automatic;
+  bool deterministic_ = true;
   int wgmma_warpgroups_ = tuned_wgmma_warpgroups;
   bool tensor_cores_ok_ = false, wgmma_ok_ = false;
   std::int64_t key_items_ = 0, row_items_ = 0;
@@ -481,6 +495,23 @@ void launch_block_backward_tc(const kernels::tc_backward_params<T>& p, int wgmma
     RINGATTN_CUDA_CHECK_LAUNCH();
   }
 }
+// The five-product kernel (head_dim 128): one thread block a (key tile, kv head); `Reduce` false
+// leaves dQ's reduction out (bench/block_backward.cu's measure of what it costs).
+template <class T, int Reduce = 1>
+void launch_block_backward_five(const kernels::tc_backward_params<T>& p, cudaStream_t stream) {
+  const std::int64_t n = p.key_tile_count * p.b.kv_heads;
+  if (n > std::numeric_limits<std::int32_t>::max())
+    throw invalid_argument("ringattn: block backward of " + std::to_string(n) +
+                           " thread blocks (tiles x heads) exceeds one grid; split the call");
+  if (n == 0) return;
+  auto kernel = &kernels::backward_sm90_five_kernel<T, Reduce>;
+  static const bool checked = (require_sm90_registers(kernel, "backward_options{.deterministic = true}"), true);
+  (void)checked;
+  constexpr int smem = kernels::sm90_five_smem_bytes;
+  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem);
+  kernel<<<static_cast<unsigned>(n), 384, smem, stream>>>(p);
+  RINGATTN_CUDA_CHECK_LAUNCH();
+}
 } // namespace detail
 
 //! Whether `path` can run on the current device (`automatic` and `cuda_cores`: always;
@@ -511,12 +542,19 @@ void block_backward(const block_backward_args<T>& a, const device_backward_sched
               "multiples of 8 elements (the tensor-core kernels load 16-byte vectors)");
     r.require(aligned_to(a.grad.dq, 8) && aligned_to(a.grad.dk, 8) && aligned_to(a.grad.dv, 8),
               "dq, dk and dv must be 8-byte aligned (the tensor-core kernels add pairs of floats)");
+    if (s.five_products(a.args.qk_dim(), a.args.v_dim()))
+      r.require(aligned_to(a.grad.dq, 16), "dq must be 16-byte aligned (the non-deterministic "
+                                           "kernel adds it in 256-byte rows)");
   }
   r.require(aligned_to(a.lse, 4) && aligned_to(a.delta, 4), "lse and delta must be 4-byte aligned");
   r.throw_if_invalid();
   if (s.empty()) return;
   if (a.args.separate_widths()) { // 192/128 on wgmma: `supports` said so
     detail::launch_block_backward_tc<T, 192, 128>(s.tc_params(a), s.wgmma_warpgroups(), stream);
+    return;
+  }
+  if (s.five_products(a.args.qk_dim(), a.args.v_dim())) {
+    detail::launch_block_backward_five<T>(s.tc_params(a), stream);
     return;
   }
   if (s.tensor_cores(a.args.head_dim)) {
