@@ -79,11 +79,9 @@ public:
         {q(), k(), v(), out_view(dout_), lse_, delta_, args_, {dq_, dk_, dv_}});
     if (backward_.five_products(args_.qk_dim(), args_.v_dim())) {
       if (which == 1)
-        ringattn::detail::launch_block_backward_five<T, 0>(p, stream);
-      else if (which == 2)
-        ringattn::detail::launch_block_backward_five<T, 1>(p, stream);
+        ringattn::detail::launch_block_backward_five<T, false>(p, stream);
       else
-        ringattn::detail::launch_block_backward_five<T, 2>(p, stream);
+        ringattn::detail::launch_block_backward_five<T, true>(p, stream);
       return;
     }
     (which == 1 ? p.row_tile_count : p.key_tile_count) = 0;

@@ -702,33 +702,39 @@ namespace sm90_backward {
 // Shared memory of the five-product kernel's parts (bytes; each swizzled tile 1 KB aligned).
 struct five_layout {
   static constexpr int stages = 2;
-  static constexpr int kv_tile = 2 * R * 128 * 2;         // K or V: 128 keys x 128 bf16/fp16
-  static constexpr int q_tile = R * 128 * 2;              // Q or dO: 64 rows x 128
-  static constexpr int stage_bytes = 2 * q_tile;          // Q then dO
-  static constexpr int ds_tile = 2 * R * R * 2;           // dS^T: 128 keys x 64 rows
-  static constexpr int dq_stride = 136;                   // floats a row of the dQ tile
-  static constexpr int dq_tile = R * dq_stride * 4;       // 64 rows x 128 fp32 (both consumers)
+  static constexpr int kv_tile = 2 * R * 128 * 2;   // K or V: 128 keys x 128 bf16/fp16
+  static constexpr int q_tile = R * 128 * 2;        // Q or dO: 64 rows x 128
+  static constexpr int stage_bytes = 2 * q_tile;    // Q then dO
+  static constexpr int ds_tile = 2 * R * R * 2;     // dS^T: 128 keys x 64 rows
+  static constexpr int dq_stride = 136;             // floats a row of a dQ tile (no bank conflict)
+  static constexpr int dq_tile = R * dq_stride * 4; // 64 rows x 128 fp32 (both consumers' halves)
   static constexpr int k = 0, v = kv_tile, stage0 = 2 * kv_tile;
-  static constexpr int ds = stage0 + stages * stage_bytes; // two dS^T tiles
-  static constexpr int dq = ds + 2 * ds_tile;              // two dQ tiles (one a consumer)
-  static constexpr int lse = dq + dq_tile;                 // lse[stages][64], delta[stages][64]
+  static constexpr int ds = stage0 + stages * stage_bytes; // one dS^T tile
+  static constexpr int dq = ds + ds_tile;                  // two dQ tiles (alternate steps)
+  static constexpr int lse = dq + 2 * dq_tile;             // lse[stages][64], delta[stages][64]
   static constexpr int bytes = lse + 2 * stages * R * 4;
 };
-// Named barriers of the five-product kernel (0 is __syncthreads): both consumers' dS^T halves
-// written; consumer c's dQ tile written (`dq_full` + c) and read by the writer (`dq_read` + c),
-// each of the consumer's 128 threads and the writer warp's 32.
-inline constexpr int five_ds_ready = 1, five_dq_full = 2, five_dq_read = 3;
+// Named barriers of the five-product kernel (0 is __syncthreads):
+// - `ds_ready`: both consumers' dS^T halves of the step written (both consumers, 256 threads);
+// - `ds_free` + c: the other consumer's dQ product of the last step, which read consumer c's
+//   half, is done (it arrives, c waits before writing: 256);
+// - `dq_full` + b: dQ tile b written (the consumers arrive, the writer warp waits: 288);
+// - `dq_read` + b: the writer's bulk reductions have read dQ tile b (it arrives, the consumers
+//   wait before writing it again: 288).
+inline constexpr int five_ds_ready = 1, five_ds_free = 2, five_dq_full = 4, five_dq_read = 6;
 // dQ of a consumer warpgroup's step in the five-product kernel: dQ[:, 64 cw..] = dS K over the
 // block's 128 keys. `before_dk` writes this warpgroup's 64 keys of dS^T (packed, the 128-byte
-// swizzle: key rows of 64 query rows) into the step's dS^T tile; `after_dk` waits until the
-// other consumer's half is there and issues the 8 k-steps, A read M-major from the dS^T tile, B
-// = K read N-major (its rows are the keys).
+// swizzle: key rows of 64 query rows) into the dS^T tile, once the other consumer's last product
+// on it is done; `after_dk` waits until the other consumer's half is there and issues the 8
+// k-steps, A read M-major from the dS^T tile, B = K read N-major (its rows are the keys).
 template <class T>
 struct dq_five {
   float acc[32];
-  std::uint32_t ds, k; // the step's dS^T tile; K's 64 columns 64 cw..
+  std::uint32_t ds, k; // the dS^T tile; K's 64 columns 64 cw..
   int cw;
+  bool first; // the walk's first step (the tile is free)
   __device__ __forceinline__ void before_dk(const std::uint32_t (&da)[4][4], int warp, int lane) {
+    if (!first) named_barrier_sync<256>(five_ds_free + cw);
     // Element (key, row) at key * 128 + ((row / 8) ^ (key % 8)) * 16 + (row % 8) * 2; this lane's
     // keys are 64 cw + 16 warp + lane / 4 (+ 8), so key % 8 = lane / 4.
     const std::uint32_t line = ds + (cw * R + warp * 16 + (lane >> 2)) * 128 + (lane & 3) * 4;
@@ -756,12 +762,13 @@ struct dq_five {
 //! dK, dV of 128 key columns of one kv head and their share of dQ, in five products (head_dim
 //! 128): the warp-specialised block of `dkdv_sm90_ws`, whose consumers also compute dQ = dS K
 //! of each step (`dq_five`: dS^T through shared memory, both consumers' halves) and hand it, fp32,
-//! through a shared-memory tile to the producer warpgroup's third warp, which adds it to `p.dq`
-//! with bulk reductions in the L2 (`cp.reduce.async.bulk .add.f32`, a 256-byte row at a time), so
-//! the consumers never wait for the L2. The producer's first two warps copy (64 threads, two
+//! through one of two shared-memory tiles to the producer warpgroup's third warp, which adds it
+//! to `p.dq` with bulk reductions in the L2 (`cp.reduce.async.bulk .add.f32`, a 512-byte row
+//! each, one bulk group a step) and waits for a tile's reads only a step later, so neither the
+//! consumers nor the writer wait for the L2. The producer's first two warps copy (64 threads, two
 //! stages); its fourth has nothing to do. dQ is added in no fixed order (not bitwise repeatable).
 //! `Reduce` false leaves the reduction out (what it costs: bench/block_backward.cu).
-template <class T, int Reduce>
+template <class T, bool Reduce>
 __device__ __forceinline__ void dkdv_dq_sm90(const tc_backward_params<T>& tp, std::int64_t b) {
   using namespace sm90_backward;
   using L = five_layout;
@@ -772,7 +779,7 @@ __device__ __forceinline__ void dkdv_dq_sm90(const tc_backward_params<T>& tp, st
   const std::uint32_t raw = smem_address(smem_raw);
   const std::uint32_t pad = (1024u - (raw & 1023u)) & 1023u; // swizzle atoms start 1 KB aligned
   const std::uint32_t base = raw + pad, aK = base + L::k, aV = base + L::v, aS = base + L::stage0,
-                      aDS = base + L::ds, aDQ = base + L::dq;
+                      aDQ = base + L::dq;
   float* sL = reinterpret_cast<float*>(smem_raw + pad + L::lse);
   float* sD = sL + S * R;
   const int wg = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x >> 7), 0);
@@ -780,11 +787,10 @@ __device__ __forceinline__ void dkdv_dq_sm90(const tc_backward_params<T>& tp, st
   const key_tile kt = tp.key_tiles[b / p.kv_heads];
   const key_interval in = p.intervals[kt.interval];
   const int cols = static_cast<int>(in.end - kt.begin < BK ? in.end - kt.begin : BK);
-  const std::int64_t dq_stride = static_cast<std::int64_t>(p.q_heads) * D;
   const auto bars = ws_barriers<S, 64>::make(); // kept: K and V
 
   if (wg == 0) {
-    setmaxnreg_dec<24>(); // with the consumers' 240: 24 x 128 + 240 x 256 = 65536
+    setmaxnreg_dec<24>(); // with the consumers' 240: 24 x 128 + 240 x 256 = 168 x 384
     const int warp = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x >> 5), 0);
     const int tid = static_cast<int>(threadIdx.x);
     if (warp < 2) {
@@ -820,28 +826,29 @@ __device__ __forceinline__ void dkdv_dq_sm90(const tc_backward_params<T>& tp, st
       }
       cp_async_wait_all();
     } else if (warp == 2) {
-      // ---- the dQ writer: per step, each consumer's tile (its rows of 64 columns) added to dQ.
+      // ---- the dQ writer: step n's tile (its rows of 128 columns) added to dQ as one bulk
+      // group; the tile of step n - 1 handed back once that group has read it.
       const int lane = tid & 31;
+      const std::int64_t stride = static_cast<std::int64_t>(p.q_heads) * D;
       cover_walk<T> w(p, in, kt.begin, cols, kvh);
-      while (!w.done()) {
+      for (int n = 0; !w.done(); ++n) {
         const block_group& g = p.groups[w.cover().group];
         const int rows = static_cast<int>(g.q_count - w.i0 < R ? g.q_count - w.i0 : R);
-        float* dst = p.dq + (g.q_begin + w.i0) * dq_stride + w.h * D;
-        const std::int64_t w_h = w.h, w_row = g.q_begin + w.i0;
+        float* const dst = p.dq + (g.q_begin + w.i0) * stride + w.h * D;
         w.next();
-        const bool last = w.done();
-        named_barrier_sync<288>(five_dq_full);
-        if constexpr (Reduce == 1) {
+        const int buf = n & 1;
+        named_barrier_sync<288>(five_dq_full + buf);
+        if constexpr (Reduce)
           for (int r = lane; r < rows; r += 32)
-            bulk_reduce_add_f32(dst + r * dq_stride, aDQ + r * (L::dq_stride * 4), D * 4);
-        } else if constexpr (Reduce == 2) {
-          if (lane == 0)
-            bulk_reduce_add_f32(p.dq + (w_h * p.q_tokens + w_row) * D, aDQ, rows * D * 4);
+            bulk_reduce_add_f32_uncommitted(
+                dst + r * stride, aDQ + buf * L::dq_tile + r * (L::dq_stride * 4), D * 4);
+        bulk_commit();
+        if (n > 0) {
+          bulk_wait_read<1>();
+          if (!w.done()) named_barrier_arrive<288>(five_dq_read + (buf ^ 1));
         }
-        bulk_wait_read();
-        if (!last) named_barrier_arrive<288>(five_dq_read);
       }
-      asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+      bulk_wait_all();
     }
     return;
   }
@@ -856,35 +863,39 @@ __device__ __forceinline__ void dkdv_dq_sm90(const tc_backward_params<T>& tp, st
   for (int i = 0; i < D / 2; ++i)
     dk[i] = dv[i] = 0.0f;
   const std::uint32_t myK = aK + cw * (R * 128), myV = aV + cw * (R * 128);
-  dq_five<T> five{{}, 0, aK + cw * (BK * 128), cw};
-  // This thread's place in its dQ tile: rows 16 warp + lane / 4 (+ 8), columns 8 t + 2 (lane % 4).
-  constexpr int tile_stride = Reduce == 2 ? D : L::dq_stride;
-  float* const tile = reinterpret_cast<float*>(smem_raw + pad + L::dq) +
-                      (warp * 16 + (lane >> 2)) * tile_stride + cw * R + (lane & 3) * 2;
+  dq_five<T> five{{}, base + L::ds, aK + cw * (BK * 128), cw, true};
+  // This thread's place in dQ tile 0: rows 16 warp + lane / 4 (+ 8), columns 64 cw + 8 t +
+  // 2 (lane % 4) (+ 1).
+  float* const tile0 = reinterpret_cast<float*>(smem_raw + pad + L::dq) +
+                       (warp * 16 + (lane >> 2)) * L::dq_stride + cw * R + (lane & 3) * 2;
   if (!w.done()) mbarrier_wait(bars.kept, 0);
   auto next = w.done() ? decltype(w.current()){} : w.current();
   for (int n = 0; !w.done(); ++n) {
     const auto st = next;
     w.next();
-    if (!w.done()) next = w.current();
+    const bool last = w.done();
+    if (!last) next = w.current();
     const int stage = n % S;
     bars.wait_full(n);
     const std::uint32_t cQ = aS + stage * L::stage_bytes;
-    five.ds = aDS + (n & 1) * L::ds_tile;
+    five.first = n == 0;
     dkdv_step<T, D, D, BK>(dk, dv, st, cols, cw * R, myK, myV, cQ, cQ + L::q_tile, sL + stage * R,
                            sD + stage * R, p.scale, warp, lane, five);
     fence_operands(five.acc);
     bars.release(n); // the step's tiles fully read
-    // The dQ tile: once the writer has read the last step's.
-    if (n > 0) named_barrier_sync<288>(five_dq_read);
+    if (!last) named_barrier_arrive<256>(five_ds_free + (cw ^ 1)); // dS^T read
+    // dQ tile n % 2, once the writer has read step n - 2's from it.
+    const int buf = n & 1;
+    if (n > 1) named_barrier_sync<288>(five_dq_read + buf);
+    float* const tile = tile0 + buf * (L::dq_tile / 4);
 #pragma unroll
     for (int t = 0; t < 8; ++t)
 #pragma unroll
       for (int hi = 0; hi < 2; ++hi)
-        *reinterpret_cast<float2*>(tile + hi * 8 * tile_stride + t * 8) =
+        *reinterpret_cast<float2*>(tile + hi * 8 * L::dq_stride + t * 8) =
             make_float2(five.acc[4 * t + 2 * hi], five.acc[4 * t + 2 * hi + 1]);
-    fence_proxy_async(); // before the writer's bulk copies read it
-    named_barrier_arrive<288>(five_dq_full);
+    fence_proxy_async(); // before the writer's bulk reductions read it
+    named_barrier_arrive<288>(five_dq_full + buf);
   }
   const std::int64_t stride = static_cast<std::int64_t>(p.kv_heads) * D;
   add_rows<D>(p.dk + kt.begin * stride + kvh * D, stride, cw * R + warp * 16, cols, dk, lane);
@@ -896,7 +907,7 @@ inline constexpr int sm90_five_smem_bytes = sm90_backward::five_layout::bytes + 
 
 //! The five-product Hopper block backward (head_dim 128): one thread block of `dkdv_dq_sm90` a
 //! (key tile, kv head), 384 threads; dQ is added to `p.dq` (fp32, 16-byte aligned) in the L2.
-template <class T, int Reduce = 1>
+template <class T, bool Reduce = true>
 __global__ void __launch_bounds__(384, 1) backward_sm90_five_kernel(tc_backward_params<T> tp) {
 #if RINGATTN_WGMMA_ENABLED
   dkdv_dq_sm90<T, Reduce>(tp, blockIdx.x);

@@ -95,10 +95,26 @@ __device__ __forceinline__ void bulk_reduce_add_f32(float* dst, std::uint32_t sr
                "r"(src), "r"(bytes)
                : "memory");
 }
-//! Waits until this thread's bulk groups have read their shared memory (which may then change or
-//! go away; the writes to global memory complete on their own).
+//! `bulk_reduce_add_f32` without the commit: several go as one bulk group (`bulk_commit`).
+__device__ __forceinline__ void bulk_reduce_add_f32_uncommitted(float* dst, std::uint32_t src,
+                                                                int bytes) {
+  asm volatile(
+      "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst),
+      "r"(src), "r"(bytes)
+      : "memory");
+}
+__device__ __forceinline__ void bulk_commit() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+//! Waits until all but the newest `Pending` of this thread's bulk groups have read their shared
+//! memory (which may then change or go away; the writes to global memory complete on their own).
+template <int Pending = 0>
 __device__ __forceinline__ void bulk_wait_read() {
-  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(Pending) : "memory");
+}
+//! Waits until this thread's bulk groups are complete (their writes done).
+__device__ __forceinline__ void bulk_wait_all() {
+  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
 }
 //! Named barriers (ids 1..15; 0 is __syncthreads) over `Threads` threads.
 template <int Threads>

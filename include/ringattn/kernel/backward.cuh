@@ -497,7 +497,7 @@ void launch_block_backward_tc(const kernels::tc_backward_params<T>& p, int wgmma
 }
 // The five-product kernel (head_dim 128): one thread block a (key tile, kv head); `Reduce` false
 // leaves dQ's reduction out (bench/block_backward.cu's measure of what it costs).
-template <class T, int Reduce = 1>
+template <class T, bool Reduce = true>
 void launch_block_backward_five(const kernels::tc_backward_params<T>& p, cudaStream_t stream) {
   const std::int64_t n = p.key_tile_count * p.b.kv_heads;
   if (n > std::numeric_limits<std::int32_t>::max())
