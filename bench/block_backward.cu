@@ -27,12 +27,10 @@ void block_backward(benchmark::State& state) {
   const int q_heads = 32, kv_heads = static_cast<int>(state.range(1)), d = 128;
   const bool causal = state.range(2) != 0;
   using ringattn::backward_path;
-  constexpr ringattn::backward_options paths[] = {{backward_path::cuda_cores, 0},
-                                                  {backward_path::tensor_cores, 0},
-                                                  {backward_path::wgmma, 1},
-                                                  {backward_path::wgmma, 2},
-                                                  {backward_path::wgmma, 3},
-                                                  {backward_path::wgmma, 3, false}};
+  constexpr ringattn::backward_options paths[] = {
+      {backward_path::cuda_cores, 0}, {backward_path::tensor_cores, 0},
+      {backward_path::wgmma, 1},      {backward_path::wgmma, 2},
+      {backward_path::wgmma, 3},      {backward_path::wgmma, 3, false}};
   constexpr const char* names[] = {"cuda-core", "mma.sync", "wgmma x1",
                                    "wgmma x2",  "wgmma x3", "wgmma five-product"};
   const auto path = static_cast<std::size_t>(state.range(3));

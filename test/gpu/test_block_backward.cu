@@ -68,7 +68,9 @@ TEST_CASE_TEMPLATE("CUDA block backward equals the oracle: bands x GQA x head_di
 #if defined(RINGATTN_EXPERIMENTS)
       {backward_path::wgmma, 1}, {backward_path::wgmma, 2},
 #endif
-      {backward_path::wgmma, 3}, {backward_path::wgmma, 3, false}
+          {backward_path::wgmma, 3}, {
+        backward_path::wgmma, 3, false
+      }
     });
   else
     MESSAGE("no wgmma kernels here (an sm_90a image on a compute capability 9.0 device)");
@@ -196,4 +198,42 @@ TEST_CASE("CUDA block backward validates before launching") {
                        doctest::Contains("the schedule was made for 20 query and 30 key tokens"),
                        invalid_argument);
   CHECK(detail::kernel_launches.load() == launches);
+}
+
+// The five-product kernel (a non-deterministic schedule, head_dim 128, wgmma) adds dQ in 16-byte
+// pieces: a dq that is 8-byte but not 16-byte aligned is refused before anything launches, and
+// the same call with an aligned dq then runs and equals the oracle.
+TEST_CASE("CUDA block backward: the non-deterministic kernel refuses a dq it cannot add to") {
+  if (!backward_path_available(backward_path::wgmma)) {
+    MESSAGE("no wgmma kernels here (an sm_90a image on a compute capability 9.0 device)");
+    return;
+  }
+  std::mt19937_64 rng(test::fresh_seed());
+  const attention_arguments a{4, 2, 128, 0.0f};
+  test::block_backward_case<__nv_bfloat16> c({0, 70}, a, band{}, rng);
+  const device_backward_schedule s(c.calls(1)[0], 70, 70, {backward_path::wgmma, 3, false});
+  REQUIRE(s.five_products(128, 128));
+  test::device_buffer<__nv_bfloat16> q(c.q), k(c.k), v(c.v), dout(c.dout);
+  test::device_buffer<float> lse(c.lse), delta(c.delta);
+  test::device_buffer<float> dq(std::vector<float>(70 * 4 * 128 + 2, 0.0f)),
+      dk(std::vector<float>(70 * 2 * 128, 0.0f)), dv(std::vector<float>(70 * 2 * 128, 0.0f));
+  block_backward_args<__nv_bfloat16> x{{q.get(), 70, 4, 128},
+                                       {k.get(), 70, 2, 128},
+                                       {v.get(), 70, 2, 128},
+                                       {dout.get(), 70, 4, 128},
+                                       lse.get(),
+                                       delta.get(),
+                                       a,
+                                       {dq.get() + 2, dk.get(), dv.get()}};
+  const std::uint64_t launches = detail::kernel_launches.load();
+  CHECK_THROWS_WITH_AS(block_backward(x, s, nullptr),
+                       doctest::Contains("dq must be 16-byte aligned"), invalid_argument);
+  CHECK(detail::kernel_launches.load() == launches);
+  x.grad.dq = dq.get();
+  block_backward(x, s, nullptr);
+  RINGATTN_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<float> got = dq.download();
+  got.resize(70 * 4 * 128);
+  CHECK(test::grad_error(got, c.ref.dq.data) < 4e-3);
+  CHECK(test::grad_error(dk.download(), c.ref.dk.data) < 4e-3);
 }

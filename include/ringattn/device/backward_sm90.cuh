@@ -173,11 +173,10 @@ struct no_extra_products {
 // dK's product is issued (`before_dk`) and issues its own products after it (`after_dk`), which
 // the step's last wait covers.
 template <class T, int D, int DV, int BK, class Step, class Extra = no_extra_products>
-__device__ __forceinline__ void dkdv_step(float (&dk)[D / 2], float (&dv)[DV / 2], const Step& st,
-                                          int cols, int key0, std::uint32_t k, std::uint32_t v,
-                                          std::uint32_t q, std::uint32_t o, const float* lse,
-                                          const float* delta, float scale, int warp, int lane,
-                                          Extra&& extra = Extra{}) {
+__device__ __forceinline__ void
+dkdv_step(float (&dk)[D / 2], float (&dv)[DV / 2], const Step& st, int cols, int key0,
+          std::uint32_t k, std::uint32_t v, std::uint32_t q, std::uint32_t o, const float* lse,
+          const float* delta, float scale, int warp, int lane, Extra&& extra = Extra{}) {
   constexpr float log2e = 1.4426950408889634f;
   constexpr bool lean = D + DV > 256;
   const float scale_log2 = scale * log2e;
@@ -742,8 +741,7 @@ struct dq_five {
     for (int t = 0; t < 8; ++t)
 #pragma unroll
       for (int hi = 0; hi < 2; ++hi)
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(line + hi * 1024 +
-                                                        ((t ^ (lane >> 2)) << 4)),
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(line + hi * 1024 + ((t ^ (lane >> 2)) << 4)),
                      "r"(da[t / 2][(t & 1) * 2 + hi])
                      : "memory");
     fence_proxy_async(); // before the other consumer's wgmma reads it
@@ -840,8 +838,8 @@ __device__ __forceinline__ void dkdv_dq_sm90(const tc_backward_params<T>& tp, st
         named_barrier_sync<288>(five_dq_full + buf);
         if constexpr (Reduce)
           for (int r = lane; r < rows; r += 32)
-            bulk_reduce_add_f32_uncommitted(
-                dst + r * stride, aDQ + buf * L::dq_tile + r * (L::dq_stride * 4), D * 4);
+            bulk_reduce_add_f32_uncommitted(dst + r * stride,
+                                            aDQ + buf * L::dq_tile + r * (L::dq_stride * 4), D * 4);
         bulk_commit();
         if (n > 0) {
           bulk_wait_read<1>();
@@ -882,7 +880,7 @@ __device__ __forceinline__ void dkdv_dq_sm90(const tc_backward_params<T>& tp, st
     dkdv_step<T, D, D, BK>(dk, dv, st, cols, cw * R, myK, myV, cQ, cQ + L::q_tile, sL + stage * R,
                            sD + stage * R, p.scale, warp, lane, five);
     fence_operands(five.acc);
-    bars.release(n); // the step's tiles fully read
+    bars.release(n);                                               // the step's tiles fully read
     if (!last) named_barrier_arrive<256>(five_ds_free + (cw ^ 1)); // dS^T read
     // dQ tile n % 2, once the writer has read step n - 2's from it.
     const int buf = n & 1;

@@ -238,15 +238,15 @@ template <class T, int TransB>
 __device__ __forceinline__ void wgmma_ss(float (&d)[64], std::uint64_t a, std::uint64_t b,
                                          int accumulate) {
   if constexpr (std::is_same_v<T, __nv_bfloat16>)
-    asm volatile(
-        RINGATTN_DETAIL_WGMMA_SS("128", "bf16", RINGATTN_DETAIL_WGMMA_D64, "64", "65", "66", "67", "68")
-        : RINGATTN_DETAIL_WGMMA_OUT64
-        : "l"(a), "l"(b), "r"(accumulate), "n"(0), "n"(TransB));
+    asm volatile(RINGATTN_DETAIL_WGMMA_SS("128", "bf16", RINGATTN_DETAIL_WGMMA_D64, "64", "65",
+                                          "66", "67", "68")
+                 : RINGATTN_DETAIL_WGMMA_OUT64
+                 : "l"(a), "l"(b), "r"(accumulate), "n"(0), "n"(TransB));
   else
-    asm volatile(
-        RINGATTN_DETAIL_WGMMA_SS("128", "f16", RINGATTN_DETAIL_WGMMA_D64, "64", "65", "66", "67", "68")
-        : RINGATTN_DETAIL_WGMMA_OUT64
-        : "l"(a), "l"(b), "r"(accumulate), "n"(0), "n"(TransB));
+    asm volatile(RINGATTN_DETAIL_WGMMA_SS("128", "f16", RINGATTN_DETAIL_WGMMA_D64, "64", "65", "66",
+                                          "67", "68")
+                 : RINGATTN_DETAIL_WGMMA_OUT64
+                 : "l"(a), "l"(b), "r"(accumulate), "n"(0), "n"(TransB));
 }
 
 //! d (m64n128, fp32) = a * b + (accumulate ? d : 0); a in registers.
@@ -285,7 +285,8 @@ __device__ __forceinline__ void produce_tile(std::uint32_t s, const T* g, std::i
   const std::uint32_t dst0 =
       s + 2 * ((ch >> 3) * Rows * 64 + r0 * 64 + (((ch & 7) ^ (r0 & 7)) << 3));
   const std::uint32_t dst1 =
-      step % 8 == 0 ? dst0 : s + 2 * ((ch >> 3) * Rows * 64 + r0 * 64 + (((ch & 7) ^ (r0 + 4)) << 3));
+      step % 8 == 0 ? dst0
+                    : s + 2 * ((ch >> 3) * Rows * 64 + r0 * 64 + (((ch & 7) ^ (r0 + 4)) << 3));
   const T* src = g + r0 * stride + ch * 8;
   const std::int64_t jump = step * stride;
   if (valid >= Rows) { // a whole tile: no predicate
@@ -300,8 +301,8 @@ __device__ __forceinline__ void produce_tile(std::uint32_t s, const T* g, std::i
 #pragma unroll
   for (int k = 0; k < Rows / step; ++k, src += jump) {
     const bool ok = k * step < rows;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
-                     (k & 1 ? dst1 : dst0) + k * step * 128),
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"((k & 1 ? dst1 : dst0) +
+                                                                         k * step * 128),
                  "l"(ok ? src : g), "r"(ok ? 16 : 0));
   }
 }

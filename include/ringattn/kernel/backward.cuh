@@ -218,7 +218,8 @@ public:
   device_backward_schedule(std::span<const block_group> groups, std::int64_t q_tokens,
                            std::int64_t kv_tokens, backward_options options)
       : q_tokens_(q_tokens), kv_tokens_(kv_tokens), path_(options.path),
-        deterministic_(options.deterministic), wgmma_warpgroups_(options.wgmma_warpgroups == 0 ? tuned_wgmma_warpgroups
+        deterministic_(options.deterministic),
+        wgmma_warpgroups_(options.wgmma_warpgroups == 0 ? tuned_wgmma_warpgroups
                                                         : options.wgmma_warpgroups) {
     validate_groups(groups, q_tokens, kv_tokens).throw_if_invalid();
 #if defined(RINGATTN_EXPERIMENTS)
@@ -505,7 +506,8 @@ void launch_block_backward_five(const kernels::tc_backward_params<T>& p, cudaStr
                            " thread blocks (tiles x heads) exceeds one grid; split the call");
   if (n == 0) return;
   auto kernel = &kernels::backward_sm90_five_kernel<T, Reduce>;
-  static const bool checked = (require_sm90_registers(kernel, "backward_options{.deterministic = true}"), true);
+  static const bool checked =
+      (require_sm90_registers(kernel, "backward_options{.deterministic = true}"), true);
   (void)checked;
   constexpr int smem = kernels::sm90_five_smem_bytes;
   allow_dynamic_smem(reinterpret_cast<const void*>(kernel), smem);
