@@ -88,14 +88,8 @@ __device__ __forceinline__ bool warpgroup_any(bool x, int id) {
   return any != 0;
 }
 //! Adds `bytes` (a multiple of 16) of fp32 from shared memory at `src` to global memory at `dst`
-//! (16-byte aligned), element by element, in the L2; committed as one bulk group.
-__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, std::uint32_t src, int bytes) {
-  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
-               "cp.async.bulk.commit_group;\n" ::"l"(dst),
-               "r"(src), "r"(bytes)
-               : "memory");
-}
-//! `bulk_reduce_add_f32` without the commit: several go as one bulk group (`bulk_commit`).
+//! (16-byte aligned), element by element, in the L2, as part of the bulk group this thread
+//! commits next (`bulk_commit`).
 __device__ __forceinline__ void bulk_reduce_add_f32_uncommitted(float* dst, std::uint32_t src,
                                                                 int bytes) {
   asm volatile(
@@ -105,6 +99,11 @@ __device__ __forceinline__ void bulk_reduce_add_f32_uncommitted(float* dst, std:
 }
 __device__ __forceinline__ void bulk_commit() {
   asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+//! `bulk_reduce_add_f32_uncommitted` committed as one bulk group of its own.
+__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, std::uint32_t src, int bytes) {
+  bulk_reduce_add_f32_uncommitted(dst, src, bytes);
+  bulk_commit();
 }
 //! Waits until all but the newest `Pending` of this thread's bulk groups have read their shared
 //! memory (which may then change or go away; the writes to global memory complete on their own).
