@@ -14,10 +14,12 @@
 //!   fragment — and B (V) read N-major from shared memory, BN/16 instructions m64nDk16.
 //! Overlap: the two consumer warpgroups issue their products in turn (ping-pong through named
 //! barriers), so one warpgroup's softmax (ALU and MUFU) runs while the other's products are on
-//! the tensor cores. Within a warpgroup, S_j and P_{j-1} V_{j-1} are issued together and P is
-//! packed to 16 bits only after P V is waited for (packing earlier lets the register allocator
-//! reuse P's registers while the product still reads them, and ptxas then serialises every
-//! wgmma). Shared tiles are 64-column panels in the 128-byte swizzled layout wgmma reads.
+//! the tensor cores. Within a warpgroup, S_j and P_{j-1} V_{j-1} are issued together, only S_j
+//! is waited for, and the softmax of S_j runs while P V is on the tensor cores (the wait for it
+//! held after the exponentials: `wgmma_wait_after`). P is packed to 16 bits only after P V is
+//! waited for (packing earlier lets the register allocator reuse P's registers while the product
+//! still reads them, and ptxas then serialises every wgmma). Shared tiles are 64-column panels in
+//! the 128-byte swizzled layout wgmma reads.
 //!
 //! The producer bounds it (ncu, H200), so `produce_tile` keeps a copy to 3 instructions: rows
 //! walked with constant shared offsets and a pointer increment for the source (docs/kernels.md).
@@ -110,6 +112,7 @@ __global__ void __launch_bounds__(sm90_threads, 1) block_forward_sm90_kernel(for
   __shared__ alignas(8) std::uint64_t bars[2 * Stages + 2];
   // A merge's old reference lse and sum (its old o: a K/V stage).
   __shared__ float lse_stage[Merge ? BM : 1], sum_stage[Merge ? BM : 1];
+  __shared__ float wait_sink; // written by no thread (wgmma_wait_after)
   const std::uint32_t raw = smem_address(smem_raw);
   const std::uint32_t pad = (1024u - (raw & 1023u)) & 1023u; // swizzle atoms start 1 KB aligned
   const std::uint32_t aQ = raw + pad; // stage s: K at aQ + q_bytes + s * stage_bytes, then V
@@ -346,13 +349,11 @@ __global__ void __launch_bounds__(sm90_threads, 1) block_forward_sm90_kernel(for
     k_read(it);
     float corr[2];
     softmax(it, corr);
-    // Keep the softmax ahead of the wait in the PTX. (ptxas 13.0 still places the wait for P V
-    // before the exponentials, which write S's registers in place; the overlap that matters
-    // comes from the ping-pong between the two warpgroups.)
+    // The softmax runs while P V_{it-1} is on the tensor cores: the wait for it is held after
+    // the row sums, which need every exponential.
     fence_operands(s);
-    fence_operands(l);
     fence_operands(corr);
-    wgmma_wait<0>();
+    wgmma_wait_after<0>(l[0] + l[1], smem_address(&wait_sink));
     fence_operands(o);
     fence_operands(pa);
 #pragma unroll

@@ -40,6 +40,20 @@ template <int Pending>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(Pending) : "memory");
 }
+//! `wgmma_wait<Pending>`, held after the computation of `x` in the machine code. ptxas schedules
+//! a wait as early as its basic block allows (it does not model how long a wait stalls), ahead of
+//! arithmetic that was written before it and does not need the products, which then no longer
+//! runs while they do. It does keep shared-memory stores ahead of the wait, so a store of x
+//! pins the wait after everything x depends on: predicated on x < 0, which the callers' values
+//! (sums of exponentials, or NaN) never are, and into `sink`, a shared word of the caller's, so
+//! that it would be harmless if it ran.
+template <int Pending>
+__device__ __forceinline__ void wgmma_wait_after(float x, std::uint32_t sink) {
+  asm volatile("{\n.reg .pred p;\nsetp.lt.f32 p, %0, 0f00000000;\n@p st.shared.f32 [%1], %0;\n}\n"
+               "wgmma.wait_group.sync.aligned %2;\n" ::"f"(x),
+               "r"(sink), "n"(Pending)
+               : "memory");
+}
 //! Orders this thread's generic-proxy shared-memory writes (st.shared, cp.async) before later
 //! async-proxy reads (wgmma operands); a barrier must follow for other threads' reads.
 __device__ __forceinline__ void fence_proxy_async() {
