@@ -2,9 +2,23 @@
 scaled_dot_product_attention on the gathered sequence, with the lse computed alongside."""
 
 import math
+import os
+import random
+import zlib
 
 import torch
 import torch.nn.functional as F
+
+#: The run's seed: RINGATTN_TEST_SEED where set, else a fresh one, put into the environment so
+#: that processes the tests start use it too. pytest's header prints it; setting it runs the same
+#: random cases again.
+RUN_SEED = int(os.environ.setdefault("RINGATTN_TEST_SEED",
+                                     str(random.SystemRandom().getrandbits(31))))
+
+
+def case_seed(*params):
+    """A case's seed: its parameters (hashed the same in every process) mixed with the run's."""
+    return (zlib.crc32(repr(params).encode()) ^ RUN_SEED) % 2**31
 
 
 def visible(length, mask, window, device):
