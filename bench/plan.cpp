@@ -1,16 +1,16 @@
 // Plans on the host (no GPU), one core:
 // - `plan/<partitioner>`: a rank's ring schedule (the partition plan, every step's blocks and
 //   groups) for P = 8 and 1K to 64K packed sequences of uneven lengths. It should grow as n log n.
-// - `documents/<mix>/<partitioner>`: 64K tokens of a document mix (test/document_mixes.hpp) over
-//   P = 8 ranks, causal; the time to plan, and as counters the layout's causal work max/mean
-//   (`imbalance`), the steps of the ring (`steps`), and over the batch's tokens: the tokens the
-//   ring's forward sends (`sent`: a block goes on while a later rank sees some of it), those its
-//   backward carries (`carried`: every block the whole ring, its dK/dV going home) and the least
-//   any schedule must move (`needed`: a document held by k ranks reaches the k - 1 others; a
-//   document kept whole, none).
+// - `documents/<mix>/<partitioner>`: 64K tokens of a document mix
+//   (test/support/document_mixes.hpp) over P = 8 ranks, causal; the time to plan, and as
+//   counters the layout's causal work max/mean (`imbalance`), the steps of the ring (`steps`), and
+//   over the batch's tokens: the tokens the ring's forward sends (`sent`: a block goes on while a
+//   later rank sees some of it), those its backward carries (`carried`: every block the whole ring,
+//   its dK/dV going home) and the least any schedule must move (`needed`: a document held by k
+//   ranks reaches the k - 1 others; a document kept whole, none).
 //
 //   bench_plan [--benchmark_out=plan.json --benchmark_out_format=json]
-#include "../test/document_mixes.hpp"
+#include "../test/support/document_mixes.hpp"
 
 #include <ringattn/partition/balanced.cuh>
 #include <ringattn/partition/contiguous.cuh>

@@ -3,9 +3,9 @@
 // backward against the float64 oracle; bytes per rank ((P - 1) x its own K/V forward; that
 // again plus the dK/dV shares it returns, backward); the forward equal bit for bit to the ring's;
 // the backward repeatable bit for bit; ranks on different schedules refused at plan time.
-#include "../ranks.hpp"
-#include "../ring_bytes.hpp"
-#include "../sharded_backward_case.hpp"
+#include "../support/ranks.hpp"
+#include "../support/ring_bytes.hpp"
+#include "../support/sharded_backward_case.hpp"
 
 #include <ringattn/comm/in_process.cuh>
 #include <ringattn/partition/balanced.cuh>

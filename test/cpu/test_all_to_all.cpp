@@ -4,9 +4,9 @@
 // against the float64 oracle; bytes per rank against the formula (all_to_all_bytes.hpp); the
 // forward equal bit for bit to the ring's; the backward repeatable bit for bit; head splits that
 // cannot be made refused at plan time on every rank.
-#include "../all_to_all_bytes.hpp"
-#include "../ranks.hpp"
-#include "../sharded_backward_case.hpp"
+#include "../support/all_to_all_bytes.hpp"
+#include "../support/ranks.hpp"
+#include "../support/sharded_backward_case.hpp"
 
 #include <ringattn/comm/in_process.cuh>
 #include <ringattn/partition/balanced.cuh>

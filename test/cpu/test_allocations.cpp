@@ -1,8 +1,8 @@
 // After its plan and a first call, the host ring allocates nothing: a second forward and backward
 // make no heap allocation on any rank's thread (global operator new counted per thread).
-#include "../allocation_counter.hpp"
-#include "../ranks.hpp"
-#include "../sharded_backward_case.hpp"
+#include "../support/allocation_counter.hpp"
+#include "../support/ranks.hpp"
+#include "../support/sharded_backward_case.hpp"
 
 #include <ringattn/comm/in_process.cuh>
 #include <ringattn/partition/contiguous.cuh>

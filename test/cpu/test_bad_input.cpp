@@ -2,8 +2,8 @@
 // with an `invalid_argument` naming the problem, before anything is sent or written — the output
 // and lse keep their poison, the communicator sent nothing. Device-only inputs (host pointers,
 // streams, alignment for the kernels) are in test/gpu/test_bad_input.cu.
-#include "../common.hpp"
-#include "../ranks.hpp"
+#include "../support/common.hpp"
+#include "../support/ranks.hpp"
 
 #include <ringattn/comm/in_process.cuh>
 #include <ringattn/kernel/host_forward.cuh>

@@ -1,5 +1,5 @@
 // The host block backward against the float64 oracle's backward, and the sum of split K/V ranges.
-#include "../block_case.hpp"
+#include "../support/block_case.hpp"
 
 #include <ringattn/kernel/backward.cuh>
 #include <ringattn/kernel/host_backward.cuh>

@@ -1,5 +1,5 @@
 // The host block kernel against the float64 oracle, and the merge of split K/V ranges.
-#include "../block_case.hpp"
+#include "../support/block_case.hpp"
 
 #include <ringattn/kernel/host_forward.cuh>
 
@@ -217,7 +217,7 @@ TEST_CASE("group_blocks turns a plan's blocks into groups the kernel takes") {
   CHECK(validate_groups(groups, 8, 8).is_ok());
 }
 
-#include "../sharded_case.hpp"
+#include "../support/sharded_case.hpp"
 
 #include <ringattn/partition/contiguous.cuh>
 #include <ringattn/partition/round_robin.cuh>

@@ -2,8 +2,8 @@
 // host-only model runs the host ring and gives the native model's bits; the ring's entry points
 // take mutable input views; a rank's lse goes back to global order (place_lse) and matches the
 // oracle.
-#include "../ranks.hpp"
-#include "../sharded_backward_case.hpp"
+#include "../support/ranks.hpp"
+#include "../support/sharded_backward_case.hpp"
 
 #include <ringattn/block_kernel.cuh>
 #include <ringattn/comm/in_process.cuh>

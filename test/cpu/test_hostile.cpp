@@ -2,8 +2,8 @@
 // not derived from std::exception, a rank taken twice, absurd group sizes, head counts and
 // strides, and outputs that overlap each other, the inputs or the workspace. Each is refused with
 // a sentence (or aborts the peers at once) instead of a crash, a hang or a wrong answer.
-#include "../ranks.hpp"
-#include "../sharded_backward_case.hpp"
+#include "../support/ranks.hpp"
+#include "../support/sharded_backward_case.hpp"
 
 #include <ringattn/comm/in_process.cuh>
 #include <ringattn/partition/contiguous.cuh>

@@ -6,9 +6,9 @@
 // v_new and in one rank's cache. Packed batches with empty and one-token sequences element by
 // element too. The max logit, asked for in every forward: NaN on every rank for a head whose
 // logits met a NaN or an infinity, the oracle's value elsewhere.
-#include "../decode_case.hpp"
-#include "../ranks.hpp"
-#include "../strict_check.hpp"
+#include "../support/decode_case.hpp"
+#include "../support/ranks.hpp"
+#include "../support/strict_check.hpp"
 
 #include <ringattn/comm/in_process.cuh>
 #include <ringattn/core/state.cuh>

@@ -1,6 +1,6 @@
 // Partitioners and the partition plan: ownership, index maps, blocks, balance, scatter/gather.
-#include "../common.hpp"
-#include "../document_mixes.hpp"
+#include "../support/common.hpp"
+#include "../support/document_mixes.hpp"
 
 #include <ringattn/partition/balanced.cuh>
 #include <ringattn/partition/contiguous.cuh>

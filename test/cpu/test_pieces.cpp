@@ -2,7 +2,7 @@
 // included), rank count and packed batch, each step's pieces hold every visible (query, key) pair
 // of its groups exactly once, no piece row sees no key, and the row reductions name every packed
 // row once, in order.
-#include "../common.hpp"
+#include "../support/common.hpp"
 
 #include <ringattn/kernel/block.cuh>
 #include <ringattn/kernel/pieces.cuh>

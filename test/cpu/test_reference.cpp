@@ -1,6 +1,6 @@
 // The float64 oracle against hand-computed cases, against itself under rearrangement (packed vs
 // separate, GQA vs repeated K/V), and its backward against finite differences.
-#include "../common.hpp"
+#include "../support/common.hpp"
 
 #include <ringattn/reference/attention.cuh>
 

@@ -1,9 +1,9 @@
 // The host ring: in-process communicator (ranks are threads), every partitioner x mask x P x GQA
 // x packed odd lengths against the float64 oracle; bytes per step; plan-time agreement; bounded
 // waits and abort.
-#include "../ranks.hpp"
-#include "../ring_bytes.hpp"
-#include "../sharded_case.hpp"
+#include "../support/ranks.hpp"
+#include "../support/ring_bytes.hpp"
+#include "../support/sharded_case.hpp"
 
 #include <ringattn/comm/in_process.cuh>
 #include <ringattn/partition/balanced.cuh>

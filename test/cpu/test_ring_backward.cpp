@@ -2,8 +2,8 @@
 // x P x GQA x packed odd lengths, dq, dk and dv against the float64 oracle's backward of the
 // gathered batch; bytes on the wire; the device path's messages in its order; bitwise
 // repeatability; workspace size.
-#include "../ranks.hpp"
-#include "../sharded_backward_case.hpp"
+#include "../support/ranks.hpp"
+#include "../support/sharded_backward_case.hpp"
 
 #include <ringattn/comm/in_process.cuh>
 #include <ringattn/partition/balanced.cuh>

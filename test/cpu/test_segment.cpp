@@ -1,5 +1,5 @@
 // The band algebra against brute-force position comparison.
-#include "../common.hpp"
+#include "../support/common.hpp"
 
 #include <ringattn/core/segment.cuh>
 

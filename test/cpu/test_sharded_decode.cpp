@@ -3,8 +3,8 @@
 // owners (position mod P), three steps of 0-4 new tokens per sequence, P in {1, 2, 3, 4, 8} x
 // GQA 1, 4, 8, against the float64 oracle over the whole cache; the result bitwise equal on every
 // rank; bytes per rank; bad input refused on every rank, and the next step runs.
-#include "../decode_case.hpp"
-#include "../ranks.hpp"
+#include "../support/decode_case.hpp"
+#include "../support/ranks.hpp"
 
 #include <ringattn/comm/in_process.cuh>
 #include <ringattn/partition/contiguous.cuh>

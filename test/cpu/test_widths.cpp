@@ -2,9 +2,9 @@
 // host ring and the all-gather schedule: every partitioner x P x GQA and MHA, forward and
 // backward against the float64 oracle; the bytes each rank sends, counted from the widths by
 // hand; errors for views of the wrong width and for ranks that disagree on head_dim_v.
-#include "../ranks.hpp"
-#include "../ring_bytes.hpp"
-#include "../sharded_backward_case.hpp"
+#include "../support/ranks.hpp"
+#include "../support/ring_bytes.hpp"
+#include "../support/sharded_backward_case.hpp"
 
 #include <ringattn/comm/in_process.cuh>
 #include <ringattn/partition/contiguous.cuh>

@@ -3,9 +3,9 @@
 // the diagonal alone) against the float64 oracle, forward and backward; the steps the ring takes,
 // the blocks it computes, the scores they hold and the bytes it sends against a prediction made
 // by brute force over token pairs; plan-time errors for windows that do not fit the mask.
-#include "../ranks.hpp"
-#include "../ring_bytes.hpp"
-#include "../sharded_backward_case.hpp"
+#include "../support/ranks.hpp"
+#include "../support/ring_bytes.hpp"
+#include "../support/sharded_backward_case.hpp"
 
 #include <ringattn/comm/in_process.cuh>
 #include <ringattn/partition/balanced.cuh>

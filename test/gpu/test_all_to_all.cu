@@ -4,7 +4,7 @@
 // x packed odd lengths, forward and backward against the float64 oracle; bytes per rank against
 // the formula (all_to_all_bytes.hpp); bitwise repeatability. The hybrid (all-to-all in groups,
 // K/V gathered across them) at 2 x 2, 2 x 4 and 4 x 2.
-#include "device_ring.cuh"
+#include "../support/device_ring.cuh"
 
 #include <ringattn/partition/contiguous.cuh>
 #include <ringattn/partition/round_robin.cuh>

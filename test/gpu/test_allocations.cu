@@ -1,10 +1,10 @@
 // After prepare_device() and a first forward and backward, the device ring allocates nothing
 // (no cudaMalloc, no pinned memory, no heap), sets no kernel attribute, and gives the same bits:
 // P virtual ranks on one GPU, every partitioner, both masks.
-#include "../allocation_counter.hpp"
-#include "../ranks.hpp"
-#include "../sharded_backward_case.hpp"
-#include "device_buffer.cuh"
+#include "../support/allocation_counter.hpp"
+#include "../support/device_buffer.cuh"
+#include "../support/ranks.hpp"
+#include "../support/sharded_backward_case.hpp"
 
 #include <ringattn/partition/contiguous.cuh>
 #include <ringattn/partition/round_robin.cuh>

@@ -3,7 +3,7 @@
 // kernel is launched (the library's launches are counted: RINGATTN_COUNT_LAUNCHES), nothing is
 // sent, and the poisoned output and lse are untouched.
 // (Other-device cases need two GPUs: test/multi_gpu/test_other_device.cu.)
-#include "bad_device_call.cuh"
+#include "../support/bad_device_call.cuh"
 
 #include <ringattn/kernel/backward.cuh>
 #include <ringattn/kernel/forward.cuh>

@@ -1,7 +1,7 @@
 // The CUDA block backward against the float64 oracle's backward (bands x GQA x head_dim x packed
 // odd lengths, fp16 and bf16), K/V split into several calls, bitwise repeatability, validation.
-#include "../block_case.hpp"
-#include "device_buffer.cuh"
+#include "../support/block_case.hpp"
+#include "../support/device_buffer.cuh"
 
 #include <ringattn/kernel/backward.cuh>
 

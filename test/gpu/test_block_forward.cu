@@ -1,7 +1,7 @@
 // The CUDA block kernel against the float64 oracle (same matrix as the host kernel's test), the
 // merge of split K/V ranges, determinism, the plain-output mode, and validation.
-#include "../block_case.hpp"
-#include "device_buffer.cuh"
+#include "../support/block_case.hpp"
+#include "../support/device_buffer.cuh"
 
 #include <ringattn/kernel/forward.cuh>
 #include <ringattn/kernel/host_forward.cuh>
@@ -470,7 +470,7 @@ TEST_CASE("CUDA block forward rejects bad input before launching anything") {
   CHECK(std::all_of(lse.begin(), lse.end(), [](float x) { return std::isinf(x) && x < 0; }));
 }
 
-#include "../sharded_case.hpp"
+#include "../support/sharded_case.hpp"
 
 #include <ringattn/partition/contiguous.cuh>
 #include <ringattn/partition/round_robin.cuh>

@@ -9,8 +9,8 @@
 // forward 8e-3 relative L2 on O and 2e-3 absolute on LSE, as the native kernels; backward 1e-2
 // relative L2 on each of dQ, dK, dV (each block's gradients pass through bf16 once before the fp32
 // sums: the errors against the native path are printed). Both directions repeat bit for bit.
-#include "device_ring.cuh"
-#include "strict_ring.cuh"
+#include "../support/device_ring.cuh"
+#include "../support/strict_ring.cuh"
 
 #include <ringattn/cudnn.cuh>
 #include <ringattn/partition/contiguous.cuh>

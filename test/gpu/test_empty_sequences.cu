@@ -5,7 +5,7 @@
 // row, out = 0 and lse = -inf exactly where a row sees no key. Ranks that hold no token, and rings
 // whose peers hold nothing a rank sees (one step), are among the cases. The cuDNN model's share
 // is in test_cudnn.cu.
-#include "strict_ring.cuh"
+#include "../support/strict_ring.cuh"
 
 #include <ringattn/partition/contiguous.cuh>
 #include <ringattn/partition/round_robin.cuh>

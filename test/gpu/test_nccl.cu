@@ -3,8 +3,8 @@
 // barrier, bad peers, and the whole device ring (P = 1) through it against the float64 oracle.
 // A peer that never joins times creation out. Several ranks, missing peers mid-ring and abort
 // propagation need several GPUs (the multi-GPU issue).
-#include "../sharded_case.hpp"
-#include "device_buffer.cuh"
+#include "../support/device_buffer.cuh"
+#include "../support/sharded_case.hpp"
 
 #include <ringattn/comm/nccl.cuh>
 #include <ringattn/partition/zigzag.cuh>

@@ -6,7 +6,7 @@
 // within the bf16 tolerances (inside it, the tensor cores' 0 x NaN may spread a NaN to a masked
 // neighbour in the same tile); a row's NaN is never taken for "saw no key". The max logit is NaN
 // on every rank for exactly the heads whose logits the planted element reached.
-#include "strict_ring.cuh"
+#include "../support/strict_ring.cuh"
 
 #include <ringattn/partition/contiguous.cuh>
 #include <ringattn/partition/zigzag.cuh>

@@ -2,7 +2,7 @@
 // stream), every partitioner x {full, causal, windows} x P in {1, 2, 3, 4, 8} against the float64
 // oracle; bytes per step; bitwise repeatability. The same for the all-gather schedule, with GQA 1,
 // 4 and 8. (Ranks on several GPUs: test/multi_gpu.)
-#include "device_ring.cuh"
+#include "../support/device_ring.cuh"
 
 #include <ringattn/partition/balanced.cuh>
 #include <ringattn/partition/contiguous.cuh>

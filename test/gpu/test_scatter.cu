@@ -1,6 +1,6 @@
 // Device scatter/gather equal the host ones, for every partitioner, dtype and alignment.
-#include "../common.hpp"
-#include "device_buffer.cuh"
+#include "../support/common.hpp"
+#include "../support/device_buffer.cuh"
 
 #include <ringattn/partition/balanced.cuh>
 #include <ringattn/partition/contiguous.cuh>

@@ -4,10 +4,10 @@
 // GQA 1, 4, 8, against the float64 oracle; every rank's result bitwise equal to rank 0's and from
 // call to call; bytes per rank; a warmed-up step allocates nothing; bad input on one rank fails
 // on every rank before anything is enqueued, and the next step runs.
-#include "../allocation_counter.hpp"
-#include "../decode_case.hpp"
-#include "../ranks.hpp"
-#include "device_buffer.cuh"
+#include "../support/allocation_counter.hpp"
+#include "../support/decode_case.hpp"
+#include "../support/device_buffer.cuh"
+#include "../support/ranks.hpp"
 
 #include <ringattn/comm/in_process.cuh>
 #include <ringattn/partition/contiguous.cuh>

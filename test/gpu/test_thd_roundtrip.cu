@@ -1,7 +1,7 @@
 // A kernel round-trips THD views: strided -> dense -> strided through thd_view indexing, and the
 // device conversions agree bit for bit with the host ones.
-#include "../common.hpp"
-#include "device_buffer.cuh"
+#include "../support/common.hpp"
+#include "../support/device_buffer.cuh"
 
 #include <ringattn/tensor.cuh>
 

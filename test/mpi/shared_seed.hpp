@@ -1,6 +1,6 @@
 #pragma once
 // A seed drawn on rank 0 and broadcast, so that every MPI rank builds the same test case.
-#include "../common.hpp"
+#include "../support/common.hpp"
 
 #include <mpi.h>
 

@@ -1,6 +1,6 @@
 // Under mpirun: checked MPI calls name the call, MPI's text and the rank; every rank plans the
 // same layout and computes the same oracle (the ranks of later ring tests must agree on both).
-#include "../common.hpp"
+#include "../support/common.hpp"
 
 #include <ringattn/comm/mpi_error.cuh>
 #include <ringattn/partition/plan.cuh>

@@ -1,7 +1,7 @@
 // Attention over a sharded KV cache under mpirun: one process per rank, mpi_communicator, the
 // cache of each partitioner's prefill, three decode steps with appends, GQA 1, 4, 8, against the
 // float64 oracle; every rank's result bitwise equal to rank 0's; bytes per rank.
-#include "../decode_case.hpp"
+#include "../support/decode_case.hpp"
 #include "shared_seed.hpp"
 
 #include <ringattn/comm/mpi.cuh>

@@ -2,7 +2,7 @@
 // straight to a CUDA-aware MPI), every partitioner x {full, causal}, bf16, each rank's shard
 // against the float64 oracle, bytes per step; two forwards bitwise equal. Runs where a GPU exists
 // (several ranks may share one).
-#include "../gpu/device_ring.cuh"
+#include "../support/device_ring.cuh"
 #include "shared_seed.hpp"
 
 #include <ringattn/comm/mpi.cuh>

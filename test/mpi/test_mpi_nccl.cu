@@ -3,7 +3,7 @@
 // each rank checks its shard (errors summed over ranks through MPI), its bytes against the plan
 // and the bitwise repeat of two calls. Skipped (77) with fewer GPUs than ranks: NCCL refuses two
 // ranks on one GPU.
-#include "../gpu/device_ring.cuh"
+#include "../support/device_ring.cuh"
 #include "shared_seed.hpp"
 
 #include <ringattn/comm/nccl_mpi.cuh>

@@ -3,9 +3,9 @@
 // backward, against the float64 oracle (each rank checks its own shard), on every schedule (the
 // ring, the all-gather and the all-to-all), the max logit over every rank included; bytes per
 // rank; plan-time disagreement.
-#include "../all_to_all_bytes.hpp"
-#include "../ring_bytes.hpp"
-#include "../sharded_backward_case.hpp"
+#include "../support/all_to_all_bytes.hpp"
+#include "../support/ring_bytes.hpp"
+#include "../support/sharded_backward_case.hpp"
 #include "shared_seed.hpp"
 
 #include <ringattn/comm/mpi.cuh>

@@ -2,7 +2,7 @@
 // One thread per GPU of this process: running a body on each (rank r on device r), and making
 // and releasing one NCCL communicator per GPU (creation and finalisation are collective, so
 // every rank's call runs at the same time on its own thread).
-#include "../ranks.hpp"
+#include "../support/ranks.hpp"
 
 #include <ringattn/comm/nccl.cuh>
 #include <ringattn/cuda_check.cuh>

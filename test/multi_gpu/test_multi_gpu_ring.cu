@@ -6,7 +6,7 @@
 // - NCCL with one process driving every GPU (a thread and a communicator per GPU, P = GPU count).
 // (One process per GPU under mpirun: test/mpi/test_mpi_nccl.cu, the mpi_nccl CTest tests.)
 // With ringattn::cudnn the NCCL cases run on the cuDNN block kernel too.
-#include "../gpu/device_ring.cuh"
+#include "../support/device_ring.cuh"
 #include "per_gpu.cuh"
 
 #include <ringattn/partition/contiguous.cuh>

@@ -8,7 +8,7 @@
 //   step 0's exchange fails (the forward throws);
 // - after a forward together: the forward enqueues its exchanges and returns, and the bounded
 //   `wait(stream, step)` that joins the stream fails.
-#include "../gpu/device_buffer.cuh"
+#include "../support/device_buffer.cuh"
 #include "per_gpu.cuh"
 
 #include <ringattn/partition/zigzag.cuh>

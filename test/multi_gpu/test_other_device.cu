@@ -1,7 +1,7 @@
 // Bad input that needs two GPUs (docs/reliability.md): a stream, a current device or a buffer of
 // another device than the one the rank prepared is refused before any kernel runs, with nothing
 // sent or written.
-#include "../gpu/bad_device_call.cuh"
+#include "../support/bad_device_call.cuh"
 
 #include <doctest/doctest.h>
 

@@ -22,8 +22,8 @@
 //! (replicas, or the groups of the hybrid) the owner adds their fp32 shares in rank order, so
 //! every call gives the same bits.
 //!
-//! The bytes a rank sends are written out in test/all_to_all_bytes.hpp and docs/ring.md; the
-//! tests hold every call to them.
+//! The bytes a rank sends are written out in test/support/all_to_all_bytes.hpp and docs/ring.md;
+//! the tests hold every call to them.
 
 #include <ringattn/arguments.cuh>
 #include <ringattn/core/state.cuh>

@@ -3,11 +3,11 @@
 // device, into poisoned outputs), optionally twice for bitwise repeatability; and the check of
 // all ranks' outputs against the float64 oracle. Shared by the one-GPU suite (virtual ranks) and
 // the multi-GPU suite (ranks on several GPUs, in-process or NCCL).
-#include "../all_to_all_bytes.hpp"
-#include "../ranks.hpp"
-#include "../ring_bytes.hpp"
-#include "../sharded_backward_case.hpp"
+#include "all_to_all_bytes.hpp"
 #include "device_buffer.cuh"
+#include "ranks.hpp"
+#include "ring_bytes.hpp"
+#include "sharded_backward_case.hpp"
 
 #include <ringattn/ring_attention.cuh>
 

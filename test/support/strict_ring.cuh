@@ -2,8 +2,8 @@
 // Device rings checked element by element (strict_check.hpp) with the bf16 tolerances of
 // check_device_ring / check_device_backward: 8e-3 relative L2 on out, 2e-3 absolute on lse, 1e-2
 // on each gradient.
-#include "../strict_check.hpp"
 #include "device_ring.cuh"
+#include "strict_check.hpp"
 
 #include <doctest/doctest.h>
 

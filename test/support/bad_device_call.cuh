@@ -3,7 +3,7 @@
 // may replace, and the runner that reports what the forward threw and whether it stayed clean
 // (no kernel launched: RINGATTN_COUNT_LAUNCHES; nothing sent; poisoned outputs untouched).
 // Shared by the one-GPU bad-input matrix and the multi-GPU suite's other-device cases.
-#include "../common.hpp"
+#include "common.hpp"
 #include "device_buffer.cuh"
 
 #include <ringattn/comm/in_process.cuh>
