@@ -1,18 +1,20 @@
 // The cuDNN block kernel (ringattn::cudnn_kernel): the device ring's matrix with cuDNN computing
-// every block — every partitioner x {full, causal} x P in {1, 2, 3, 4, 8} virtual ranks x GQA
-// 1 and 4, packed batches of odd lengths, forward and backward against the float64 oracle;
-// fp16 and head_dim 64; the all-gather schedule; repeatability; the backward with cuDNN's atomic dQ
-// (the same matrix, no bitwise repeat); windows (cuDNN's diagonal band); q/k 192 with v 128; one
-// rank over one sequence (cuDNN writes the outputs directly); a one-rank ring captured in a CUDA
-// graph and replayed bit for bit; bad views refused before anything runs; packed batches with
-// empty and one-token sequences, element by element (strict_ring.cuh). Tolerances (bf16):
-// forward 8e-3 relative L2 on O and 2e-3 absolute on LSE, as the native kernels; backward 1e-2
-// relative L2 on each of dQ, dK, dV (each block's gradients pass through bf16 once before the fp32
-// sums: the errors against the native path are printed). Both directions repeat bit for bit.
+// every block — every partitioner (balanced also over many random batches at 3 ranks) x {full,
+// causal} x P in {1, 2, 3, 4, 8} virtual ranks x GQA 1 and 4, packed batches of odd lengths,
+// forward and backward against the float64 oracle; fp16 and head_dim 64; the all-gather schedule;
+// repeatability; the backward with cuDNN's atomic dQ (the same matrix, no bitwise repeat); windows
+// (cuDNN's diagonal band); q/k 192 with v 128; one rank over one sequence (cuDNN writes the outputs
+// directly); a one-rank ring captured in a CUDA graph and replayed bit for bit; bad views refused
+// before anything runs; packed batches with empty and one-token sequences, element by element
+// (strict_ring.cuh). Tolerances (bf16): forward 8e-3 relative L2 on O and 2e-3 absolute on LSE, as
+// the native kernels; backward 1e-2 relative L2 on each of dQ, dK, dV (each block's gradients pass
+// through bf16 once before the fp32 sums: the errors against the native path are printed). Both
+// directions repeat bit for bit.
 #include "../support/device_ring.cuh"
 #include "../support/strict_ring.cuh"
 
 #include <ringattn/cudnn.cuh>
+#include <ringattn/partition/balanced.cuh>
 #include <ringattn/partition/contiguous.cuh>
 #include <ringattn/partition/round_robin.cuh>
 #include <ringattn/partition/zigzag.cuh>
@@ -59,7 +61,7 @@ void check_backward(attention_arguments a, bool repeat) {
 } // namespace
 
 TEST_CASE_TEMPLATE("cuDNN block kernel: device ring forward equals the oracle", P, contiguous,
-                   round_robin, zigzag) {
+                   round_robin, zigzag, balanced) {
   for (attention_arguments a : {attention_arguments{8, 2, 128, 0.0f}, {8, 8, 128, 0.0f}}) {
     CAPTURE(a.kv_heads);
     check_forward<P, cudnn_full>(a);
@@ -68,7 +70,7 @@ TEST_CASE_TEMPLATE("cuDNN block kernel: device ring forward equals the oracle", 
 }
 
 TEST_CASE_TEMPLATE("cuDNN block kernel: device ring backward equals the oracle", P, contiguous,
-                   round_robin, zigzag) {
+                   round_robin, zigzag, balanced) {
   for (attention_arguments a : {attention_arguments{8, 2, 128, 0.0f}, {8, 8, 128, 0.0f}}) {
     CAPTURE(a.kv_heads);
     check_backward<P, cudnn_full, full>(a, true);
@@ -77,7 +79,7 @@ TEST_CASE_TEMPLATE("cuDNN block kernel: device ring backward equals the oracle",
 }
 
 TEST_CASE_TEMPLATE("cuDNN block kernel, atomic dQ: device ring backward equals the oracle", P,
-                   contiguous, round_robin, zigzag) {
+                   contiguous, round_robin, zigzag, balanced) {
   // cuDNN's atomic dQ accumulation: the same oracle and tolerances, no bitwise repeat.
   using atomic_full = cudnn_kernel<full_mask, T, cudnn_atomic>;
   using atomic_causal = cudnn_kernel<causal_mask, T, cudnn_atomic>;
@@ -89,7 +91,7 @@ TEST_CASE_TEMPLATE("cuDNN block kernel, atomic dQ: device ring backward equals t
 }
 
 TEST_CASE_TEMPLATE("cuDNN block kernel: packed batches with empty and one-token sequences", P,
-                   contiguous, round_robin, zigzag) {
+                   contiguous, round_robin, zigzag, balanced) {
   using full_k = cudnn_kernel<full_mask, T>;
   using causal_k = cudnn_kernel<causal_mask, T>;
   const attention_arguments a{4, 2, 64, 0.0f};
@@ -97,6 +99,37 @@ TEST_CASE_TEMPLATE("cuDNN block kernel: packed batches with empty and one-token 
   test::check_sparse_batches<P, causal_k>(a, {1, 2, 3, 4, 5, 6, 7, 8});
   test::check_sparse_batches<P, causal_k, all_gather_kv>(a, {1, 2, 3, 4, 8});
   test::check_sparse_batches<P, causal_k, all_to_all_heads>({8, 2, 64, 0.0f}, {1, 2, 4, 8});
+}
+
+TEST_CASE("cuDNN block kernel, balanced partitioner: many packed batches over 3 ranks") {
+  // Documents kept whole on one rank or split over some of the ranks, each batch of three
+  // sequences of 1-300 tokens drawn anew: forward and backward of both masks against the oracle,
+  // each rank's gradients through cuDNN's deterministic and atomic dQ.
+  using atomic_full = cudnn_kernel<full_mask, T, cudnn_atomic>;
+  using atomic_causal = cudnn_kernel<causal_mask, T, cudnn_atomic>;
+  const auto seed = test::fresh_seed();
+  CAPTURE(seed);
+  std::mt19937_64 draw(seed);
+  const attention_arguments a{8, 2, 128, 0.0f};
+  const int batches = std::getenv("RINGATTN_TEST_SMALL") != nullptr ? 3 : 12;
+  for (int i = 0; i < batches; ++i) {
+    const auto cu = test::random_cu_seqlens(3, 1, 300, draw);
+    CAPTURE(i);
+    CAPTURE(cu[1]);
+    CAPTURE(cu[2] - cu[1]);
+    CAPTURE(cu[3] - cu[2]);
+    std::mt19937_64 rng(draw());
+    test::sharded_backward_case<balanced, T> full_case(cu, 3, a, cudnn_full::mask, rng);
+    test::check_device_backward(full_case,
+                                test::device_backward_in_process<cudnn_full>(full_case, 1, true));
+    test::check_device_backward(full_case,
+                                test::device_backward_in_process<atomic_full>(full_case, 1, false));
+    test::sharded_backward_case<balanced, T> causal_case(cu, 3, a, cudnn_causal::mask, rng);
+    test::check_device_backward(
+        causal_case, test::device_backward_in_process<cudnn_causal>(causal_case, 1, true));
+    test::check_device_backward(
+        causal_case, test::device_backward_in_process<atomic_causal>(causal_case, 1, false));
+  }
 }
 
 TEST_CASE("cuDNN block kernel on the all-gather schedule equals the oracle") {
@@ -110,7 +143,7 @@ TEST_CASE("cuDNN block kernel on the all-gather schedule equals the oracle") {
 }
 
 TEST_CASE_TEMPLATE("cuDNN block kernel with windows: device ring equals the oracle", P, contiguous,
-                   round_robin, zigzag) {
+                   round_robin, zigzag, balanced) {
   // A window's band pieces run as cuDNN's top-left diagonal band: a causal window shorter than a
   // shard, a two-sided one, one wider than every sequence; forward and backward.
   using causal_win = cudnn_kernel<causal_window_mask, T>;
@@ -162,12 +195,12 @@ TEST_CASE("cuDNN block kernel: one rank over one sequence writes out, lse, dq, d
       CAPTURE(a.kv_heads);
       std::mt19937_64 rng(seed + static_cast<std::uint64_t>(len));
       const std::vector<std::int32_t> cu{0, len};
-      test::sharded_case<zigzag, T> f(cu, 1, a, mask_kind::causal, rng);
+      test::sharded_case<zigzag, T> f(cu, 1, a, cudnn_causal::mask, rng);
       test::check_device_ring(f, test::device_ring_in_process<cudnn_causal>(f, 1, true));
-      test::sharded_backward_case<contiguous, T> full(cu, 1, a, mask_kind::full, rng);
+      test::sharded_backward_case<contiguous, T> full(cu, 1, a, cudnn_full::mask, rng);
       test::check_device_backward(full,
                                   test::device_backward_in_process<cudnn_full>(full, 1, true));
-      test::sharded_backward_case<zigzag, T> causal(cu, 1, a, mask_kind::causal, rng);
+      test::sharded_backward_case<zigzag, T> causal(cu, 1, a, cudnn_causal::mask, rng);
       test::check_device_backward(causal,
                                   test::device_backward_in_process<cudnn_causal>(causal, 1, true));
       using atomic_causal = cudnn_kernel<causal_mask, T, cudnn_atomic>;
