@@ -1,15 +1,15 @@
 // The cuDNN block kernel (ringattn::cudnn_kernel): the device ring's matrix with cuDNN computing
 // every block — every partitioner (balanced also over many random batches at 3 ranks) x {full,
 // causal} x P in {1, 2, 3, 4, 8} virtual ranks x GQA 1 and 4, packed batches of odd lengths,
-// forward and backward against the float64 oracle; fp16 and head_dim 64; the all-gather schedule;
-// repeatability; the backward with cuDNN's atomic dQ (the same matrix, no bitwise repeat); windows
-// (cuDNN's diagonal band); q/k 192 with v 128; one rank over one sequence (cuDNN writes the outputs
-// directly); a one-rank ring captured in a CUDA graph and replayed bit for bit; bad views refused
-// before anything runs; packed batches with empty and one-token sequences, element by element
-// (strict_ring.cuh). Tolerances (bf16): forward 8e-3 relative L2 on O and 2e-3 absolute on LSE, as
-// the native kernels; backward 1e-2 relative L2 on each of dQ, dK, dV (each block's gradients pass
-// through bf16 once before the fp32 sums: the errors against the native path are printed). Both
-// directions repeat bit for bit.
+// forward and backward against the float64 oracle; one sequence over 2-8 ranks (dense calls); fp16
+// and head_dim 64; the all-gather schedule; repeatability; the backward with cuDNN's atomic dQ (the
+// same matrix, no bitwise repeat); windows (cuDNN's diagonal band); q/k 192 with v 128; one rank
+// over one sequence (cuDNN writes the outputs directly); a one-rank ring captured in a CUDA graph
+// and replayed bit for bit; bad views refused before anything runs; packed batches with empty and
+// one-token sequences, element by element (strict_ring.cuh). Tolerances (bf16): forward 8e-3
+// relative L2 on O and 2e-3 absolute on LSE, as the native kernels; backward 1e-2 relative L2 on
+// each of dQ, dK, dV (each block's gradients pass through bf16 once before the fp32 sums: the
+// errors against the native path are printed). Both directions repeat bit for bit.
 #include "../support/device_ring.cuh"
 #include "../support/strict_ring.cuh"
 
@@ -182,6 +182,33 @@ TEST_CASE("cuDNN block kernel: fp16 and head_dim 64") {
   check_backward<round_robin, full16, full, __half>({4, 4, 128, 0.0f}, true);
   check_forward<zigzag, cudnn_causal>({8, 2, 64, 0.0f});
   check_backward<contiguous, cudnn_causal, causal>({8, 2, 64, 0.0f}, true);
+}
+
+TEST_CASE(
+    "cuDNN block kernel: one sequence over several ranks (dense calls of a shard's later rows)") {
+  // One sequence per batch: a step's pieces are single, so the calls run dense, and under zigzag
+  // and round-robin the later chunk of a rank's queries against a whole block is a dense call
+  // whose rows start inside the shard. Backward (deterministic and atomic dQ) and forward against
+  // the oracle at P = 2, 3, 4, 8.
+  using atomic_causal = cudnn_kernel<causal_mask, T, cudnn_atomic>;
+  const auto seed = test::fresh_seed();
+  CAPTURE(seed);
+  const bool small = std::getenv("RINGATTN_TEST_SMALL") != nullptr;
+  const attention_arguments a{8, 2, 128, 0.0f};
+  const std::vector<std::int32_t> cu{0, small ? 1000 : 2400};
+  for (int ranks : {2, 3, 4, 8}) {
+    CAPTURE(ranks);
+    std::mt19937_64 rng(seed + static_cast<std::uint64_t>(ranks));
+    test::sharded_case<zigzag, T> f(cu, ranks, a, cudnn_causal::mask, rng);
+    test::check_device_ring(f, test::device_ring_in_process<cudnn_causal>(f, 1, false));
+    test::sharded_backward_case<zigzag, T> zz(cu, ranks, a, cudnn_causal::mask, rng);
+    test::check_device_backward(zz, test::device_backward_in_process<cudnn_causal>(zz, 1, true));
+    test::check_device_backward(zz, test::device_backward_in_process<atomic_causal>(zz, 1, false));
+    test::sharded_backward_case<round_robin, T> rr(cu, ranks, a, cudnn_causal::mask, rng);
+    test::check_device_backward(rr, test::device_backward_in_process<cudnn_causal>(rr, 1, true));
+    test::sharded_backward_case<contiguous, T> full(cu, ranks, a, cudnn_full::mask, rng);
+    test::check_device_backward(full, test::device_backward_in_process<cudnn_full>(full, 1, true));
+  }
 }
 
 TEST_CASE("cuDNN block kernel: one rank over one sequence writes out, lse, dq, dk, dv directly") {

@@ -219,7 +219,10 @@ public:
     for (const call& k : calls_) {
       const scratch_layout l = layout(k);
       std::byte* s = a.scratch;
-      T* dq = reinterpret_cast<T*>(s + l.first) + (k.packed ? 0 : k.q_begin * qh * d);
+      // dQ at the shard's rows (what the reduction's rows count from); a dense call's cuDNN
+      // output starts at its piece's first row.
+      T* dq_rows = reinterpret_cast<T*>(s + l.first);
+      T* dq = dq_rows + (k.packed ? 0 : k.q_begin * qh * d);
       T* dk = reinterpret_cast<T*>(s + l.second);
       T* dv = reinterpret_cast<T*>(s + l.third);
       float* stats = reinterpret_cast<float*>(s + l.stats);
@@ -251,7 +254,7 @@ public:
         void* ptrs[] = {q, kk, v, o, stats, dout, dq, dk, dv};
         run_sdpa(*k.graph, stream, ptrs, 9, s);
       }
-      add_rows<T>(a.grad.dq, dq, qh * d, k.q_reduce.bound, stream);
+      add_rows<T>(a.grad.dq, dq_rows, qh * d, k.q_reduce.bound, stream);
       add_rows<T>(a.grad.dk, dk, kvh * d, k.kv_reduce.bound, stream);
       add_rows<T>(a.grad.dv, dv, kvh * dvw, k.kv_reduce.bound, stream);
     }
