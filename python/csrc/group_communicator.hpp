@@ -27,12 +27,14 @@ public:
   //! Per-call agreement runs over the group (a small all-gather per call).
   static constexpr bool host_collectives = true;
 
-  group_communicator(c10::intrusive_ptr<c10d::ProcessGroup> group,
+  //! Holds `group` weakly: torch.distributed.destroy_process_group releases it (its worker
+  //! threads end there, not during the interpreter's shutdown), and a later call is refused.
+  group_communicator(const c10::intrusive_ptr<c10d::ProcessGroup>& group,
                      std::chrono::milliseconds timeout)
-      : group_(std::move(group)), timeout_(timeout) {
-    if (!group_) throw ringattn::invalid_argument("ringattn: no process group");
-    rank_ = group_->getRank();
-    size_ = group_->getSize();
+      : group_(group), timeout_(timeout) {
+    if (!group) throw ringattn::invalid_argument("ringattn: no process group");
+    rank_ = group->getRank();
+    size_ = group->getSize();
   }
 
   int rank() const noexcept { return rank_; }
@@ -58,8 +60,9 @@ public:
       c10::intrusive_ptr<c10d::Work> sent, received;
       std::vector<at::Tensor> out{bytes(const_cast<void*>(send), send_bytes)};
       std::vector<at::Tensor> in{bytes(recv, recv_bytes)};
-      if (send_bytes) sent = group_->send(out, to, tag);
-      if (recv_bytes) received = group_->recv(in, from, tag);
+      const auto group = live(step);
+      if (send_bytes) sent = group->send(out, to, tag);
+      if (recv_bytes) received = group->recv(in, from, tag);
       if (sent) wait(sent, step, "its send to rank " + std::to_string(to));
       if (received) wait(received, step, "the block from rank " + std::to_string(from));
     });
@@ -77,7 +80,7 @@ public:
       std::vector<std::vector<at::Tensor>> out(1);
       for (int r = 0; r < size_; ++r)
         out[0].push_back(bytes(static_cast<std::byte*>(recv) + static_cast<std::size_t>(r) * n, n));
-      wait(group_->allgather(out, in), -1, "every rank's part of an all-gather");
+      wait(live(-1)->allgather(out, in), -1, "every rank's part of an all-gather");
     });
   }
 
@@ -107,6 +110,12 @@ private:
                                           ": this ring's process-group communicator failed "
                                           "earlier (" +
                                           reason_ + "); plan the ring again");
+  }
+  c10::intrusive_ptr<c10d::ProcessGroup> live(std::int64_t step) {
+    auto group = group_.lock();
+    if (!group)
+      fail(step, "its process group was destroyed (torch.distributed.destroy_process_group)");
+    return group;
   }
   void check_peer(int peer, std::int64_t step) const {
     if (peer < 0 || peer >= size_)
@@ -141,7 +150,7 @@ private:
     throw ringattn::communication_error("ringattn: " + where(step) + ": " + what);
   }
 
-  c10::intrusive_ptr<c10d::ProcessGroup> group_;
+  c10::weak_intrusive_ptr<c10d::ProcessGroup> group_;
   std::chrono::milliseconds timeout_;
   int rank_ = 0, size_ = 1;
   bool broken_ = false;

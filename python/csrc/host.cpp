@@ -35,7 +35,7 @@ void check_host_kernel(const layout& l) {
 
 std::shared_ptr<endpoint> make_group_endpoint(c10::intrusive_ptr<c10d::ProcessGroup> group,
                                               std::int64_t timeout_ms) {
-  return std::make_shared<group_endpoint>(std::move(group), std::chrono::milliseconds(timeout_ms));
+  return std::make_shared<group_endpoint>(group, std::chrono::milliseconds(timeout_ms));
 }
 
 std::unique_ptr<plan> make_virtual_host_plan(const layout& l, int ranks) {

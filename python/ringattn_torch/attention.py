@@ -106,11 +106,15 @@ _virtual_plans = collections.OrderedDict()
 
 def _group_communicator(group, device: torch.device, timeout: float) -> _Communicator:
     timeout_ms = int(timeout * 1000)
+    # The endpoint is remade from the group's name: a kept group would outlive
+    # torch.distributed.destroy_process_group.
+    name = group.group_name
     if device.type == "cuda":
         index = device.index if device.index is not None else torch.cuda.current_device()
 
         def make_endpoint():
             # The NCCL unique id travels through the group itself.
+            group = _resolve_group(name)
             rank, size = dist.get_rank(group), dist.get_world_size(group)
             with torch.cuda.device(index):
                 box = [ops.nccl_unique_id().tolist() if rank == 0 else None]
@@ -119,8 +123,8 @@ def _group_communicator(group, device: torch.device, timeout: float) -> _Communi
                 return ops.nccl_endpoint(uid, size, rank, index, timeout_ms)
     else:
         def make_endpoint():
-            return ops.group_endpoint(group.group_name, timeout_ms)
-    key = (group.group_name, str(device), timeout_ms)
+            return ops.group_endpoint(name, timeout_ms)
+    key = (name, str(device), timeout_ms)
     with _lock:
         comm = _communicators.get(key)
         if comm is None:
@@ -464,6 +468,9 @@ def _check_kernel(kernel, q, max_logit):
 
 #: Bytes of a call's verdict in the agreement: ok, the layout's fingerprint, the reason.
 _VERDICT_BYTES = 256
+#: The agreement group's name per (group name, timeout). Names, not the groups: holding a group
+#: would keep it (and its worker threads) alive past torch.distributed.destroy_process_group, into
+#: the interpreter's shutdown.
 _agreement_groups = {}
 
 
@@ -472,19 +479,17 @@ def _agreement_group(group, timeout: float):
     backend takes CPU tensors (gloo), else a gloo group of the same ranks, made once."""
     key = (group.group_name, float(timeout))
     with _lock:
-        made = _agreement_groups.get(key)
-    if made is not None:
-        return made
-    backend = str(dist.get_backend(group))
-    if "gloo" in backend:
-        made = group
-    else:
-        made = dist.new_group(dist.get_process_group_ranks(group), backend="gloo",
-                              timeout=datetime.timedelta(seconds=timeout),
-                              use_local_synchronization=True)
-    with _lock:
-        _agreement_groups.setdefault(key, made)
-        return _agreement_groups[key]
+        name = _agreement_groups.get(key)
+    if name is None:
+        if "gloo" in str(dist.get_backend(group)):
+            made = group
+        else:
+            made = dist.new_group(dist.get_process_group_ranks(group), backend="gloo",
+                                  timeout=datetime.timedelta(seconds=timeout),
+                                  use_local_synchronization=True)
+        with _lock:
+            name = _agreement_groups.setdefault(key, made.group_name)
+    return group if name == group.group_name else _resolve_group(name)
 
 
 def _fingerprint(key, q) -> bytes:

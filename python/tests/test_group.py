@@ -2,8 +2,10 @@
 forward and backward against the float64 reference on the gathered sequence, plans kept per
 layout, and a refusal on one rank reaching every rank."""
 
+import gc
 import os
 import tempfile
+import time
 import traceback
 
 import pytest
@@ -196,3 +198,47 @@ def _group_of_one(rank, ranks):
 
 def test_group_of_one_rank_skips_the_agreement():
     run_ranks(1, _group_of_one)
+
+
+def _gloo_threads():
+    """Threads of this process that run a gloo process group's work loop (Linux)."""
+    count = 0
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/comm") as f:
+                count += f.read().strip() == "pt_gloo_runloop"
+        except OSError:  # a thread that ended meanwhile
+            pass
+    return count
+
+
+def _group_released(rank, ranks):
+    dist.barrier()  # the default group's own threads, which may start at its first collective
+    base = _gloo_threads()
+    sub = dist.new_group(list(range(ranks)), backend="gloo")
+    dist.barrier(group=sub)
+    assert _gloo_threads() > base, "no gloo work loop threads to count"
+    g = torch.Generator().manual_seed(5)
+    cu = [0, 30, 61]
+    q, k, v = inputs(cu, 4, 2, 64, 64, torch.float32, "cpu", g)
+    qs, ks, vs = (ra.shard(x, cu, group=sub).requires_grad_() for x in (q, k, v))
+    out, _ = ra.ring_attention(qs, ks, vs, cu, group=sub)
+    out.sum().backward()
+    dist.destroy_process_group(sub)
+    del sub
+    gc.collect()
+    # The extension keeps no group alive: its work loop threads end with it, now, and not during
+    # the interpreter's shutdown (where a late work's Python decref aborts the process). The last
+    # reference may be a finished work's, dropped on a work loop thread a moment later.
+    deadline = time.monotonic() + 10
+    while _gloo_threads() > base and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _gloo_threads() == base, (f"rank {rank}: a process group outlived "
+                                     f"destroy_process_group ({_gloo_threads()} work loop "
+                                     f"threads, {base} before it was made)")
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads through /proc")
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_destroy_process_group_releases_the_group(ranks):
+    run_ranks(ranks, _group_released)
