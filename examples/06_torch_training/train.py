@@ -20,6 +20,10 @@ import argparse
 import os
 
 import torch
+# Before the process group is made: torch.optim imports it at the first optimizer, and imported
+# while a default group exists it keeps that group alive past destroy_process_group, so that the
+# group's gloo threads outlive main() and can abort the interpreter's shutdown.
+import torch._dynamo  # noqa: F401
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
