@@ -7,6 +7,7 @@ import datetime
 import hashlib
 import operator
 import threading
+import weakref
 from typing import List, Optional, Sequence, Tuple
 
 import torch
@@ -126,9 +127,16 @@ def _group_communicator(group, device: torch.device, timeout: float) -> _Communi
             return ops.group_endpoint(name, timeout_ms)
     key = (name, str(device), timeout_ms)
     with _lock:
-        comm = _communicators.get(key)
-        if comm is None:
-            comm = _communicators[key] = _Communicator(make_endpoint)
+        kept = _communicators.get(key)
+        # Group names repeat after destroy_process_group and a new init: a communicator made for
+        # a group that is gone (its weak reference dead, or the name now another group's) is
+        # dropped and made again.
+        if kept is not None and kept[0]() is group:
+            return kept[1]
+        if kept is not None:
+            kept[1].drop()
+        comm = _Communicator(make_endpoint)
+        _communicators[key] = (weakref.ref(group), comm)
     return comm
 
 
@@ -468,28 +476,33 @@ def _check_kernel(kernel, q, max_logit):
 
 #: Bytes of a call's verdict in the agreement: ok, the layout's fingerprint, the reason.
 _VERDICT_BYTES = 256
-#: The agreement group's name per (group name, timeout). Names, not the groups: holding a group
-#: would keep it (and its worker threads) alive past torch.distributed.destroy_process_group, into
-#: the interpreter's shutdown.
+#: The agreement group per (group name, timeout), as weak references to the group and to its
+#: agreement group: holding a group would keep it (and its worker threads) alive past
+#: torch.distributed.destroy_process_group, into the interpreter's shutdown.
 _agreement_groups = {}
 
 
 def _agreement_group(group, timeout: float):
     """The group the ranks agree over before each call, on the host: `group` itself where its
-    backend takes CPU tensors (gloo), else a gloo group of the same ranks, made once."""
+    backend takes CPU tensors (gloo), else a gloo group of the same ranks, made once per group
+    (names repeat after destroy_process_group and a new init: an entry of a group that is gone
+    is made again)."""
     key = (group.group_name, float(timeout))
     with _lock:
-        name = _agreement_groups.get(key)
-    if name is None:
-        if "gloo" in str(dist.get_backend(group)):
-            made = group
-        else:
-            made = dist.new_group(dist.get_process_group_ranks(group), backend="gloo",
-                                  timeout=datetime.timedelta(seconds=timeout),
-                                  use_local_synchronization=True)
-        with _lock:
-            name = _agreement_groups.setdefault(key, made.group_name)
-    return group if name == group.group_name else _resolve_group(name)
+        kept = _agreement_groups.get(key)
+    if kept is not None and kept[0]() is group:
+        made = kept[1]()
+        if made is not None:
+            return made
+    if "gloo" in str(dist.get_backend(group)):
+        made = group
+    else:
+        made = dist.new_group(dist.get_process_group_ranks(group), backend="gloo",
+                              timeout=datetime.timedelta(seconds=timeout),
+                              use_local_synchronization=True)
+    with _lock:
+        _agreement_groups[key] = (weakref.ref(group), weakref.ref(made))
+    return made
 
 
 def _fingerprint(key, q) -> bytes:

@@ -22,6 +22,7 @@ def _worker(rank, ranks, store, body, errors):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
     try:
+        os.environ["RINGATTN_TEST_STORE"] = store  # for a body that makes a second world
         dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
                                 world_size=ranks)
         try:
@@ -104,7 +105,7 @@ def _plans_and_refusals(rank, ranks):
     first, _ = ra.ring_attention(q, k, v, cu)
     again, _ = ra.ring_attention(q, k, v, cu)
     assert torch.equal(first, again)  # deterministic, and the plan was kept
-    (comm,) = impl._communicators.values()
+    ((_, comm),) = impl._communicators.values()
     assert len(comm._plans) == 1
     # Rank 1 passes float64 tensors: refused there, and every other rank's call fails naming it.
     bad = q.double() if rank == 1 else q
@@ -242,3 +243,32 @@ def _group_released(rank, ranks):
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_destroy_process_group_releases_the_group(ranks):
     run_ranks(ranks, _group_released)
+
+
+def _world_again(rank, ranks):
+    g = torch.Generator().manual_seed(13)
+    cu = [0, 30, 61]
+    q, k, v = inputs(cu, 4, 2, 64, 64, torch.float32, "cpu", g)
+    shards = [ra.shard(x, cu) for x in (q, k, v)]
+    sub = dist.new_group(list(range(ranks)), backend="gloo")
+    want, want_lse = ra.ring_attention(*shards, cu)
+    on_sub, _ = ra.ring_attention(*shards, cu, group=sub)
+    assert torch.equal(on_sub, want)
+    names = (dist.group.WORLD.group_name, sub.group_name)
+    del sub
+    dist.destroy_process_group()
+    dist.init_process_group("gloo", init_method=f"file://{os.environ['RINGATTN_TEST_STORE']}-2",
+                            rank=rank, world_size=ranks)
+    sub = dist.new_group(list(range(ranks)), backend="gloo")
+    # The new world's groups carry the old names: the extension's communicators and agreement
+    # groups of the old ones are not used for them, and the first call on each runs.
+    assert (dist.group.WORLD.group_name, sub.group_name) == names
+    for group in (None, sub):
+        out, lse = ra.ring_attention(*shards, cu, group=group)
+        assert torch.equal(out, want) and torch.equal(lse, want_lse)
+        with pytest.raises(ValueError, match="another layout than rank 0"):
+            ra.ring_attention(*shards, cu, group=group, mask="full" if rank == 1 else "causal")
+
+
+def test_a_second_world_after_destroy_process_group():
+    run_ranks(2, _world_again)
