@@ -321,7 +321,7 @@ public:
       if constexpr (requires { BlockKernel::device_max_logit; })
         ok.require(max_logit == nullptr || BlockKernel::device_max_logit, "the BlockKernel ",
                    BlockKernel::name,
-                   " computes no max logit on the device (the native kernels do); pass a null "
+                   " computes no max logit on the device (the library's kernels do); pass a null "
                    "max_logit");
     };
     const validation ok = checks_.forward(q, k, v, thd_view<const T>(out), lse, ws,

@@ -450,14 +450,14 @@ def _checked_call(q, k, v, cu_seqlens, partitioner, mask, schedule, kernel, wind
     if schedule not in SCHEDULES:
         raise ValueError(f"ringattn: unknown schedule '{schedule}' (one of "
                          f"{', '.join(SCHEDULES)})")
-    _check_kernel(kernel, q, max_logit)
+    _check_kernel(kernel, q)
     cu = cu_seqlens_list(cu_seqlens)
     key = _layout_key(q, k, v, cu, partitioner, mask, schedule, kernel, _window(mask, window),
                       softmax_scale)
     return key, cu
 
 
-def _check_kernel(kernel, q, max_logit):
+def _check_kernel(kernel, q):
     if kernel not in KERNELS:
         raise ValueError(f"ringattn: unknown kernel '{kernel}' (one of {', '.join(KERNELS)})")
     if kernel != "cudnn":
@@ -469,9 +469,6 @@ def _check_kernel(kernel, q, max_logit):
         raise ValueError("ringattn: this build of ringattn_torch has no cuDNN kernel (it was "
                          "built without cuDNN 9 or the cudnn-frontend headers: install "
                          "nvidia-cudnn-frontend and reinstall), or use kernel 'native'")
-    if max_logit:
-        raise ValueError("ringattn: kernel 'cudnn' computes no max logit; return_max_logit "
-                         "needs kernel 'native'")
 
 
 #: Bytes of a call's verdict in the agreement: ok, the layout's fingerprint, the reason.

@@ -102,10 +102,23 @@ def test_cudnn_kernel_separate_widths_and_empty_sequences():
 
 
 @needs_cudnn
+@pytest.mark.parametrize("schedule", ra.SCHEDULES)
+@pytest.mark.parametrize("mask", ra.MASKS)
+@pytest.mark.parametrize("ranks", [1, 4])
+def test_cudnn_kernel_max_logit(schedule, mask, ranks):
+    cu, (q, k, v) = _case(case_seed("cudnn max logit", schedule, mask, ranks), torch.bfloat16,
+                          longest=200)
+    window = window_of(mask)
+    run = lambda asked: ra.virtual_ring_attention(q, k, v, cu, ranks, mask=mask, window=window,
+                                                  schedule=schedule, kernel="cudnn",
+                                                  return_max_logit=asked)
+    # cuDNN's fp32 logits of bf16 inputs.
+    check_max_logit(run, q, k, cu, mask, window, rtol=2e-3, atol=2e-3)
+
+
+@needs_cudnn
 def test_cudnn_kernel_refusals_then_runs():
     cu, (q, k, v) = _case(53, torch.bfloat16)
-    with pytest.raises(ValueError, match="computes no max logit"):
-        ra.virtual_ring_attention(q, k, v, cu, 2, kernel="cudnn", return_max_logit=True)
     with pytest.raises(ValueError, match="fp16 or bf16 tensors \\(got fp32\\)"):
         ra.virtual_ring_attention(q.float(), k.float(), v.float(), cu, 2, kernel="cudnn")
     # One plan per element type: bf16, then fp16 of the same layout, then bf16 again.

@@ -9,9 +9,12 @@
 //! cache shared by every functor of the same call shape) and its index tables in device memory.
 //! The backward's graphs are built there too, so no call builds anything.
 //!
-//! Forward step: cuDNN writes each piece's O (T) and LSE (fp32, natural log) packed in the
-//! scratch, and a merge kernel adds them into the ring's fp32 state. A ring of one rank whose
-//! block is one piece covering every row lets cuDNN write `out` and `lse` directly.
+//! Forward step: cuDNN writes each piece's O (T), and each row's largest logit and sum of
+//! exponentials (fp32), packed in the scratch; a small kernel turns the two into the row's LSE
+//! (natural log), raising the max logit's heads on the way where the call asks for it, and a merge
+//! kernel adds O and LSE into the ring's fp32 state. A ring of one rank whose block is one piece
+//! covering every row lets cuDNN write `out` (and the maxima into `lse`) directly. One graph for
+//! both kinds of call: a forward with the max logit returns the same bits as one without.
 //!
 //! Backward step: cuDNN's SDPA backward from the final O, dO and LSE writes each piece's dQ, dK,
 //! dV (T) packed in the scratch; an add kernel sums them into the fp32 accumulators (dQ over the
@@ -110,6 +113,7 @@ public:
       s.head_dim = args.qk_dim(), s.head_dim_v = args.v_dim();
       s.scale = static_cast<float>(args.scale());
       s.deterministic = backward && deterministic, s.device = device;
+      s.max_logit = !backward; // the forward's rows as maxima and sums (the max logit's form)
       if (k.packed) {
         // Padded maxima and packed totals rounded up so that ranks and steps of nearly equal
         // shapes share one graph.
@@ -194,8 +198,12 @@ public:
                cudaStream_t stream) const {
     if (e == step_epilogue::none) return;
     const attention_state& st = a.state;
+    const std::int64_t qh = args_.q_heads;
     if (e == step_epilogue::plain && calls_.size() == 1 && calls_[0].whole && out.dense()) {
-      run_forward(calls_[0], a, out.data, lse, a.scratch, stream);
+      const call& k = calls_[0];
+      float* sum_exp = reinterpret_cast<float*>(a.scratch + layout(k).sum_exp);
+      run_forward(k, a, out.data, lse, sum_exp, a.scratch, stream);
+      lse_of_row_maxima(lse, sum_exp, k.q_rows, static_cast<int>(qh), false, st.max_logit, stream);
       return;
     }
     if (e == step_epilogue::plain || e == step_epilogue::fresh) reset(st, stream);
@@ -203,8 +211,10 @@ public:
       const scratch_layout l = layout(k);
       T* o = reinterpret_cast<T*>(a.scratch + l.first);
       float* stats = reinterpret_cast<float*>(a.scratch + l.stats);
-      run_forward(k, a, o, stats, a.scratch, stream);
-      const std::int64_t qh = args_.q_heads;
+      float* sum_exp = reinterpret_cast<float*>(a.scratch + l.sum_exp);
+      run_forward(k, a, o, stats, sum_exp, a.scratch, stream);
+      lse_of_row_maxima(stats, sum_exp, k.q_rows, static_cast<int>(qh), k.packed, st.max_logit,
+                        stream);
       merge_rows<T>(o, stats, k.packed ? qh : 1, k.packed ? 1 : k.q_rows, k.q_reduce.bound, st,
                     stream);
     }
@@ -330,7 +340,7 @@ private:
     }
   };
   struct scratch_layout {
-    std::size_t first = 0, second = 0, third = 0, stats = 0, total = 0;
+    std::size_t first = 0, second = 0, third = 0, stats = 0, sum_exp = 0, total = 0;
   };
   scratch_layout layout(const call& k) const {
     const std::size_t qh = static_cast<std::size_t>(args_.q_heads),
@@ -351,14 +361,16 @@ private:
       l.stats = l.third + align256(kv_rows * v_row);
       l.total = l.stats + align256(static_cast<std::size_t>(k.stats_rows) * qh * sizeof(float));
     } else {
+      // O, then each row's maximum (turned into its LSE in place) and sum of exponentials
       l.stats = l.first + align256(q_rows * o_row);
-      l.total = l.stats + align256(q_rows * qh * sizeof(float));
+      l.sum_exp = l.stats + align256(q_rows * qh * sizeof(float));
+      l.total = l.sum_exp + align256(q_rows * qh * sizeof(float));
     }
     return l;
   }
   template <class T>
-  void run_forward(const call& k, const block_forward_args<T>& a, T* o, float* stats,
-                   std::byte* workspace, cudaStream_t stream) const {
+  void run_forward(const call& k, const block_forward_args<T>& a, T* o, float* row_max,
+                   float* sum_exp, std::byte* workspace, cudaStream_t stream) const {
     const std::int64_t qh = args_.q_heads, kvh = args_.kv_heads, d = args_.qk_dim(),
                        dv = args_.v_dim();
     const std::int64_t qo = k.packed ? 0 : k.q_begin * qh * d;
@@ -369,12 +381,20 @@ private:
     void* v = const_cast<T*>(a.v.data + vo);
     if (k.packed) {
       // In uid order (graphs.cuh); separate widths add V's offsets.
-      void* ptrs[] = {q,          kk,        v,          o,         stats,         k.p_seq_q,
-                      k.p_seq_kv, k.p_q_off, k.p_kv_off, k.p_o_off, k.p_stats_off, k.p_v_off};
-      run_sdpa(*k.graph, stream, ptrs, dv != d ? 12 : 11, workspace);
+      if (dv != d) {
+        void* ptrs[] = {q,          kk,        v,          o,         k.p_seq_q,
+                        k.p_seq_kv, k.p_q_off, k.p_kv_off, k.p_o_off, k.p_stats_off,
+                        k.p_v_off,  row_max,   sum_exp};
+        run_sdpa(*k.graph, stream, ptrs, 13, workspace);
+      } else {
+        void* ptrs[] = {q,          kk,        v,          o,         k.p_seq_q,
+                        k.p_seq_kv, k.p_q_off, k.p_kv_off, k.p_o_off, k.p_stats_off,
+                        row_max,    sum_exp};
+        run_sdpa(*k.graph, stream, ptrs, 12, workspace);
+      }
     } else {
-      void* ptrs[] = {q, kk, v, o, stats};
-      run_sdpa(*k.graph, stream, ptrs, 5, workspace);
+      void* ptrs[] = {q, kk, v, o, row_max, sum_exp};
+      run_sdpa(*k.graph, stream, ptrs, 6, workspace);
     }
   }
 
@@ -420,10 +440,6 @@ struct cudnn_kernel : host_reference<Mask> {
   using backward_algorithm = Algorithm;
   //! `prepare_device` plans the backward with the forward: cuDNN builds nothing during a call.
   static constexpr bool plans_backward_at_prepare = true;
-  //! Its device forward computes no max logit (the host twin does): a ring refuses a device
-  //! forward that asks for one.
-  static constexpr bool device_max_logit = false;
-
   using forward_schedule = detail::cudnn_step;
   using backward_schedule = detail::cudnn_step;
   static forward_schedule make_forward_schedule(std::span<const block_group> groups,

@@ -78,19 +78,6 @@ __device__ __forceinline__ void finish_row(const forward_params<T>& p, int h, st
   }
 }
 
-//! Raises `*at` to `x` unless it is already larger, NaN winning over every number: a
-//! non-negative float orders as its bits read as a signed int, a negative one inversely to its
-//! bits read unsigned, and NaN (made the positive quiet NaN) above +inf in the first order and
-//! below every negative number in the second.
-__device__ __forceinline__ void atomic_max_logit(float* at, float x) {
-  if (x == -__builtin_huge_valf()) return;
-  if (x != x) x = __int_as_float(0x7fc00000);
-  if (__float_as_int(x) >= 0)
-    atomicMax(reinterpret_cast<int*>(at), __float_as_int(x));
-  else
-    atomicMin(reinterpret_cast<unsigned*>(at), __float_as_uint(x));
-}
-
 //! A block row's contribution to its head's max logit (state.cuh's `max_logit_of`): `m` is the
 //! row's running max in log2 units, `l` this lane's part of its sum (summed over the quad here;
 //! every lane of the quad must call it). -inf for a row that is not live.

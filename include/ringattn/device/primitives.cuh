@@ -1,8 +1,8 @@
 #pragma once
 //! \file
 //! PTX wrappers and tile copies shared by every kernel: shared-memory addresses, cp.async,
-//! ldmatrix, mma.sync m16n8k16, exp2, 16-bit packing, the swizzled [rows, D] tile. Device code
-//! only.
+//! ldmatrix, mma.sync m16n8k16, exp2, 16-bit packing, the swizzled [rows, D] tile, the max
+//! logit's NaN-aware atomic maximum. Device code only.
 
 #include <ringattn/config.cuh>
 
@@ -113,6 +113,19 @@ __device__ __forceinline__ void load_tile(T* s, const T* g, std::int64_t stride,
     const bool ok = r < valid;
     cp_async_16(s + swizzle<D>(r, ch), ok ? g + r * stride + ch * 8 : g, ok);
   }
+}
+
+//! Raises `*at` to `x` unless it is already larger, NaN winning over every number: a
+//! non-negative float orders as its bits read as a signed int, a negative one inversely to its
+//! bits read unsigned, and NaN (made the positive quiet NaN) above +inf in the first order and
+//! below every negative number in the second.
+__device__ __forceinline__ void atomic_max_logit(float* at, float x) {
+  if (x == -__builtin_huge_valf()) return;
+  if (x != x) x = __int_as_float(0x7fc00000);
+  if (__float_as_int(x) >= 0)
+    atomicMax(reinterpret_cast<int*>(at), __float_as_int(x));
+  else
+    atomicMin(reinterpret_cast<unsigned*>(at), __float_as_uint(x));
 }
 
 } // namespace kernels

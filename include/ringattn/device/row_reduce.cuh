@@ -8,6 +8,7 @@
 #include <ringattn/config.cuh>
 #include <ringattn/core/element.cuh>
 #include <ringattn/core/state.cuh>
+#include <ringattn/device/primitives.cuh>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -63,6 +64,39 @@ __global__ void gather_lse_kernel(const float* __restrict__ lse, std::int64_t to
     const std::int64_t r = i / heads;
     const int h = static_cast<int>(i % heads);
     out[r * out_row + h * out_head] = lse[h * tokens + rows[r]];
+  }
+}
+
+//! A library forward's max-logit form turned into its lse, in place: entry i of `row_max` (each
+//! row's largest logit, natural units) and of `sum_exp` (its sum of exponentials against that
+//! maximum) becomes `final_lse(max, sum)`. Entries are `[rows, heads]` (`token_major`) or
+//! `[heads, rows]`. With `max_logit`, every entry's `max_logit_of(max, sum)` is raised into its
+//! head's value (NaN winning), through a per-block maximum in shared memory (`heads` floats of
+//! dynamic shared memory) and one atomic per head and block.
+template <int Unused = 0>
+__global__ void lse_of_row_maxima_kernel(float* __restrict__ row_max,
+                                         const float* __restrict__ sum_exp, std::int64_t rows,
+                                         int heads, bool token_major, float* max_logit) {
+  extern __shared__ float block_max[];
+  if (max_logit != nullptr) {
+    for (int h = static_cast<int>(threadIdx.x); h < heads; h += static_cast<int>(blockDim.x))
+      block_max[h] = -__builtin_huge_valf();
+    __syncthreads();
+  }
+  const std::int64_t n = rows * heads;
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const float m = row_max[i], s = sum_exp[i];
+    row_max[i] = final_lse(m, s);
+    if (max_logit != nullptr) {
+      const int h = static_cast<int>(token_major ? i % heads : i / rows);
+      atomic_max_logit(block_max + h, max_logit_of(m, s));
+    }
+  }
+  if (max_logit != nullptr) {
+    __syncthreads();
+    for (int h = static_cast<int>(threadIdx.x); h < heads; h += static_cast<int>(blockDim.x))
+      atomic_max_logit(max_logit + h, block_max[h]);
   }
 }
 

@@ -7,6 +7,7 @@
 //! \code
 //! ringattn::merge_rows(o_packed, lse_packed, heads, 1, reduction, state, stream); // forward
 //! ringattn::add_rows(dq_fp32, dq_packed, heads * head_dim, reduction, stream);     // backward
+//! ringattn::lse_of_row_maxima(max_packed, sum_packed, rows, heads, true, max_logit, stream);
 //! \endcode
 
 #include <ringattn/core/state.cuh>
@@ -16,6 +17,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 
 namespace ringattn {
@@ -55,6 +57,22 @@ inline void gather_lse(const float* lse, std::int64_t tokens, int heads, const s
   if (count == 0 || heads == 0) return;
   kernels::gather_lse_kernel<><<<detail::grid_for(count * heads), 256, 0, stream>>>(
       lse, tokens, heads, rows, count, out, out_row, out_head);
+  RINGATTN_CUDA_CHECK_LAUNCH();
+}
+
+//! A library forward's per-row maxima and sums of exponentials (`[rows, heads]` when
+//! `token_major`, else `[heads, rows]`) into the rows' lse, in place of the maxima; with
+//! `max_logit` (`[heads]`), also raises each head's max logit over those rows.
+inline void lse_of_row_maxima(float* row_max, const float* sum_exp, std::int64_t rows, int heads,
+                              bool token_major, float* max_logit, cudaStream_t stream) {
+  if (rows == 0 || heads == 0) return;
+  // Few blocks where each ends with one atomic per head.
+  const unsigned grid = max_logit != nullptr ? std::min(detail::grid_for(rows * heads), 256u)
+                                             : detail::grid_for(rows * heads);
+  const std::size_t shared =
+      max_logit != nullptr ? static_cast<std::size_t>(heads) * sizeof(float) : 0;
+  kernels::lse_of_row_maxima_kernel<>
+      <<<grid, 256, shared, stream>>>(row_max, sum_exp, rows, heads, token_major, max_logit);
   RINGATTN_CUDA_CHECK_LAUNCH();
 }
 
