@@ -61,6 +61,41 @@ TEST_CASE("bad device inputs: a clear error, no kernel launched, nothing sent or
   CHECK_FALSE(clean);
 }
 
+namespace {
+// A BlockKernel model whose device forward computes no max logit (a third party's, say): the
+// native causal kernel declaring so.
+struct causal_without_max_logit : causal {
+  static constexpr bool device_max_logit = false;
+  static constexpr const char* name = "causal_without_max_logit";
+};
+} // namespace
+
+TEST_CASE("a BlockKernel that computes no max logit on the device: a call asking for it is refused "
+          "before anything runs, one without it runs") {
+  const std::vector<std::int32_t> cu{0, 100, 300};
+  in_process_group group(1);
+  auto comm = group.communicator(0);
+  ring_attention<zigzag, in_process_communicator, causal_without_max_logit> attn(
+      comm, {8, 2, 64, 0.0f}, cu);
+  attn.prepare_device();
+  device_call c(attn.device_workspace_bytes<T>());
+  test::device_buffer<float> max_logit(std::vector<float>(8, 7.0f));
+  const std::uint64_t launches = detail::kernel_launches.load();
+  CHECK_THROWS_WITH_AS(attn.forward<T>(c.qv, c.kv, c.vv, c.ov, c.lse_ptr, max_logit.get(), c.ws_ptr,
+                                       c.ws_bytes, nullptr),
+                       doctest::Contains("the BlockKernel causal_without_max_logit computes no max "
+                                         "logit on the device"),
+                       invalid_argument);
+  CHECK(detail::kernel_launches.load() == launches);
+  CHECK(c.untouched());
+  CHECK(max_logit.download() == std::vector<float>(8, 7.0f));
+  // The same ring without it runs (so the checks above can fail).
+  attn.forward<T>(c.qv, c.kv, c.vv, c.ov, c.lse_ptr, nullptr, c.ws_ptr, c.ws_bytes, nullptr);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  CHECK(detail::kernel_launches.load() > launches);
+  CHECK_FALSE(c.untouched());
+}
+
 TEST_CASE("the CUDA block kernel refuses fp32 inputs and a schedule made for other shapes") {
   const attention_arguments a{4, 2, 64, 0.0f};
   test::device_buffer<float> qf(64 * 4 * 64), kf(64 * 2 * 64), o(64 * 4 * 64), lse(64 * 4),

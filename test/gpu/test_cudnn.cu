@@ -1,15 +1,16 @@
 // The cuDNN block kernel (ringattn::cudnn_kernel): the device ring's matrix with cuDNN computing
 // every block — every partitioner (balanced also over many random batches at 3 ranks) x {full,
 // causal} x P in {1, 2, 3, 4, 8} virtual ranks x GQA 1 and 4, packed batches of odd lengths,
-// forward and backward against the float64 oracle; one sequence over 2-8 ranks (dense calls); fp16
-// and head_dim 64; the all-gather schedule; repeatability; the backward with cuDNN's atomic dQ (the
-// same matrix, no bitwise repeat); windows (cuDNN's diagonal band); q/k 192 with v 128; one rank
+// forward (with the max logit, whose call returns the bits of one without it) and backward against
+// the float64 oracle; one sequence over 2-8 ranks (dense calls); fp16 and head_dim 64; the
+// all-gather schedule; repeatability; the backward with cuDNN's atomic dQ (the same matrix, no
+// bitwise repeat); windows (cuDNN's diagonal band); q/k 192 with v 128; one rank
 // over one sequence (cuDNN writes the outputs directly); a one-rank ring captured in a CUDA graph
 // and replayed bit for bit; bad views refused before anything runs; packed batches with empty and
-// one-token sequences, element by element (strict_ring.cuh). Tolerances (bf16): forward 8e-3
-// relative L2 on O and 2e-3 absolute on LSE, as the native kernels; backward 1e-2 relative L2 on
-// each of dQ, dK, dV (each block's gradients pass through bf16 once before the fp32 sums: the
-// errors against the native path are printed). Both directions repeat bit for bit.
+// one-token sequences, and planted NaN / inf, element by element (strict_ring.cuh). Tolerances
+// (bf16): forward 8e-3 relative L2 on O and 2e-3 absolute on LSE, as the native kernels; backward
+// 1e-2 relative L2 on each of dQ, dK, dV (each block's gradients pass through bf16 once before the
+// fp32 sums: the errors against the native path are printed). Both directions repeat bit for bit.
 #include "../support/device_ring.cuh"
 #include "../support/strict_ring.cuh"
 
@@ -31,6 +32,8 @@ using namespace ringattn;
 
 namespace {
 using T = __nv_bfloat16;
+using atomic_full = cudnn_kernel<full_mask, T, cudnn_atomic>;
+using atomic_causal = cudnn_kernel<causal_mask, T, cudnn_atomic>;
 
 template <class P, class Kernel>
 void check_forward(attention_arguments a) {
@@ -81,8 +84,6 @@ TEST_CASE_TEMPLATE("cuDNN block kernel: device ring backward equals the oracle",
 TEST_CASE_TEMPLATE("cuDNN block kernel, atomic dQ: device ring backward equals the oracle", P,
                    contiguous, round_robin, zigzag, balanced) {
   // cuDNN's atomic dQ accumulation: the same oracle and tolerances, no bitwise repeat.
-  using atomic_full = cudnn_kernel<full_mask, T, cudnn_atomic>;
-  using atomic_causal = cudnn_kernel<causal_mask, T, cudnn_atomic>;
   for (attention_arguments a : {attention_arguments{8, 2, 128, 0.0f}, {8, 8, 128, 0.0f}}) {
     CAPTURE(a.kv_heads);
     check_backward<P, atomic_full, full>(a, false);
@@ -105,8 +106,6 @@ TEST_CASE("cuDNN block kernel, balanced partitioner: many packed batches over 3 
   // Documents kept whole on one rank or split over some of the ranks, each batch of three
   // sequences of 1-300 tokens drawn anew: forward and backward of both masks against the oracle,
   // each rank's gradients through cuDNN's deterministic and atomic dQ.
-  using atomic_full = cudnn_kernel<full_mask, T, cudnn_atomic>;
-  using atomic_causal = cudnn_kernel<causal_mask, T, cudnn_atomic>;
   const auto seed = test::fresh_seed();
   CAPTURE(seed);
   std::mt19937_64 draw(seed);
@@ -130,6 +129,15 @@ TEST_CASE("cuDNN block kernel, balanced partitioner: many packed batches over 3 
     test::check_device_backward(
         causal_case, test::device_backward_in_process<atomic_causal>(causal_case, 1, false));
   }
+}
+
+TEST_CASE_TEMPLATE("cuDNN block kernel: NaN and inf in q, k, v or dout reach what the oracle's "
+                   "reach",
+                   P, contiguous, zigzag) {
+  // Element by element, and the max logit NaN for exactly the heads the planted element reached:
+  // a NaN or +inf logit makes the row's sum of exponentials NaN, whatever cuDNN's maximum keeps.
+  test::check_planted<P, cudnn_causal>({4, 2, 64, 0.0f}, {1, 3});
+  test::check_planted<P, cudnn_full>({4, 2, 128, 0.0f}, {1, 3});
 }
 
 TEST_CASE("cuDNN block kernel on the all-gather schedule equals the oracle") {
@@ -190,7 +198,6 @@ TEST_CASE(
   // and round-robin the later chunk of a rank's queries against a whole block is a dense call
   // whose rows start inside the shard. Backward (deterministic and atomic dQ) and forward against
   // the oracle at P = 2, 3, 4, 8 (1024 tokens: zigzag's chunks at P = 8 are one tile, 64 rows).
-  using atomic_causal = cudnn_kernel<causal_mask, T, cudnn_atomic>;
   const auto seed = test::fresh_seed();
   CAPTURE(seed);
   const bool small = std::getenv("RINGATTN_TEST_SMALL") != nullptr;
@@ -231,7 +238,6 @@ TEST_CASE("cuDNN block kernel: one rank over one sequence writes out, lse, dq, d
       test::sharded_backward_case<zigzag, T> causal(cu, 1, a, cudnn_causal::mask, rng);
       test::check_device_backward(causal,
                                   test::device_backward_in_process<cudnn_causal>(causal, 1, true));
-      using atomic_causal = cudnn_kernel<causal_mask, T, cudnn_atomic>;
       test::check_device_backward(
           causal, test::device_backward_in_process<atomic_causal>(causal, 1, false));
     }

@@ -13,39 +13,14 @@
 
 #include <doctest/doctest.h>
 
-#include <initializer_list>
-#include <limits>
-
 using namespace ringattn;
 
 namespace {
-using T = __nv_bfloat16;
-
-template <class P, class Kernel, class Schedule>
-void check_planted(attention_arguments a, std::initializer_list<int> ranks_list) {
-  test::for_each_planted<P, T>(
-      a, Kernel::mask, ranks_list, 60,
-      [](const test::sharded_backward_case<P, T>& c, std::int64_t t, test::planted_in where) {
-        const auto fwd = test::device_ring_in_process<Kernel, Schedule>(c, 1, false);
-        const auto bwd = test::device_backward_in_process<Kernel, Schedule>(c, 1, false);
-        // The tensor cores may spread the NaN within the planted token's sequence (0 x NaN in a
-        // shared tile, strict_check.hpp); never beyond it.
-        const int seq = test::sequence_of(c, t);
-        // The max logit: NaN exactly for the heads whose logits met the NaN (or the +inf).
-        const auto want = c.oracle().max_logit;
-        for (const auto& run : fwd)
-          CHECK(c.max_logit_error(run.max_logit, want) < 2e-3);
-        test::check_strict(test::strict_forward(c, test::outputs_of(fwd), seq),
-                           test::strict_backward(c, test::grads_of(bwd), seq),
-                           where != test::planted_in::dout, true, test::device_bf16_bounds);
-      });
-}
-
 template <class P, class Kernel>
 void check_schedules(attention_arguments a) {
-  check_planted<P, Kernel, ring_pass>(a, {1, 3, 4});
-  check_planted<P, Kernel, all_gather_kv>(a, {3, 4});
-  check_planted<P, Kernel, all_to_all_heads>(a, {4});
+  test::check_planted<P, Kernel, ring_pass>(a, {1, 3, 4});
+  test::check_planted<P, Kernel, all_gather_kv>(a, {3, 4});
+  test::check_planted<P, Kernel, all_to_all_heads>(a, {4});
 }
 } // namespace
 

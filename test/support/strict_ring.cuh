@@ -1,7 +1,7 @@
 #pragma once
 // Device rings checked element by element (strict_check.hpp) with the bf16 tolerances of
 // check_device_ring / check_device_backward: 8e-3 relative L2 on out, 2e-3 absolute on lse, 1e-2
-// on each gradient.
+// on each gradient; sparse batches and planted NaN / inf.
 #include "device_ring.cuh"
 #include "strict_check.hpp"
 
@@ -62,6 +62,30 @@ void check_sparse_batches(attention_arguments a, std::initializer_list<int> rank
                    false, device_bf16_bounds);
     }
   }
+}
+
+//! One element of q, k, v or dout set to NaN or +inf (`for_each_planted`), through `Kernel` under
+//! `Schedule` at every P in `ranks_list`, forward and backward: element by element against the
+//! oracle (`check_strict`), and the max logit NaN on every rank for exactly the heads whose logits
+//! the planted element reached.
+template <class P, class Kernel, class Schedule = ring_pass>
+void check_planted(attention_arguments a, std::initializer_list<int> ranks_list) {
+  using T = __nv_bfloat16;
+  for_each_planted<P, T>(
+      a, Kernel::mask, ranks_list, 60,
+      [](const sharded_backward_case<P, T>& c, std::int64_t t, planted_in where) {
+        const auto fwd = device_ring_in_process<Kernel, Schedule>(c, 1, false);
+        const auto bwd = device_backward_in_process<Kernel, Schedule>(c, 1, false);
+        // The tensor cores may spread the NaN within the planted token's sequence (0 x NaN in a
+        // shared tile, strict_check.hpp); never beyond it.
+        const int seq = sequence_of(c, t);
+        const auto want = c.oracle().max_logit;
+        for (const auto& run : fwd)
+          CHECK(c.max_logit_error(run.max_logit, want) < 2e-3);
+        check_strict(strict_forward(c, outputs_of(fwd), seq),
+                     strict_backward(c, grads_of(bwd), seq), where != planted_in::dout, true,
+                     device_bf16_bounds);
+      });
 }
 
 } // namespace ringattn::test
