@@ -113,7 +113,6 @@ public:
       s.head_dim = args.qk_dim(), s.head_dim_v = args.v_dim();
       s.scale = static_cast<float>(args.scale());
       s.deterministic = backward && deterministic, s.device = device;
-      s.max_logit = !backward; // the forward's rows as maxima and sums (the max logit's form)
       if (k.packed) {
         // Padded maxima and packed totals rounded up so that ranks and steps of nearly equal
         // shapes share one graph.

@@ -4,11 +4,15 @@
 //! backward graphs of one call shape, built and planned once and kept in a process-wide cache
 //! shared by every functor of that shape on a device.
 //!
+//! The forward gives O and, per row, the largest logit and the sum of exponentials (from which the
+//! caller makes the LSE and the max logit); the backward reads the LSE as cuDNN's stats.
+//!
 //! Two layouts. *Dense*: one piece, `[1, heads, rows, width]` at a pointer offset, no mask
-//! beyond the piece's own (its stats `[heads, rows]`, the library's lse layout). *Packed*: B
+//! beyond the piece's own (per-row values `[heads, rows]`, the library's lse layout). *Packed*: B
 //! pieces under a padding mask with per-piece lengths and ragged offsets (element offsets, int64):
-//! inputs at their rows in the shard and the block, outputs packed one piece after another, stats
-//! token-major `[rows, heads]`. Needs the cudnn-frontend headers and cuDNN 9 (`ringattn::cudnn`).
+//! inputs at their rows in the shard and the block, outputs packed one piece after another, per-row
+//! values token-major `[rows, heads]`. Needs the cudnn-frontend headers and cuDNN 9
+//! (`ringattn::cudnn`).
 
 #include <ringattn/core/element.cuh>
 #include <ringattn/error.cuh>
@@ -68,9 +72,6 @@ struct sdpa_shape {
   int head_dim_v = 0; //!< v, O, dO, dV (head_dim_v != head_dim: more ragged offsets)
   float scale = 0.0f;
   bool deterministic = false;
-  //! Forward: each row's maximum logit and its sum of exponentials instead of its LSE (the max
-  //! logit's form; the LSE is `max + log(sum_exp)`).
-  bool max_logit = false;
   int device = 0;
 
   auto tie() const {
@@ -78,7 +79,7 @@ struct sdpa_shape {
     std::memcpy(&scale_bits, &scale, sizeof scale_bits);
     return std::tuple(backward, static_cast<int>(type), packed, static_cast<int>(mask), band_lo,
                       band_hi, batch, s_q, s_kv, total_q, total_kv, q_heads, kv_heads, head_dim,
-                      head_dim_v, scale_bits, deterministic, max_logit, device);
+                      head_dim_v, scale_bits, deterministic, device);
   }
   friend bool operator<(const sdpa_shape& a, const sdpa_shape& b) { return a.tie() < b.tie(); }
 
@@ -89,7 +90,6 @@ struct sdpa_shape {
       << q_heads << '/' << kv_heads << " heads, head_dim " << head_dim;
     if (head_dim_v != head_dim) s << " (v " << head_dim_v << ")";
     s << ", " << to_string(mask) << " mask";
-    if (max_logit) s << ", row maxima";
     if (mask == piece_mask::band) {
       s << " [";
       if (band_lo > -unbounded) s << band_lo;
@@ -125,8 +125,7 @@ enum : std::int64_t {
   v_offset,
   o_in_offset,
   dv_offset,
-  // The forward's max-logit form: each row's largest logit and sum of exponentials (in place of
-  // stats).
+  // The forward's per-row outputs: each row's largest logit and its sum of exponentials.
   row_max,
   sum_exp
 };
@@ -206,13 +205,9 @@ inline std::shared_ptr<fe::graph::Graph> make_sdpa_graph(const sdpa_shape& s) {
     if (s.packed) a.set_padding_mask(true).set_seq_len_q(seq_q).set_seq_len_kv(seq_kv);
   };
   if (!s.backward) {
-    auto a = fe::graph::SDPA_attributes()
-                 .set_name("sdpa")
-                 .set_generate_stats(!s.max_logit)
-                 .set_attn_scale(s.scale);
-    mask(a);
-    // Per-row fp32 outputs in the stats layout (cuDNN < 9.21 gives the row maximum only with the
-    // sum of exponentials, and then no stats).
+    // Each row's largest logit and its sum of exponentials against it, fp32 in the stats layout,
+    // in place of the stats (the LSE is max + log(sum); the largest logit is what the max logit
+    // asks for). cuDNN below 9.21 gives the maximum only with the sum, and then no stats.
     auto per_row = [&](const char* name, std::int64_t uid) {
       return g->tensor(Tensor_attributes()
                            .set_name(name)
@@ -221,37 +216,28 @@ inline std::shared_ptr<fe::graph::Graph> make_sdpa_graph(const sdpa_shape& s) {
                            .set_stride(stats_stride)
                            .set_data_type(fe::DataType_t::FLOAT));
     };
-    std::shared_ptr<Tensor_attributes> row_max, sum_exp;
-    if (s.max_logit) {
-      row_max = per_row("row_max", sdpa_uid::row_max);
-      sum_exp = per_row("sum_exp", sdpa_uid::sum_exp);
-      a.set_logit_max(row_max).set_score_sum_exp(sum_exp);
-    }
-    auto [o, stats] = g->sdpa(q, k, v, a);
+    auto row_max = per_row("row_max", sdpa_uid::row_max);
+    auto sum_exp = per_row("sum_exp", sdpa_uid::sum_exp);
+    auto a = fe::graph::SDPA_attributes()
+                 .set_name("sdpa")
+                 .set_generate_stats(false)
+                 .set_attn_scale(s.scale)
+                 .set_logit_max(row_max)
+                 .set_score_sum_exp(sum_exp);
+    mask(a);
+    auto o = g->sdpa(q, k, v, a)[0];
     o->set_output(true)
         .set_uid(sdpa_uid::o)
         .set_dim({b, qh, s.s_q, dw})
         .set_stride({s.s_q * qh * dw, dw, qh * dw, 1});
-    if (s.max_logit) {
-      row_max->set_output(true);
-      sum_exp->set_output(true);
-    } else {
-      stats->set_output(true)
-          .set_uid(sdpa_uid::stats)
-          .set_data_type(fe::DataType_t::FLOAT)
-          .set_dim(stats_dim)
-          .set_stride(stats_stride);
-    }
+    row_max->set_output(true);
+    sum_exp->set_output(true);
     if (s.packed) {
       o->set_ragged_offset(
           index("o_offset", sdpa_uid::o_packed_offset, b + 1, fe::DataType_t::INT64));
       auto offset = index("stats_offset", sdpa_uid::stats_offset, b + 1, fe::DataType_t::INT64);
-      if (s.max_logit) {
-        row_max->set_ragged_offset(offset);
-        sum_exp->set_ragged_offset(offset);
-      } else {
-        stats->set_ragged_offset(offset);
-      }
+      row_max->set_ragged_offset(offset);
+      sum_exp->set_ragged_offset(offset);
     }
     return g;
   }
