@@ -32,14 +32,16 @@
 //! (`cu_cache`, this rank's own offsets); a sequence may have no cached token on a rank. The
 //! device path (`prepare_device` once, `plan` per step, `forward` on a stream) computes on the
 //! caller's stream and exchanges on a communication stream; a call allocates nothing and never
-//! waits on the host. `plan` makes the BlockKernel's schedules of the step (one small device
-//! allocation and copy) and is collective: it is where the ranks agree on the step.
+//! waits on the host. `plan` makes the BlockKernel's schedules of the step (their tables in device
+//! memory the decoder reuses: no allocation once warm) and is collective: it is where the ranks
+//! agree on the step.
 
 #include <ringattn/arguments.cuh>
 #include <ringattn/block_kernel.cuh>
 #include <ringattn/concepts.cuh>
 #include <ringattn/core/state.cuh>
 #include <ringattn/cuda_check.cuh>
+#include <ringattn/detail/device_tables.cuh>
 #include <ringattn/detail/streams.cuh>
 #include <ringattn/error.cuh>
 #include <ringattn/kernel/block.cuh>
@@ -121,50 +123,71 @@ struct split_schedule_of<BlockKernel> {
 
 //! The device side of a `sharded_attention`: the communication stream, two events, and the
 //! BlockKernel's schedules of the planned step (the cache block, the new tokens' own block).
+//! Schedules alternate between two generations, each with its own table pool: planning a step
+//! reuses the tables of the step planned two before, once that step's last forward has finished
+//! on the device (a host wait only while the device is more than a step behind), so a plan that
+//! repeats makes no device allocation.
 template <class BlockKernel>
 class decode_device_resources {
   static constexpr bool has_split = split_kv_block_kernel_for<BlockKernel, cudaStream_t>;
 
 public:
+  struct generation {
+    table_pool pool;     // before the schedules: they give their tables back to it
+    ordering_event done; // recorded after each forward on these schedules
+    std::optional<typename BlockKernel::forward_schedule> cache, own;
+    std::optional<typename split_schedule_of<BlockKernel>::type> split; // the cache block, split
+  };
+
   //! The step's schedules, on the device the resources live on: the cache block on the
   //! BlockKernel's split-K/V forward where it has one and takes the block (few query rows per
   //! sequence: decoding), else on its block forward.
   void schedule(std::span<const block_group> cache_groups, std::span<const block_group> new_groups,
                 std::int64_t new_tokens, std::int64_t cache_tokens,
                 const attention_arguments& args) {
-    cache.reset();
-    own.reset();
-    split.reset();
+    current_ ^= 1;
+    generation& g = generations_[current_];
+    RINGATTN_CUDA_CHECK(cudaEventSynchronize(g.done));
+    g.cache.reset();
+    g.own.reset();
+    g.split.reset();
+    const table_pool::use from(g.pool);
     if (!cache_groups.empty()) {
       if constexpr (has_split)
         if (BlockKernel::takes_split(cache_groups, args))
-          split.emplace(
+          g.split.emplace(
               BlockKernel::make_split_schedule(cache_groups, new_tokens, cache_tokens, args));
-      if (!split)
-        cache.emplace(
+      if (!g.split)
+        g.cache.emplace(
             BlockKernel::make_forward_schedule(cache_groups, new_tokens, cache_tokens, args));
     }
     if (!new_groups.empty())
-      own.emplace(BlockKernel::make_forward_schedule(new_groups, new_tokens, new_tokens, args));
+      g.own.emplace(BlockKernel::make_forward_schedule(new_groups, new_tokens, new_tokens, args));
   }
+  //! The planned step's schedules.
+  generation& now() noexcept { return generations_[current_]; }
+  const generation& now() const noexcept { return generations_[current_]; }
   //! Device scratch the schedules ask for (0 for a model that asks for none).
   std::size_t scratch_bytes() const {
+    const generation& g = now();
     std::size_t most = 0;
     if constexpr (requires(const typename BlockKernel::forward_schedule& f) {
                     { f.scratch_bytes() } -> std::convertible_to<std::size_t>;
                   }) {
-      for (const auto* f : {&cache, &own})
+      for (const auto* f : {&g.cache, &g.own})
         if (*f) most = std::max<std::size_t>(most, (*f)->scratch_bytes());
     }
     if constexpr (has_split)
-      if (split) most = std::max<std::size_t>(most, split->scratch_bytes());
+      if (g.split) most = std::max<std::size_t>(most, g.split->scratch_bytes());
     return most;
   }
 
   comm_stream comm; // comm.device(): the device the resources live on
   ordering_event computed, arrived;
-  std::optional<typename BlockKernel::forward_schedule> cache, own;
-  std::optional<typename split_schedule_of<BlockKernel>::type> split; // the cache block, split
+
+private:
+  generation generations_[2];
+  int current_ = 0;
 };
 
 } // namespace detail
@@ -643,27 +666,28 @@ private:
                       thd_view<const T> k_cache, thd_view<const T> v_cache, thd_view<T> out,
                       float* lse, std::byte* workspace, cudaStream_t stream) {
     device_resources& d = *device_;
+    auto& g = d.now();
     const int p = comm_.size(), me = comm_.rank();
     float* base = reinterpret_cast<float*>(workspace);
     const attention_state state = partial_state(base, me);
     std::byte* scratch =
         workspace + ring_workspace::align(static_cast<std::size_t>(p) * partial_bytes());
     bool written = false;
-    if (d.own) {
+    if (g.own) {
       BlockKernel::device_forward(step_epilogue::fresh,
                                   block_forward_args<T>{q_new, k_new, v_new, args_, state, scratch},
-                                  *d.own, out, nullptr, stream);
+                                  *g.own, out, nullptr, stream);
       written = true;
     }
-    if (d.cache || d.split) {
+    if (g.cache || g.split) {
       const bool fresh = !written && cache_covers_;
       if (!written && !fresh) reset(state, stream);
       const block_forward_args<T> cache{q_new, k_cache, v_cache, args_, state, scratch};
-      if constexpr (requires { BlockKernel::device_split_forward(cache, *d.split, fresh, stream); })
-        if (d.split) BlockKernel::device_split_forward(cache, *d.split, fresh, stream);
-      if (d.cache)
+      if constexpr (requires { BlockKernel::device_split_forward(cache, *g.split, fresh, stream); })
+        if (g.split) BlockKernel::device_split_forward(cache, *g.split, fresh, stream);
+      if (g.cache)
         BlockKernel::device_forward(fresh ? step_epilogue::fresh : step_epilogue::merge, cache,
-                                    *d.cache, out, nullptr, stream);
+                                    *g.cache, out, nullptr, stream);
       written = true;
     }
     if (!written) reset(state, stream);
@@ -678,6 +702,13 @@ private:
       RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream, d.arrived, 0));
     }
     merge_partial_states<T>(base, slot_floats(), p, out, lse, stream);
+    // The schedules' tables are reused two plans on, after this (their last reader) completes.
+    // An event recorded under stream capture cannot be waited on from the host: a captured step
+    // is the caller's to order before that plan.
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    RINGATTN_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
+    if (capturing == cudaStreamCaptureStatusNone)
+      RINGATTN_CUDA_CHECK(cudaEventRecord(g.done, stream));
   }
 #endif
 

@@ -3,7 +3,8 @@
 // lengths), three decode steps with appends (0-4 new tokens per sequence), P in {1, 2, 3, 4, 8} x
 // GQA 1, 4, 8, against the float64 oracle; every rank's result bitwise equal to rank 0's and from
 // call to call; bytes per rank; a warmed-up step allocates nothing; bad input on one rank fails
-// on every rank before anything is enqueued, and the next step runs.
+// on every rank before anything is enqueued, and the next step runs; steps planned back to back
+// (no wait between them) reuse their tables and allocate nothing once warm.
 #include "../support/allocation_counter.hpp"
 #include "../support/decode_case.hpp"
 #include "../support/device_buffer.cuh"
@@ -20,6 +21,7 @@
 #include <barrier>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <limits>
 
 using namespace ringattn;
@@ -221,4 +223,85 @@ TEST_CASE("device sharded decode: host memory on one rank fails on every rank; t
     CHECK(after[r] == doctest::Approx(0.25)); // every value is 0.25
   }
   CHECK(launched == 0); // the refused call enqueued nothing on any rank
+}
+
+TEST_CASE("device sharded decode: steps planned back to back reuse their tables and allocate "
+          "nothing once warm") {
+  // Eight steps of 1-2 new tokens per sequence over 3 ranks, each planned while the step before
+  // may still run (no wait between steps): every step against the oracle, the same bits on every
+  // rank, and no device or pinned allocation from the third plan on.
+  const auto seed = test::fresh_seed();
+  CAPTURE(seed);
+  std::mt19937_64 rng(seed);
+  const int ranks = 3, steps = 8, warm = 2;
+  const attention_arguments a{8, 2, 128, 0.0f};
+  test::decode_case<zigzag, T> c(test::random_cu_seqlens(3, 1, 300, rng), ranks, a, rng);
+  std::vector<test::decode_case<zigzag, T>::step> s;
+  std::vector<std::vector<test::decode_case<zigzag, T>::shard>> shards;
+  for (int k = 0; k < steps; ++k) {
+    s.push_back(c.draw(rng, 1, 2));
+    shards.emplace_back();
+    for (int r = 0; r < ranks; ++r)
+      shards.back().push_back(c.rank_shard(r));
+    c.append(s.back());
+  }
+  const int qh = a.q_heads, kvh = a.kv_heads, d = a.head_dim;
+  std::vector<std::vector<rank_result>> res(steps, std::vector<rank_result>(ranks));
+  std::uint64_t allocated = 0;
+  std::vector<std::size_t> needed(ranks, 0);
+  std::barrier sync(ranks);
+  in_process_group group(ranks, std::chrono::seconds(60));
+  const auto errors = test::on_ranks(group, [&](int r, in_process_communicator& comm) {
+    RINGATTN_CUDA_CHECK(cudaSetDevice(0));
+    decoder dec(comm, a);
+    dec.prepare_device();
+    std::deque<test::device_buffer<T>> q, k, v, kc, vc, out; // no moves: deques
+    std::deque<test::device_buffer<float>> lse;
+    for (int i = 0; i < steps; ++i) {
+      const std::int64_t n = s[i].tokens;
+      q.emplace_back(s[i].q), k.emplace_back(s[i].k), v.emplace_back(s[i].v);
+      kc.emplace_back(shards[i][r].k), vc.emplace_back(shards[i][r].v);
+      out.emplace_back(std::vector<T>(n * qh * d, test::poison<T>()));
+      lse.emplace_back(std::vector<float>(n * qh, -7.0f));
+    }
+    const std::size_t bytes = std::size_t{8} << 20;
+    test::device_buffer<std::byte> ws(bytes);
+    cudaStream_t stream;
+    RINGATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    for (int i = 0; i < steps; ++i) {
+      if (i == warm) {
+        sync.arrive_and_wait();
+        if (r == 0) allocated = detail::device_allocations.load();
+        sync.arrive_and_wait();
+      }
+      const std::int64_t n = s[i].tokens, m = shards[i][r].tokens();
+      dec.plan(s[i].cu_new, shards[i][r].cu);
+      needed[r] = std::max(needed[r], dec.device_workspace_bytes<T>());
+      dec.forward(thd_view<const T>(q[i].get(), n, qh, d), thd_view<const T>(k[i].get(), n, kvh, d),
+                  thd_view<const T>(v[i].get(), n, kvh, d),
+                  thd_view<const T>(kc[i].get(), m, kvh, d),
+                  thd_view<const T>(vc[i].get(), m, kvh, d), thd_view<T>(out[i].get(), n, qh, d),
+                  lse[i].get(), ws.get(), bytes, stream);
+    }
+    sync.arrive_and_wait();
+    if (r == 0) allocated = detail::device_allocations.load() - allocated;
+    RINGATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
+    for (int i = 0; i < steps; ++i)
+      res[i][r].out = out[i].download(), res[i][r].lse = lse[i].download();
+    RINGATTN_CUDA_CHECK(cudaStreamDestroy(stream));
+  });
+  for (const auto& e : errors)
+    REQUIRE(test::message(e) == "");
+  CHECK(allocated == 0);
+  for (int i = 0; i < steps; ++i) {
+    CAPTURE(i);
+    // bf16 tolerances of the device block kernel (as above)
+    const auto [err, lse_err] = c.error(s[i], res[i][0].out, res[i][0].lse);
+    CHECK(err < 8e-3);
+    CHECK(lse_err < 2e-3);
+    for (int r = 1; r < ranks; ++r)
+      CHECK(test::same_bits(res[i][r].out, res[i][r].lse, res[i][0].out, res[i][0].lse));
+  }
+  for (int r = 0; r < ranks; ++r)
+    CHECK(needed[r] <= std::size_t{8} << 20);
 }

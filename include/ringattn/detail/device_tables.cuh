@@ -2,12 +2,16 @@
 //! \file
 //! Host arrays packed into one device allocation at plan time (one allocation, one copy), each
 //! starting 16-byte aligned: the tables of the kernels' schedules and of device partition plans.
+//! While a `table_pool::use` scope is active on a thread, the tables made there draw their device
+//! memory from that pool and give it back when destroyed, and copy through its pinned staging:
+//! once the pool has grown to a step's size, planning the step again allocates nothing.
 
 #include <ringattn/cuda_check.cuh>
 
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstddef>
 #include <cstring>
 #include <span>
@@ -16,10 +20,92 @@
 
 namespace ringattn::detail {
 
+//! Device blocks for `device_tables` to reuse, a pinned staging buffer and a stream to copy on.
+//! The owner releases a table's block back only once no launch can still read it: a pool serves
+//! one generation of a plan's tables, and its owner waits for that generation's last step before
+//! destroying the tables it holds (`decode_device_resources`).
+class table_pool {
+public:
+  table_pool() = default;
+  ~table_pool() { // after every table drawn from it; nothing useful to report from a destructor
+    for (const block& b : free_)
+      cudaFree(b.memory);
+    if (staging_) cudaFreeHost(staging_);
+    if (upload_) cudaStreamDestroy(upload_);
+  }
+  table_pool(const table_pool&) = delete;
+  table_pool& operator=(const table_pool&) = delete;
+
+  //! Tables constructed on this thread while a `use` lives draw from `pool`.
+  class use {
+  public:
+    explicit use(table_pool& pool) : previous_(std::exchange(current_, &pool)) {}
+    ~use() { current_ = previous_; }
+    use(const use&) = delete;
+    use& operator=(const use&) = delete;
+
+  private:
+    table_pool* previous_;
+  };
+
+private:
+  friend class device_tables;
+  struct block {
+    void* memory = nullptr;
+    std::size_t bytes = 0;
+  };
+  // The smallest free block of at least `bytes`, else a new one.
+  block acquire(std::size_t bytes) {
+    auto best = free_.end();
+    for (auto it = free_.begin(); it != free_.end(); ++it)
+      if (it->bytes >= bytes && (best == free_.end() || it->bytes < best->bytes)) best = it;
+    if (best != free_.end()) {
+      const block b = *best;
+      free_.erase(best);
+      return b;
+    }
+    block b{nullptr, std::bit_ceil(std::max<std::size_t>(bytes, 4096))}; // room to grow into
+    RINGATTN_CUDA_CHECK(device_malloc(&b.memory, b.bytes));
+    return b;
+  }
+  void release(block b) noexcept {
+    try {
+      free_.push_back(b);
+    } catch (...) { // no room to remember it: give it back to the device instead
+      cudaFree(b.memory);
+    }
+  }
+  // Pinned staging of at least `bytes` (kept between tables: the copy completes before reuse).
+  unsigned char* staging(std::size_t bytes) {
+    if (bytes > staging_bytes_) {
+      if (staging_) RINGATTN_CUDA_CHECK(cudaFreeHost(staging_));
+      staging_ = nullptr, staging_bytes_ = 0;
+      const std::size_t grown = std::bit_ceil(std::max<std::size_t>(bytes, 4096));
+      RINGATTN_CUDA_CHECK(pinned_malloc(&staging_, grown));
+      staging_bytes_ = grown;
+    }
+    return staging_;
+  }
+  // Copies the staging's first `bytes` to `device` on the pool's own stream and waits for that
+  // copy alone (other streams' work keeps running).
+  void upload(void* device, std::size_t bytes) {
+    if (!upload_) RINGATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&upload_, cudaStreamNonBlocking));
+    RINGATTN_CUDA_CHECK(cudaMemcpyAsync(device, staging_, bytes, cudaMemcpyHostToDevice, upload_));
+    RINGATTN_CUDA_CHECK(cudaStreamSynchronize(upload_));
+  }
+
+  inline static thread_local table_pool* current_ = nullptr;
+  std::vector<block> free_;
+  unsigned char* staging_ = nullptr;
+  std::size_t staging_bytes_ = 0;
+  cudaStream_t upload_ = nullptr;
+};
+
 class device_tables {
 public:
   device_tables() = default;
   //! Copies every span to the current device, synchronously; `at<T>(i)` is where span i landed.
+  //! Inside a `table_pool::use` scope the memory comes from that pool and returns to it.
   template <class... T>
   explicit device_tables(std::span<const T>... parts) {
     const std::size_t sizes[] = {parts.size_bytes()...};
@@ -28,7 +114,22 @@ public:
       offsets_.push_back(total);
       total += (n + 15) / 16 * 16;
     }
-    std::vector<unsigned char> staging(std::max<std::size_t>(total, 16));
+    total = std::max<std::size_t>(total, 16);
+    if (table_pool* pool = table_pool::current_) {
+      unsigned char* staging = pool->staging(total);
+      std::size_t i = 0;
+      (copy_part(staging + offsets_[i++], parts.data(), parts.size_bytes()), ...);
+      const table_pool::block b = pool->acquire(total);
+      try {
+        pool->upload(b.memory, total);
+      } catch (...) {
+        pool->release(b);
+        throw;
+      }
+      memory_ = b.memory, bytes_ = b.bytes, pool_ = pool;
+      return;
+    }
+    std::vector<unsigned char> staging(total);
     std::size_t i = 0;
     (copy_part(staging.data() + offsets_[i++], parts.data(), parts.size_bytes()), ...);
     RINGATTN_CUDA_CHECK(device_malloc(&memory_, staging.size()));
@@ -40,13 +141,14 @@ public:
       RINGATTN_CUDA_CHECK(e);
     }
   }
-  ~device_tables() {
-    if (memory_) cudaFree(memory_); // a destructor must not throw; nothing useful to report
-  }
+  ~device_tables() { give_back(); }
   device_tables(device_tables&& o) noexcept
-      : memory_(std::exchange(o.memory_, nullptr)), offsets_(std::move(o.offsets_)) {}
+      : memory_(std::exchange(o.memory_, nullptr)), bytes_(o.bytes_),
+        pool_(std::exchange(o.pool_, nullptr)), offsets_(std::move(o.offsets_)) {}
   device_tables& operator=(device_tables&& o) noexcept {
     std::swap(memory_, o.memory_);
+    std::swap(bytes_, o.bytes_);
+    std::swap(pool_, o.pool_);
     std::swap(offsets_, o.offsets_);
     return *this;
   }
@@ -62,7 +164,17 @@ private:
   static void copy_part(unsigned char* dst, const void* src, std::size_t n) {
     if (n) std::memcpy(dst, src, n);
   }
+  void give_back() noexcept {
+    if (!memory_) return;
+    if (pool_)
+      pool_->release({memory_, bytes_});
+    else
+      cudaFree(memory_); // a destructor must not throw; nothing useful to report
+    memory_ = nullptr;
+  }
   void* memory_ = nullptr;
+  std::size_t bytes_ = 0;
+  table_pool* pool_ = nullptr; // where the memory returns, or null: it is freed
   std::vector<std::size_t> offsets_;
 };
 
