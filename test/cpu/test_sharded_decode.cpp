@@ -110,55 +110,6 @@ TEST_CASE_TEMPLATE("sharded decode equals attention over the whole cache, on eve
   check_decode<P>(128); // multi-head latent attention: q/k 192, v and out 128
 }
 
-namespace {
-// A rank's shard laid out in a paged pool: each sequence's tokens in pages of `page_size` drawn
-// from a shuffled pool (sequence 0's pages in order, so runs of pages join), a spare page after
-// some sequences' last, and every row no sequence owns poisoned with NaN (read, it would reach
-// the output).
-struct paged_shard {
-  std::vector<T> k, v;
-  std::vector<std::int32_t> cu_pages{0}, table, length;
-  std::int64_t pages = 0;
-};
-template <class P>
-paged_shard page_out(const test::decode_case<P, T>& c,
-                     const typename test::decode_case<P, T>::shard& sh, int page_size,
-                     std::mt19937_64& rng) {
-  const attention_arguments& a = c.args;
-  const std::size_t row = static_cast<std::size_t>(a.kv_heads) * a.head_dim,
-                    vrow = static_cast<std::size_t>(a.kv_heads) * a.v_dim();
-  paged_shard out;
-  std::vector<std::int64_t> count;
-  for (int b = 0; b < c.batch; ++b) {
-    const std::int64_t len = sh.cu[b + 1] - sh.cu[b];
-    count.push_back((len + page_size - 1) / page_size + (rng() % 2));
-    out.pages += count.back();
-    out.length.push_back(static_cast<std::int32_t>(len));
-  }
-  out.pages += 2; // pages no sequence holds
-  std::vector<std::int32_t> order(static_cast<std::size_t>(out.pages));
-  std::iota(order.begin(), order.end(), 0);
-  std::shuffle(order.begin() + count[0], order.end(), rng);
-  std::size_t next = 0;
-  out.k.assign(static_cast<std::size_t>(out.pages * page_size) * row,
-               from_float<T>(std::numeric_limits<float>::quiet_NaN()));
-  out.v.assign(static_cast<std::size_t>(out.pages * page_size) * vrow, out.k.front());
-  for (int b = 0; b < c.batch; ++b) {
-    for (std::int64_t i = 0; i < count[b]; ++i)
-      out.table.push_back(order[next++]);
-    out.cu_pages.push_back(static_cast<std::int32_t>(out.table.size()));
-    const std::int32_t* pages = out.table.data() + out.cu_pages[b];
-    for (std::int64_t j = 0; j < out.length[b]; ++j) {
-      const std::int64_t at = std::int64_t{pages[j / page_size]} * page_size + j % page_size;
-      const std::int64_t from = sh.cu[b] + j;
-      std::copy_n(sh.k.begin() + from * row, row, out.k.begin() + at * row);
-      std::copy_n(sh.v.begin() + from * vrow, vrow, out.v.begin() + at * vrow);
-    }
-  }
-  return out;
-}
-} // namespace
-
 TEST_CASE_TEMPLATE("sharded decode over a paged cache equals attention over the whole cache", P,
                    contiguous, zigzag) {
   const auto seed = test::fresh_seed();
@@ -178,14 +129,14 @@ TEST_CASE_TEMPLATE("sharded decode over a paged cache equals attention over the 
           const auto s = c.draw(rng, 1, 4);
           const std::int64_t n = s.tokens;
           const int qh = a.q_heads, kvh = a.kv_heads, d = a.head_dim;
-          std::vector<paged_shard> shards;
+          std::vector<test::paged_shard<T>> shards;
           for (int r = 0; r < ranks; ++r)
-            shards.push_back(page_out(c, c.rank_shard(r), page_size, rng));
+            shards.push_back(test::page_out(c, c.rank_shard(r), page_size, rng));
           std::vector<rank_result> res(ranks);
           in_process_group g(ranks);
           const auto errors = on_ranks(g, [&](int r, in_process_communicator& comm) {
             decoder dec(comm, a);
-            const paged_shard& sh = shards[r];
+            const test::paged_shard<T>& sh = shards[r];
             dec.plan(s.cu_new, paged_cache{page_size, sh.pages, sh.cu_pages, sh.table, sh.length});
             std::vector<std::byte> ws(dec.host_workspace_bytes<T>());
             res[r].out.assign(n * qh * d, test::poison<T>());
