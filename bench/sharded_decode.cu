@@ -1,11 +1,14 @@
 // A decode step over a KV cache sharded across P virtual ranks on one GPU (threads of an
-// in-process group, a stream each): 32 sequences of one new token each against 32768 cached
-// tokens each (1M tokens in all), bf16, 32 query heads, 8 kv heads, head_dim 128. Each rank
+// in-process group, a stream each): 32 sequences of 1 or 8 new tokens each (the 8 causal among
+// themselves, as speculative or multi-token decoding) against 32768 cached tokens each (1M
+// tokens in all), bf16, 32 query heads, 8 kv heads, head_dim 128. Each rank
 // holds the cached tokens it owns by position mod P (the round-robin layout), attends to them
 // with every new query, and the ranks exchange and merge their partial states
-// (sharded_attention). P = 1 is one GPU attending the whole cache with the same code. Time: host
-// wall clock from starting every rank's step until every rank's stream has drained; the `plan`
-// rows time the per-step plan (the ranks' agreement and the kernel schedules) on its own.
+// (sharded_attention). P = 1 is one GPU attending the whole cache with the same code. Time of a
+// step: CUDA events recorded on each rank's stream before and after its `forward` (the host work
+// of the call included, as in the PyTorch baseline's timing), from the earliest start to the
+// latest end over the ranks; the `plan` rows time the per-step plan (the ranks' agreement and the
+// kernel schedules) on its own, by host wall clock.
 // Counters: `bytes_per_rank` (what a rank sends per step), `cache_tokens`, and the cache's K/V
 // bytes read per second (`cache_bytes_per_second`). bench/baselines/sdpa_baseline.py --decode
 // times PyTorch SDPA over the whole cache at the same shape.
@@ -17,6 +20,7 @@
 #include <ringattn/cudnn.cuh>
 #endif
 
+#include <algorithm>
 #include <barrier>
 #include <chrono>
 #include <functional>
@@ -67,12 +71,14 @@ private:
   std::vector<std::thread> threads_;
 };
 
-// range(0): ranks; range(1): 1 times the plan alone, 0 the step.
+// range(0): ranks; range(1): 1 times the plan alone, 0 the step; range(2): new tokens per
+// sequence.
 template <class Kernel>
 void decode_step(benchmark::State& state) {
   if (!ringattn::bench::require_gpu(state)) return;
   const int ranks = static_cast<int>(state.range(0));
   const bool plan_only = state.range(1) != 0;
+  const int fresh = static_cast<int>(state.range(2));
   const ringattn::attention_arguments args{q_heads, kv_heads, head_dim, 0.0f};
   using decoder = ringattn::sharded_attention<ringattn::in_process_communicator, Kernel>;
   ringattn::in_process_group group(ranks, std::chrono::seconds(120));
@@ -83,6 +89,7 @@ void decode_step(benchmark::State& state) {
     T *q = nullptr, *k = nullptr, *v = nullptr, *kc = nullptr, *vc = nullptr, *out = nullptr;
     float* lse = nullptr;
     void* ws = nullptr;
+    cudaEvent_t start = nullptr, stop = nullptr;
     std::size_t ws_bytes = 0;
     std::int64_t cached = 0;
     cudaStream_t stream = nullptr;
@@ -90,8 +97,8 @@ void decode_step(benchmark::State& state) {
   std::vector<rank_state> rs(static_cast<std::size_t>(ranks));
   std::vector<std::int32_t> cu_new{0};
   for (int b = 0; b < sequences; ++b)
-    cu_new.push_back(b + 1);
-  const std::int64_t n = sequences;
+    cu_new.push_back((b + 1) * fresh);
+  const std::int64_t n = static_cast<std::int64_t>(sequences) * fresh;
   std::string refused;
   {
     rank_threads setup(ranks);
@@ -125,6 +132,8 @@ void decode_step(benchmark::State& state) {
       s.ws_bytes = s.dec->template device_workspace_bytes<T>();
       RINGATTN_CUDA_CHECK(cudaMalloc(&s.ws, s.ws_bytes));
       RINGATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
+      RINGATTN_CUDA_CHECK(cudaEventCreate(&s.start));
+      RINGATTN_CUDA_CHECK(cudaEventCreate(&s.stop));
     });
   }
   RINGATTN_CUDA_CHECK(cudaDeviceSynchronize());
@@ -139,6 +148,7 @@ void decode_step(benchmark::State& state) {
         return;
       }
       const std::int64_t m = s.cached;
+      RINGATTN_CUDA_CHECK(cudaEventRecord(s.start, s.stream));
       s.dec->forward(ringattn::thd_view<const T>(s.q, n, q_heads, head_dim),
                      ringattn::thd_view<const T>(s.k, n, kv_heads, head_dim),
                      ringattn::thd_view<const T>(s.v, n, kv_heads, head_dim),
@@ -146,7 +156,21 @@ void decode_step(benchmark::State& state) {
                      ringattn::thd_view<const T>(s.vc, m, kv_heads, head_dim),
                      ringattn::thd_view<T>(s.out, n, q_heads, head_dim), s.lse, s.ws, s.ws_bytes,
                      s.stream);
+      RINGATTN_CUDA_CHECK(cudaEventRecord(s.stop, s.stream));
       RINGATTN_CUDA_CHECK(cudaStreamSynchronize(s.stream));
+    };
+    // The step's span on the device: earliest start to latest end over the ranks (milliseconds
+    // relative to rank 0's start).
+    auto span_seconds = [&] {
+      float first = 0.0f, last = 0.0f;
+      for (std::size_t r = 0; r < rs.size(); ++r) {
+        float a = 0.0f, b = 0.0f;
+        RINGATTN_CUDA_CHECK(cudaEventElapsedTime(&a, rs[0].start, rs[r].start));
+        RINGATTN_CUDA_CHECK(cudaEventElapsedTime(&b, rs[0].start, rs[r].stop));
+        first = r == 0 ? a : std::min(first, a);
+        last = r == 0 ? b : std::max(last, b);
+      }
+      return (last - first) * 1e-3;
     };
     for (int warm = 0; warm < 3; ++warm)
       threads.run(step);
@@ -154,7 +178,8 @@ void decode_step(benchmark::State& state) {
       const auto t0 = std::chrono::steady_clock::now();
       threads.run(step);
       state.SetIterationTime(
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+          plan_only ? std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()
+                    : span_seconds());
     }
     const double cache_bytes =
         2.0 * sequences * cache_per_sequence * kv_heads * head_dim * sizeof(T);
@@ -163,8 +188,9 @@ void decode_step(benchmark::State& state) {
     if (!plan_only)
       state.counters["cache_bytes_per_second"] =
           benchmark::Counter(cache_bytes, benchmark::Counter::kIsIterationInvariantRate);
-    std::string label = std::string(plan_only ? "plan, " : "step, ") + std::to_string(ranks) +
-                        (ranks == 1 ? " rank" : " ranks") +
+    state.counters["new_per_sequence"] = fresh;
+    std::string label = std::string(plan_only ? "plan, " : "step, ") + std::to_string(fresh) +
+                        " new, " + std::to_string(ranks) + (ranks == 1 ? " rank" : " ranks") +
                         (std::is_same_v<Kernel, ringattn::causal> ? ", native" : ", cuDNN");
     state.SetLabel(label);
   }
@@ -172,6 +198,8 @@ void decode_step(benchmark::State& state) {
     cudaFree(s.q), cudaFree(s.k), cudaFree(s.v), cudaFree(s.kc), cudaFree(s.vc);
     cudaFree(s.out), cudaFree(s.lse), cudaFree(s.ws);
     if (s.stream) cudaStreamDestroy(s.stream);
+    if (s.start) cudaEventDestroy(s.start);
+    if (s.stop) cudaEventDestroy(s.stop);
   }
   // The decoders first (their device resources), then the communicators they refer to.
   for (auto& s : rs)
@@ -181,14 +209,14 @@ void decode_step(benchmark::State& state) {
 
 BENCHMARK(decode_step<ringattn::causal>)
     ->Name("decode/native")
-    ->ArgsProduct({{1, 8}, {0, 1}})
+    ->ArgsProduct({{1, 8}, {0, 1}, {1, 8}})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond)
     ->MinTime(0.5);
 #if defined(RINGATTN_BENCH_CUDNN)
 BENCHMARK(decode_step<ringattn::cudnn_kernel<ringattn::causal_mask, T>>)
     ->Name("decode/cudnn")
-    ->ArgsProduct({{1, 8}, {0, 1}})
+    ->ArgsProduct({{1, 8}, {0, 1}, {1, 8}})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond)
     ->MinTime(0.5);

@@ -8,9 +8,9 @@ Forward (default): bench_block_forward's shapes. --backward: bench_block_backwar
 of the backward alone is that of forward + backward minus that of the forward (medians), FLOPs
 2.5x the forward's. --ring: one whole-sequence call at bench_ring_forward's shape (64K tokens,
 32:8 heads, head_dim 128, full and causal), forward and forward + backward (FLOPs 3.5x the
-forward's), cuDNN only. --decode: bench_sharded_decode's step on one GPU over the whole cache: 32
-sequences of one new token each against 32768 cached tokens each (1M in all; the new token sees
-the cache and itself), 32:8 heads, head_dim 128, every backend that takes it (the default choice,
+forward's), cuDNN only. --decode: bench_sharded_decode's steps on one GPU over the whole cache: 32
+sequences of 1 and of 8 new tokens each against 32768 cached tokens each (1M in all; new token i
+sees the cache and new tokens 0..i, a boolean mask for 8), 32:8 heads, head_dim 128, every backend that takes it (the default choice,
 cuDNN, flash, efficient). --widths: bench_block_backward's block_mla shapes (q and k 192 wide, v
 128, 8K tokens, 32:32 and 32:8 heads), forward and backward, every backend that takes them. Run in
 the same job as our benchmark so ratios compare one machine
@@ -109,31 +109,37 @@ def decode(path):
     out = []
     torch.manual_seed(0)
     batch, cache, kvh = 32, 32768, 8
-    q = torch.randn(batch, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(batch, kvh, cache + 1, 128, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn(batch, kvh, cache + 1, 128, device="cuda", dtype=torch.bfloat16)
-    cache_bytes = 2 * k.numel() * k.element_size()
     backends = ((None, "default"), (SDPBackend.CUDNN_ATTENTION, "cudnn"),
                 (SDPBackend.FLASH_ATTENTION, "flash"), (SDPBackend.EFFICIENT_ATTENTION, "efficient"))
-    for backend, name in backends:
-        rec = dict(backend=name, sequences=batch, cache_per_sequence=cache, new_per_sequence=1,
-                   q_heads=32, kv_heads=kvh, head_dim=128)
-        fn = lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-        try:
-            if backend is None:
-                ms = time_ms(fn, iters=50)
-            else:
-                with sdpa_kernel(backend):
+    for new in (1, 8):
+        q = torch.randn(batch, 32, new, 128, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(batch, kvh, cache + new, 128, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(batch, kvh, cache + new, 128, device="cuda", dtype=torch.bfloat16)
+        cache_bytes = 2 * batch * kvh * cache * 128 * k.element_size()
+        # New token i sees the cache and new tokens 0..i (the causal mask aligned bottom right).
+        mask = None
+        if new > 1:
+            mask = torch.ones(new, cache + new, device="cuda", dtype=torch.bool).tril(cache)
+        for backend, name in backends:
+            rec = dict(backend=name, sequences=batch, cache_per_sequence=cache,
+                       new_per_sequence=new, q_heads=32, kv_heads=kvh, head_dim=128)
+            fn = lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+            try:
+                if backend is None:
                     ms = time_ms(fn, iters=50)
-        except RuntimeError as e:
-            rec["error"] = str(e)[:200]
+                else:
+                    with sdpa_kernel(backend):
+                        ms = time_ms(fn, iters=50)
+            except RuntimeError as e:
+                rec["error"] = str(e)[:200]
+                out.append(rec)
+                print(f"{name:9s} decode {new} new: {rec['error'][:80]}", flush=True)
+                continue
+            rec.update(ms=ms, cache_gb_per_s=cache_bytes / ms / 1e6)
             out.append(rec)
-            print(f"{name:9s} decode: {rec['error'][:80]}", flush=True)
-            continue
-        rec.update(ms=ms, cache_gb_per_s=cache_bytes / ms / 1e6)
-        out.append(rec)
-        print(f"{name:9s} decode {batch} x 1 over {batch} x {cache}: {ms:8.3f} ms "
-              f"({rec['cache_gb_per_s']:.0f} GB/s of K/V)", flush=True)
+            print(f"{name:9s} decode {batch} x {new} over {batch} x {cache}: {ms:8.3f} ms "
+                  f"({rec['cache_gb_per_s']:.0f} GB/s of K/V)", flush=True)
+        del q, k, v
     with open(path, "w") as f:
         json.dump(dict(torch=torch.__version__, cudnn=torch.backends.cudnn.version(),
                        device=torch.cuda.get_device_name(), results=out), f, indent=1)

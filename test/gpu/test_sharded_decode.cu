@@ -4,7 +4,8 @@
 // GQA 1, 4, 8, against the float64 oracle; every rank's result bitwise equal to rank 0's and from
 // call to call; bytes per rank; a warmed-up step allocates nothing; bad input on one rank fails
 // on every rank before anything is enqueued, and the next step runs; steps planned back to back
-// (no wait between them) reuse their tables and allocate nothing once warm.
+// (no wait between them) reuse their tables and allocate nothing once warm; caches of thousands
+// of tokens with up to 16 new tokens per sequence (many splits, every row-tile count).
 #include "../support/allocation_counter.hpp"
 #include "../support/decode_case.hpp"
 #include "../support/device_buffer.cuh"
@@ -166,6 +167,43 @@ TEST_CASE_TEMPLATE("device sharded decode, virtual ranks on one GPU, equals the 
   check_device_decode<P>();
   if (forward_path_available(forward_path::wgmma, 192, 128))
     check_device_decode<P>(128); // multi-head latent attention: q/k 192, v and out 128
+}
+
+TEST_CASE_TEMPLATE("device sharded decode over long caches: many splits per sequence, 0-16 new "
+                   "tokens per sequence",
+                   P, contiguous, zigzag) {
+  // Caches of thousands of tokens per sequence (the split kernel cuts each into many splits, the
+  // last stage of a split partly past its end), new tokens x GQA group up to the kernel's 64 rows
+  // (one, two and four row tiles), head_dim 128 and 64.
+  const auto seed = test::fresh_seed();
+  CAPTURE(seed);
+  const bool small = std::getenv("RINGATTN_TEST_SMALL") != nullptr;
+  struct shape {
+    int kv_heads, head_dim, most_new;
+  };
+  for (const shape sh : {shape{8, 128, 16}, shape{2, 128, 16}, shape{1, 128, 8}, shape{2, 64, 16}})
+    for (int ranks : {1, 3}) {
+      CAPTURE(sh.kv_heads);
+      CAPTURE(sh.head_dim);
+      CAPTURE(ranks);
+      std::mt19937_64 rng(seed +
+                          static_cast<std::uint64_t>(sh.kv_heads * 1000 + sh.head_dim + ranks));
+      const attention_arguments a{.q_heads = 8, .kv_heads = sh.kv_heads, .head_dim = sh.head_dim};
+      test::decode_case<P, T> c(
+          test::random_cu_seqlens(3, small ? 300 : 2000, small ? 900 : 9000, rng), ranks, a, rng);
+      for (int step = 0; step < 2; ++step) {
+        CAPTURE(step);
+        const auto s = c.draw(rng, step == 0 ? 1 : 0, sh.most_new);
+        const auto res = device_step(c, s, false);
+        // bf16 tolerances of the device block kernel (as above)
+        const auto [err, lse_err] = c.error(s, res[0].out, res[0].lse);
+        CHECK(err < 8e-3);
+        CHECK(lse_err < 2e-3);
+        for (int r = 1; r < ranks; ++r)
+          CHECK(test::same_bits(res[r].out, res[r].lse, res[0].out, res[0].lse));
+        CHECK(c.append(s) == s.tokens);
+      }
+    }
 }
 
 TEST_CASE("device sharded decode: host memory on one rank fails on every rank; the next step "

@@ -2,18 +2,19 @@
 //! \file
 //! The split-K/V block forward for few query rows (decoding): a launch's unit is one key range
 //! (a split) of one group's K/V segment for one kv head, and all query rows of the group that
-//! share that kv head (new tokens x the GQA group: at most `decode_max_rows`). CUDA cores in
-//! fp32: the block is bound by reading K and V, and tensor-core tiles of 64 or 128 query rows
-//! would compute mostly padding.
+//! share that kv head (new tokens x the GQA group, at most `decode_max_rows`), so each K/V byte
+//! of the split is read once. The block is bound by reading K and V: everything serves keeping
+//! the memory busy.
 //!
-//! `decode_split_kernel`: each of the 4 warps walks tiles of 32 keys of its split. Scores: lane l
-//! takes key l of the tile and dots it with every row's query (fp32, in shared memory, read as
-//! broadcasts); one warp maximum per row per tile keeps an online softmax. Values: lane l owns
-//! `HeadDim / 32` output columns and adds every key's value row, the key's weights passed round
-//! by shuffles. The warps' states meet in shared memory and the split's unnormalised output,
-//! maximum (log2 units) and weight sum go to the scratch. `decode_combine_kernel`: per row, the
-//! splits in order, then the block merges into the fp32 state (core/state.cuh) as a `fresh` or
-//! a `merge` epilogue.
+//! `decode_split_kernel<T, HeadDim, RowTiles>`: 4 warps; the query rows padded to `RowTiles`
+//! tiles of 16 (zero rows), and the warps laid out as RowTiles x (4 / RowTiles): a warp takes one
+//! row tile and its share of each stage's keys. K and V stream through `decode_stages` shared
+//! buffers of `decode_stage_keys` keys by cp.async (two stages in flight while one is computed;
+//! keys past the split are zero-filled and masked). Scores and P V on tensor cores (mma.sync
+//! m16n8k16, fp32 accumulation), an online softmax in base 2 per warp; the warps' states meet in
+//! shared memory, and the split's unnormalised output, maximum (log2 units) and weight sum go to
+//! the scratch. `decode_combine_kernel`: per row, the splits in order, then the block merges into
+//! the fp32 state (core/state.cuh) as a `fresh` or a `merge` epilogue.
 
 #include <ringattn/config.cuh>
 #include <ringattn/core/block.cuh>
@@ -27,7 +28,9 @@
 namespace ringattn {
 
 //! Query rows (new tokens x query heads per kv head) one unit of the split kernel takes.
-inline constexpr int decode_max_rows = 16;
+inline constexpr int decode_max_rows = 64;
+//! Keys of one pipeline stage of the split kernel, and its stages (buffers) in shared memory.
+inline constexpr int decode_stage_keys = 64, decode_stages = 3;
 
 //! One unit of the split kernel: keys [kv_lo, kv_hi) of group `group`'s segment; its partial
 //! goes to scratch slot `slot` (x kv heads).
@@ -37,6 +40,19 @@ struct decode_item {
   std::int64_t kv_lo = 0, kv_hi = 0;
 };
 
+//! Floats of one unit's partial for one kv head: per row (`rows` padded rows) an output of
+//! `head_dim`, a maximum and a weight sum.
+__host__ __device__ constexpr std::int64_t decode_partial_floats(int head_dim, int rows) {
+  return static_cast<std::int64_t>(rows) * (head_dim + 2);
+}
+
+//! Shared memory of the split kernel: the query tile and the K and V stages.
+template <class T>
+constexpr int decode_smem_bytes(int head_dim, int row_tiles) {
+  return (16 * row_tiles + 2 * decode_stage_keys * decode_stages) * head_dim *
+         static_cast<int>(sizeof(T));
+}
+
 } // namespace ringattn
 
 #if defined(__CUDACC__)
@@ -44,170 +60,226 @@ struct decode_item {
 RINGATTN_ABI_BEGIN
 namespace kernels {
 
-//! `N` consecutive elements (N = 2, 4 or 8; 4, 8 or 16 bytes, aligned to that) as floats.
-template <int N, class T>
-__device__ __forceinline__ void load_as_float(const T* p, float (&out)[N]) {
-  static_assert(N == 2 || N == 4 || N == 8);
-  using word = std::conditional_t<N == 2, std::uint32_t, std::conditional_t<N == 4, uint2, uint4>>;
-  const word w = *reinterpret_cast<const word*>(p);
-  const T* x = reinterpret_cast<const T*>(&w);
-#pragma unroll
-  for (int i = 0; i < N; ++i)
-    out[i] = to_float(x[i]);
-}
-
-//! Floats of one unit's partial for one kv head: per row an output of `head_dim`, a maximum and a
-//! weight sum.
-__host__ __device__ constexpr std::int64_t decode_partial_floats(int head_dim) {
-  return static_cast<std::int64_t>(decode_max_rows) * (head_dim + 2);
-}
-
-template <class T, int HeadDim, int Rows>
-__global__ void __launch_bounds__(128)
+template <class T, int HeadDim, int RowTiles>
+__global__ void __launch_bounds__(128, 2)
     decode_split_kernel(const T* q, std::int64_t q_token_stride, std::int64_t q_head_stride,
                         const T* k, std::int64_t k_token_stride, std::int64_t k_head_stride,
                         const T* v, std::int64_t v_token_stride, std::int64_t v_head_stride,
                         const block_group* groups, const decode_item* items, int group_size,
                         float scale_log2, float* scratch) {
-  constexpr int warps = 4, per_lane = HeadDim / 32, chunk = 8;
-  __shared__ float q_s[Rows][HeadDim];
-  __shared__ float o_s[warps][Rows][HeadDim];
-  __shared__ float m_s[warps][Rows], l_s[warps][Rows];
+  static_assert(RowTiles == 1 || RowTiles == 2 || RowTiles == 4);
+  constexpr int D = HeadDim, Rows = 16 * RowTiles, KeyWarps = 4 / RowTiles;
+  constexpr int BK = decode_stage_keys, S = decode_stages;
+  constexpr int KW = BK / KeyWarps; // keys of a stage one warp takes
+  constexpr int NT = KW / 8;        // its score tiles of 8 keys
+  constexpr int KSteps = D / 16, DTiles = D / 8, chunks = D / 8;
+  constexpr std::uint32_t elem = sizeof(T);
+  constexpr float neg_inf = -__builtin_huge_valf();
+  extern __shared__ __align__(128) unsigned char decode_smem[];
+  T* sQ = reinterpret_cast<T*>(decode_smem);
+  T* sK = sQ + Rows * D;
+  T* sV = sK + S * BK * D;
+
   const decode_item item = items[blockIdx.x];
   const block_group g = groups[item.group];
   const int kvh = static_cast<int>(blockIdx.y), kv_heads = static_cast<int>(gridDim.y);
   const int rows = static_cast<int>(g.q_count) * group_size;
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-  // The group's queries for this kv head: row r = token r / G, query head kvh * G + r % G.
-  for (int i = static_cast<int>(threadIdx.x); i < rows * HeadDim; i += 128) {
-    const int r = i / HeadDim, e = i % HeadDim;
-    const T* row = q + (g.q_begin + r / group_size) * q_token_stride +
-                   static_cast<std::int64_t>(kvh * group_size + r % group_size) * q_head_stride;
-    q_s[r][e] = to_float(row[e]) * scale_log2;
+  const int wr = warp % RowTiles, wk = warp / RowTiles;
+  const std::int64_t keys = item.kv_hi - item.kv_lo;
+  const int tiles = static_cast<int>((keys + BK - 1) / BK);
+  const std::int64_t first = g.kv[0].kv_begin + item.kv_lo;
+  const T* k_base = k + kvh * k_head_stride + first * k_token_stride;
+  const T* v_base = v + kvh * v_head_stride + first * v_token_stride;
+  auto load_stage = [&](int t) {
+    const int buf = t % S;
+    const std::int64_t left = keys - static_cast<std::int64_t>(t) * BK;
+    const int valid = left < BK ? static_cast<int>(left) : BK;
+    load_tile<BK, D, 128>(sK + buf * BK * D, k_base + t * BK * k_token_stride, k_token_stride,
+                          valid);
+    load_tile<BK, D, 128>(sV + buf * BK * D, v_base + t * BK * v_token_stride, v_token_stride,
+                          valid);
+  };
+
+  // The group's queries for this kv head, row r = token r / G, query head kvh * G + r % G (rows
+  // past the group's zero-filled), with the first stages.
+  for (int c = static_cast<int>(threadIdx.x); c < Rows * chunks; c += 128) {
+    const int r = c / chunks, ch = c % chunks;
+    const bool ok = r < rows;
+    const T* src =
+        ok ? q + (g.q_begin + r / group_size) * q_token_stride +
+                 static_cast<std::int64_t>(kvh * group_size + r % group_size) * q_head_stride +
+                 ch * 8
+           : q;
+    cp_async_16(sQ + swizzle<D>(r, ch), src, ok);
   }
-  __syncthreads();
-  const std::int64_t base = g.kv[0].kv_begin;
-  const T* k_head = k + kvh * k_head_stride;
-  const T* v_head = v + kvh * v_head_stride;
-  float m[Rows], l[Rows], o[Rows][per_lane];
 #pragma unroll
-  for (int r = 0; r < Rows; ++r) {
-    m[r] = -__builtin_huge_valf(), l[r] = 0.0f;
-#pragma unroll
-    for (int c = 0; c < per_lane; ++c)
-      o[r][c] = 0.0f;
+  for (int t = 0; t < S - 1; ++t) {
+    if (t < tiles) load_stage(t);
+    cp_async_commit();
   }
-  for (std::int64_t tile = item.kv_lo + warp * 32; tile < item.kv_hi; tile += warps * 32) {
-    const std::int64_t key = tile + lane;
-    const bool valid = key < item.kv_hi;
-    float s[Rows];
+
+  const std::uint32_t aQ = smem_address(sQ), aK = smem_address(sK), aV = smem_address(sV);
+  std::uint32_t qf[KSteps][4];
+  float acc[DTiles][4];
 #pragma unroll
-    for (int r = 0; r < Rows; ++r)
-      s[r] = 0.0f;
-    if (valid) {
-      const T* kr = k_head + (base + key) * k_token_stride;
-#pragma unroll 8
-      for (int e = 0; e < HeadDim; e += chunk) {
-        float kf[chunk];
-        load_as_float<chunk>(kr + e, kf);
+  for (int t = 0; t < DTiles; ++t)
+    acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
+  float m[2] = {neg_inf, neg_inf}, l[2] = {0.0f, 0.0f};
+
+  for (int t = 0; t < tiles; ++t) {
+    cp_async_wait<S - 2>();
+    __syncthreads(); // stage t landed; every warp is done with the buffer refilled below
+    if (t + S - 1 < tiles) load_stage(t + S - 1);
+    cp_async_commit();
+    if (t == 0) {
 #pragma unroll
-        for (int r = 0; r < Rows; ++r)
-          if (r < rows) {
-            const float4 a = *reinterpret_cast<const float4*>(&q_s[r][e]);
-            const float4 b = *reinterpret_cast<const float4*>(&q_s[r][e + 4]);
-            s[r] += a.x * kf[0] + a.y * kf[1] + a.z * kf[2] + a.w * kf[3] + b.x * kf[4] +
-                    b.y * kf[5] + b.z * kf[6] + b.w * kf[7];
-          }
-      }
+      for (int kk = 0; kk < KSteps; ++kk)
+        ldmatrix_x4(qf[kk], aQ + elem * swizzle<D>(wr * 16 + (lane & 15), kk * 2 + (lane >> 4)));
     }
-    const int keys = static_cast<int>(item.kv_hi - tile < 32 ? item.kv_hi - tile : 32);
-    float p[Rows];
+    const std::uint32_t cK = aK + (t % S) * (BK * D * elem);
+    const std::uint32_t cV = aV + (t % S) * (BK * D * elem);
+
+    // S = Q K^T for this warp's row tile and its KW keys of the stage.
+    float s[NT][4];
 #pragma unroll
-    for (int r = 0; r < Rows; ++r) {
-      if (r >= rows) break;
-      float tile_max = valid ? s[r] : -__builtin_huge_valf();
+    for (int n = 0; n < NT; ++n)
+      s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
 #pragma unroll
-      for (int off = 16; off > 0; off /= 2)
-        tile_max = nan_max(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, off));
-      const float now = nan_max(m[r], tile_max);
-      const float correction = fast_exp2(m[r] - now); // m = -inf at first: exp2(-inf) = 0
-      p[r] = valid ? fast_exp2(s[r] - now) : 0.0f;
-      l[r] = l[r] * correction + p[r];
+    for (int kk = 0; kk < KSteps; ++kk)
 #pragma unroll
-      for (int c = 0; c < per_lane; ++c)
-        o[r][c] *= correction;
+      for (int np = 0; np < NT / 2; ++np) {
+        std::uint32_t kb[4];
+        const int krow = wk * KW + np * 16 + ((lane >> 4) << 3) + (lane & 7);
+        ldmatrix_x4(kb, cK + elem * swizzle<D>(krow, kk * 2 + ((lane >> 3) & 1)));
+        mma_16816<T>(s[2 * np], qf[kk], kb[0], kb[1]);
+        mma_16816<T>(s[2 * np + 1], qf[kk], kb[2], kb[3]);
+      }
+    // Keys past the split (the last stage only) see nothing.
+    const std::int64_t left = keys - static_cast<std::int64_t>(t) * BK;
+    if (left < BK) {
+#pragma unroll
+      for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          if (wk * KW + n * 8 + 2 * (lane & 3) + (e & 1) >= left) s[n][e] = neg_inf;
+    }
+
+    // Online softmax in base 2 (NaN-aware maxima: a NaN score stays NaN in m, l and o); P is
+    // packed to 16-bit pairs, two score tiles making one A fragment of P V.
+    std::uint32_t pa[NT / 2][4];
+    float mx[2] = {neg_inf, neg_inf};
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      mx[0] = nan_max(mx[0], nan_max(s[n][0], s[n][1]));
+      mx[1] = nan_max(mx[1], nan_max(s[n][2], s[n][3]));
+    }
+    float corr[2], base[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = nan_max(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = nan_max(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      const float now = nan_max(m[r], mx[r] * scale_log2);
+      corr[r] = m[r] == neg_inf ? 0.0f : fast_exp2(m[r] - now);
+      base[r] = now == neg_inf ? 0.0f : now; // nothing seen yet: every p is 0
       m[r] = now;
+      l[r] *= corr[r];
     }
-    // Eight value rows in flight at a time (their loads do not wait on the adds).
-    for (int j0 = 0; j0 < keys; j0 += 8) {
-      float vf[8][per_lane];
 #pragma unroll
-      for (int u = 0; u < 8; ++u) {
-        if (j0 + u < keys)
-          load_as_float<per_lane>(
-              v_head + (base + tile + j0 + u) * v_token_stride + lane * per_lane, vf[u]);
-        else
+    for (int n = 0; n < NT; ++n) {
+      const float p0 = fast_exp2(fmaf(s[n][0], scale_log2, -base[0]));
+      const float p1 = fast_exp2(fmaf(s[n][1], scale_log2, -base[0]));
+      const float p2 = fast_exp2(fmaf(s[n][2], scale_log2, -base[1]));
+      const float p3 = fast_exp2(fmaf(s[n][3], scale_log2, -base[1]));
+      l[0] += p0 + p1;
+      l[1] += p2 + p3;
+      pa[n / 2][(n & 1) * 2] = pack2<T>(p0, p1);
+      pa[n / 2][(n & 1) * 2 + 1] = pack2<T>(p2, p3);
+    }
 #pragma unroll
-          for (int c = 0; c < per_lane; ++c)
-            vf[u][c] = 0.0f;
+    for (int d = 0; d < DTiles; ++d) {
+      acc[d][0] *= corr[0];
+      acc[d][1] *= corr[0];
+      acc[d][2] *= corr[1];
+      acc[d][3] *= corr[1];
+    }
+
+    // O += P V over the warp's keys.
+#pragma unroll
+    for (int kk = 0; kk < NT / 2; ++kk)
+#pragma unroll
+      for (int dp = 0; dp < D / 16; ++dp) {
+        std::uint32_t vb[4];
+        const int vrow = wk * KW + kk * 16 + (((lane >> 3) & 1) << 3) + (lane & 7);
+        ldmatrix_x4_trans(vb, cV + elem * swizzle<D>(vrow, dp * 2 + (lane >> 4)));
+        mma_16816<T>(acc[2 * dp], pa[kk], vb[0], vb[1]);
+        mma_16816<T>(acc[2 * dp + 1], pa[kk], vb[2], vb[3]);
       }
-#pragma unroll
-      for (int u = 0; u < 8; ++u)
-#pragma unroll
-        for (int r = 0; r < Rows; ++r)
-          if (r < rows) {
-            const float pj = __shfl_sync(0xffffffffu, p[r], (j0 + u) & 31);
-#pragma unroll
-            for (int c = 0; c < per_lane; ++c)
-              o[r][c] += pj * vf[u][c];
-          }
-    }
   }
-  // Each warp's state into shared memory (its weight sums reduced over the lanes), then one
-  // merge over the warps per (row, column).
+  cp_async_wait_all();
+  __syncthreads(); // the stage buffers are free: the warps' states meet there
+
 #pragma unroll
-  for (int r = 0; r < Rows; ++r) {
-    if (r >= rows) break;
-    float sum = l[r];
-#pragma unroll
-    for (int off = 16; off > 0; off /= 2)
-      sum += __shfl_xor_sync(0xffffffffu, sum, off);
-    if (lane == 0) m_s[warp][r] = m[r], l_s[warp][r] = sum;
-#pragma unroll
-    for (int c = 0; c < per_lane; ++c)
-      o_s[warp][r][lane * per_lane + c] = o[r][c];
+  for (int r = 0; r < 2; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
   }
-  __syncthreads();
   float* out = scratch + (static_cast<std::int64_t>(item.slot) * kv_heads + kvh) *
-                             decode_partial_floats(HeadDim);
-  for (int i = static_cast<int>(threadIdx.x); i < rows * HeadDim; i += 128) {
-    const int r = i / HeadDim, e = i % HeadDim;
-    float top = -__builtin_huge_valf();
+                             decode_partial_floats(D, Rows);
+  if constexpr (KeyWarps == 1) {
+    // One warp per row tile: its state is the split's.
 #pragma unroll
-    for (int w = 0; w < warps; ++w)
-      top = nan_max(top, m_s[w][r]);
-    float acc = 0.0f, sum = 0.0f;
+    for (int r = 0; r < 2; ++r) {
+      const int row = wr * 16 + (lane >> 2) + r * 8;
+      if (row >= rows) continue;
 #pragma unroll
-    for (int w = 0; w < warps; ++w) {
-      const float f = m_s[w][r] == -__builtin_huge_valf() ? 0.0f : fast_exp2(m_s[w][r] - top);
-      acc += o_s[w][r][e] * f;
-      sum += l_s[w][r] * f;
+      for (int d = 0; d < DTiles; ++d)
+        *reinterpret_cast<float2*>(out + row * D + d * 8 + 2 * (lane & 3)) =
+            make_float2(acc[d][2 * r], acc[d][2 * r + 1]);
+      if ((lane & 3) == 0) out[Rows * D + row] = m[r], out[Rows * (D + 1) + row] = l[r];
     }
-    out[r * HeadDim + e] = acc;
-    if (e == 0) {
-      out[decode_max_rows * HeadDim + r] = top;
-      out[decode_max_rows * (HeadDim + 1) + r] = sum;
+  } else {
+    float* o_s = reinterpret_cast<float*>(sK); // [KeyWarps][Rows][D]
+    float* m_s = o_s + KeyWarps * Rows * D;    // [KeyWarps][Rows]
+    float* l_s = m_s + KeyWarps * Rows;        // [KeyWarps][Rows]
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = wr * 16 + (lane >> 2) + r * 8;
+#pragma unroll
+      for (int d = 0; d < DTiles; ++d)
+        *reinterpret_cast<float2*>(o_s + (wk * Rows + row) * D + d * 8 + 2 * (lane & 3)) =
+            make_float2(acc[d][2 * r], acc[d][2 * r + 1]);
+      if ((lane & 3) == 0) m_s[wk * Rows + row] = m[r], l_s[wk * Rows + row] = l[r];
+    }
+    __syncthreads();
+    for (int i = static_cast<int>(threadIdx.x); i < rows * D; i += 128) {
+      const int row = i / D, e = i % D;
+      float top = neg_inf;
+#pragma unroll
+      for (int w = 0; w < KeyWarps; ++w)
+        top = nan_max(top, m_s[w * Rows + row]);
+      float o_sum = 0.0f, l_sum = 0.0f;
+#pragma unroll
+      for (int w = 0; w < KeyWarps; ++w) {
+        const float mw = m_s[w * Rows + row];
+        const float f = mw == neg_inf ? 0.0f : fast_exp2(mw - top);
+        o_sum += o_s[(w * Rows + row) * D + e] * f;
+        l_sum += l_s[w * Rows + row] * f;
+      }
+      out[row * D + e] = o_sum;
+      if (e == 0) out[Rows * D + row] = top, out[Rows * (D + 1) + row] = l_sum;
     }
   }
 }
 
-//! One thread block per (group, kv head): the group's units in order, merged per (row, column),
-//! then into the state: `fresh` writes it, else the block merges by `merge_into`. Each row's
-//! factors are decided once (phase 1) before any of its columns changes (phase 2).
+//! One thread block per (group, kv head): the group's units in order (partials of `partial_rows`
+//! rows), merged per (row, column), then into the state: `fresh` writes it, else the block merges
+//! by `merge_into`. Each row's factors are decided once (phase 1) before any of its columns changes
+//! (phase 2).
 template <int HeadDim>
 __global__ void __launch_bounds__(256)
     decode_combine_kernel(const block_group* groups, const std::int32_t* first_slot, int group_size,
-                          const float* scratch, float* o, float* lse, float* sum,
+                          int partial_rows, const float* scratch, float* o, float* lse, float* sum,
                           std::int64_t tokens, bool fresh) {
   constexpr float ln2 = 0.6931471805599453f, inf = __builtin_huge_valf();
   __shared__ float top_s[decode_max_rows], inv_s[decode_max_rows], old_s[decode_max_rows],
@@ -218,8 +290,8 @@ __global__ void __launch_bounds__(256)
   const int rows = static_cast<int>(g.q_count) * group_size;
   const int s0 = first_slot[gi], s1 = first_slot[gi + 1];
   auto at = [&](int s) {
-    return scratch +
-           (static_cast<std::int64_t>(s) * kv_heads + kvh) * decode_partial_floats(HeadDim);
+    return scratch + (static_cast<std::int64_t>(s) * kv_heads + kvh) *
+                         decode_partial_floats(HeadDim, partial_rows);
   };
   auto state_row = [&](int r) {
     return static_cast<std::int64_t>(kvh * group_size + r % group_size) * tokens + g.q_begin +
@@ -229,13 +301,12 @@ __global__ void __launch_bounds__(256)
     const int r = static_cast<int>(threadIdx.x);
     float top = -inf;
     for (int s = s0; s < s1; ++s)
-      top = nan_max(top, at(s)[decode_max_rows * HeadDim + r]);
+      top = nan_max(top, at(s)[partial_rows * HeadDim + r]);
     float weight = 0.0f;
     if (top != -inf)
       for (int s = s0; s < s1; ++s) {
-        const float mx = at(s)[decode_max_rows * HeadDim + r];
-        weight +=
-            mx == -inf ? 0.0f : at(s)[decode_max_rows * (HeadDim + 1) + r] * fast_exp2(mx - top);
+        const float mx = at(s)[partial_rows * HeadDim + r];
+        weight += mx == -inf ? 0.0f : at(s)[partial_rows * (HeadDim + 1) + r] * fast_exp2(mx - top);
       }
     // The block's lse (natural log) for this row, and how it meets the state.
     const float block_lse = saw_key(weight) ? (top + log2f(weight)) * ln2 : -inf;
@@ -256,7 +327,7 @@ __global__ void __launch_bounds__(256)
     if (top_s[r] != -inf)
       for (int s = s0; s < s1; ++s) {
         const float* part = at(s);
-        const float mx = part[decode_max_rows * HeadDim + r];
+        const float mx = part[partial_rows * HeadDim + r];
         acc += mx == -inf ? 0.0f : part[r * HeadDim + e] * fast_exp2(mx - top_s[r]);
       }
     float* orow = o + state_row(r) * HeadDim;

@@ -32,6 +32,11 @@ __device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool val
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n"); }
+//! Waits until at most `Pending` of this thread's committed cp.async groups are still in flight.
+template <int Pending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending));
+}
 
 // ldmatrix on a 32-bit shared-space address (computed once per thread block, then offset with
 // 32-bit arithmetic: no generic-to-shared conversion per load).

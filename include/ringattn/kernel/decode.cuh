@@ -6,9 +6,10 @@
 //! A block qualifies when every group has one key segment that every one of its query rows sees
 //! whole (a full block per sequence, as new tokens against a KV cache) and at most
 //! `decode_max_rows` query rows per kv head (new tokens x query heads per kv head). Each group's
-//! segment is cut into splits so that a launch has a few thread blocks per SM; the splits'
-//! partials (device scratch, `scratch_bytes()`) are combined per row and merged into the state
-//! as a `fresh` or a `merge` epilogue.
+//! segment is cut into equal splits of whole stages, as many as keep the launch's waves full (one
+//! sequence of 128K keys fills the machine as well as a batch of 32); the
+//! splits' partials (device scratch, `scratch_bytes()`) are combined per row and merged into the
+//! state as a `fresh` or a `merge` epilogue.
 
 #include <ringattn/arguments.cuh>
 #include <ringattn/core/block.cuh>
@@ -54,31 +55,35 @@ public:
     v.require(takes(groups, args), "the split-K/V block forward takes full blocks of at most ",
               decode_max_rows, " query rows per kv head and head_dim 64 or 128 with v as wide");
     v.throw_if_invalid();
-    int device = 0, sms = 1;
+    int device = 0, sms = 1, smem_per_sm = 0;
     RINGATTN_CUDA_CHECK(cudaGetDevice(&device));
     RINGATTN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    // About sixteen thread blocks per SM over the launch (three waves of the five that fit), no
-    // split under 512 keys.
-    constexpr std::int64_t least_keys = 512;
-    const std::int64_t units =
-        std::max<std::int64_t>(1, static_cast<std::int64_t>(groups.size()) * kv_heads_);
-    const std::int64_t want = std::max<std::int64_t>(1, (16 * sms + units - 1) / units);
+    RINGATTN_CUDA_CHECK(
+        cudaDeviceGetAttribute(&smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
+    for (const block_group& g : groups)
+      most_rows_ = std::max<std::int64_t>(most_rows_, g.q_count * group_size_);
+    row_tiles_ = most_rows_ <= 16 ? 1 : most_rows_ <= 32 ? 2 : 4;
+    // Thread blocks that fit on an SM at once (shared memory bounds them; 1 KiB each is the
+    // system's), at most the two the kernel's registers allow.
+    const int block_smem = decode_smem_bytes<std::uint16_t>(head_dim_, row_tiles_) + 1024;
+    const std::int64_t slots =
+        static_cast<std::int64_t>(sms) * std::clamp(smem_per_sm / block_smem, 1, 2);
+    const std::int64_t stage = decode_stage_keys, per_split = split_stages(groups, slots);
     std::vector<block_group> kept;
     std::vector<decode_item> items;
     std::vector<std::int32_t> first{0};
     for (const block_group& g : groups) {
       const std::int64_t keys = g.kv[0].kv_count;
       if (g.q_count == 0 || keys == 0) continue; // rows that see no key: the state is unchanged
-      const std::int64_t splits =
-          std::max<std::int64_t>(1, std::min(want, (keys + least_keys - 1) / least_keys));
-      const std::int64_t step = (keys + splits - 1) / splits;
+      const std::int64_t own = (keys + stage - 1) / stage;
+      const std::int64_t splits = (own + per_split - 1) / per_split;
+      const std::int64_t step = (own + splits - 1) / splits * stage;
       for (std::int64_t lo = 0; lo < keys; lo += step)
         items.push_back({static_cast<std::int32_t>(kept.size()),
                          static_cast<std::int32_t>(items.size()), lo, std::min(keys, lo + step)});
       kept.push_back(g);
       first.push_back(static_cast<std::int32_t>(items.size()));
       rows_ += g.q_count;
-      most_rows_ = std::max<std::int64_t>(most_rows_, g.q_count * group_size_);
     }
     groups_ = static_cast<std::int64_t>(kept.size());
     items_ = static_cast<std::int64_t>(items.size());
@@ -94,7 +99,7 @@ public:
   //! Device scratch the splits' partials take.
   std::size_t scratch_bytes() const {
     return static_cast<std::size_t>(items_) * kv_heads_ * sizeof(float) *
-           static_cast<std::size_t>(decode_max_rows) * (head_dim_ + 2);
+           static_cast<std::size_t>(decode_partial_floats(head_dim_, 16 * row_tiles_));
   }
   //! Query rows the groups cover (a `fresh` launch must cover every row of the state).
   std::int64_t rows() const noexcept { return rows_; }
@@ -113,31 +118,66 @@ public:
     const block_group* groups = tables_.at<block_group>(0);
     const decode_item* items = tables_.at<decode_item>(1);
     const std::int32_t* first = tables_.at<std::int32_t>(2);
+    const int smem = decode_smem_bytes<T>(head_dim_, row_tiles_);
     auto launch = [&](auto split, auto merge) {
-      split<<<grid, 128, 0, stream>>>(a.q.data, a.q.token_stride, a.q.head_stride, a.k.data,
-                                      a.k.token_stride, a.k.head_stride, a.v.data, a.v.token_stride,
-                                      a.v.head_stride, groups, items, group_size_, scale_log2,
-                                      scratch);
+      detail::allow_dynamic_smem(reinterpret_cast<const void*>(split), smem);
+      split<<<grid, 128, smem, stream>>>(a.q.data, a.q.token_stride, a.q.head_stride, a.k.data,
+                                         a.k.token_stride, a.k.head_stride, a.v.data,
+                                         a.v.token_stride, a.v.head_stride, groups, items,
+                                         group_size_, scale_log2, scratch);
       RINGATTN_CUDA_CHECK_LAUNCH();
-      merge<<<combine, 256, 0, stream>>>(groups, first, group_size_, scratch, a.state.o,
-                                         a.state.lse, a.state.sum, a.state.tokens, fresh);
+      merge<<<combine, 256, 0, stream>>>(groups, first, group_size_, 16 * row_tiles_, scratch,
+                                         a.state.o, a.state.lse, a.state.sum, a.state.tokens,
+                                         fresh);
       RINGATTN_CUDA_CHECK_LAUNCH();
     };
-    // The kernel's row count is the plan's: 4 (one new token per sequence and up to four query
-    // heads per kv head) keeps its registers to a third of the 16-row kernel's.
-    const bool few = most_rows_ <= 4;
-    if (head_dim_ == 64)
-      few ? launch(kernels::decode_split_kernel<T, 64, 4>, kernels::decode_combine_kernel<64>)
-          : launch(kernels::decode_split_kernel<T, 64, 16>, kernels::decode_combine_kernel<64>);
-    else
-      few ? launch(kernels::decode_split_kernel<T, 128, 4>, kernels::decode_combine_kernel<128>)
-          : launch(kernels::decode_split_kernel<T, 128, 16>, kernels::decode_combine_kernel<128>);
+    // The kernel's row tiles are the plan's (the group with the most rows).
+    auto with_rows = [&]<int D>(std::integral_constant<int, D>) {
+      using kernels::decode_split_kernel, kernels::decode_combine_kernel;
+      switch (row_tiles_) {
+      case 1: return launch(decode_split_kernel<T, D, 1>, decode_combine_kernel<D>);
+      case 2: return launch(decode_split_kernel<T, D, 2>, decode_combine_kernel<D>);
+      default: return launch(decode_split_kernel<T, D, 4>, decode_combine_kernel<D>);
+      }
+    };
+    head_dim_ == 64 ? with_rows(std::integral_constant<int, 64>{})
+                    : with_rows(std::integral_constant<int, 128>{});
   }
 #endif
 
 private:
+  // Stages per split. A launch takes about its waves (thread blocks over `slots`, those that run
+  // at once) times its longest block (its stages plus about two for filling the pipeline and
+  // writing the partial): the split length that minimises that, among those that cut the
+  // longest group into 1..64 equal splits of at least eight stages (fewer splits on a tie).
+  std::int64_t split_stages(std::span<const block_group> groups, std::int64_t slots) const {
+    constexpr std::int64_t stage = decode_stage_keys, least = 8, overhead = 2, most_splits = 64;
+    auto stages_of = [](const block_group& g) {
+      return g.q_count == 0 ? std::int64_t{0} : (g.kv[0].kv_count + stage - 1) / stage;
+    };
+    std::int64_t longest = 0;
+    for (const block_group& g : groups)
+      longest = std::max(longest, stages_of(g));
+    std::int64_t best = std::max<std::int64_t>(longest, 1), best_cost = -1;
+    const std::int64_t tries = std::clamp<std::int64_t>(longest / least, 1, most_splits);
+    for (std::int64_t splits = 1; splits <= tries; ++splits) {
+      const std::int64_t per = (longest + splits - 1) / splits;
+      std::int64_t blocks = 0, widest = 0;
+      for (const block_group& g : groups) {
+        const std::int64_t own = stages_of(g);
+        if (own == 0) continue;
+        const std::int64_t n = (own + per - 1) / per;
+        blocks += n * kv_heads_;
+        widest = std::max(widest, (own + n - 1) / n);
+      }
+      const std::int64_t cost = (blocks + slots - 1) / slots * (widest + overhead);
+      if (best_cost < 0 || cost < best_cost) best = per, best_cost = cost;
+    }
+    return best;
+  }
+
   std::int64_t q_tokens_ = 0, rows_ = 0, groups_ = 0, items_ = 0, most_rows_ = 0;
-  int head_dim_ = 0, group_size_ = 1, kv_heads_ = 1;
+  int head_dim_ = 0, group_size_ = 1, kv_heads_ = 1, row_tiles_ = 1;
   detail::device_tables tables_;
 };
 
