@@ -183,7 +183,7 @@ void decode_step(benchmark::State& state) {
     }
     const double cache_bytes =
         2.0 * sequences * cache_per_sequence * kv_heads * head_dim * sizeof(T);
-    state.counters["bytes_per_rank"] = static_cast<double>(rs[0].dec->step_bytes());
+    state.counters["bytes_per_rank"] = static_cast<double>(rs[0].dec->template step_bytes<T>());
     state.counters["cache_tokens"] = static_cast<double>(sequences) * cache_per_sequence;
     if (!plan_only)
       state.counters["cache_bytes_per_second"] =

@@ -12,11 +12,12 @@
 //!
 //! A step: each rank attends with all new queries to its cache shard (a full block per sequence;
 //! rank 0 also to the new tokens themselves, causally) into a partial fp32 state (o, reference
-//! lse and weight sum per row, core/state.cuh); the ranks exchange their partial states (P - 1
-//! pairwise exchanges of `new tokens x q_heads x (head_dim_v + 2)` floats each: in exchange k rank
-//! r sends to r + k and receives from r - k) and every rank merges all P in rank order
-//! (`merge_partials`). Every rank thus ends with the same result, bit for bit, equal to attention
-//! over the whole cache.
+//! lse and weight sum per row, core/state.cuh), finished into a partial of the output's element
+//! type (the normalised output `[q_heads x new tokens, head_dim_v]` and an fp32 lse per row); the
+//! ranks exchange those (P - 1 pairwise exchanges of `step_bytes<T>() / (P - 1)` bytes each: in
+//! exchange k rank r sends to r + k and receives from r - k) and every rank merges all P in rank
+//! order (`merge_finished`). Every rank thus ends with the same result, bit for bit, equal to
+//! attention over the whole cache.
 //!
 //! \code
 //! namespace ra = ringattn;
@@ -270,14 +271,16 @@ public:
   int size() const noexcept { return comm_.size(); }
   std::int64_t new_tokens() const noexcept { return new_tokens_; }
   std::int64_t cache_tokens() const noexcept { return cache_tokens_; }
-  //! Bytes this rank sends in one step: its partial state to each other rank.
+  //! Bytes this rank sends in one step of element type T: its finished partial to each other rank
+  //! (per new token and query head, head_dim_v elements of T and an fp32 lse; 16-byte aligned).
+  template <element T>
   std::size_t step_bytes() const {
-    return static_cast<std::size_t>(comm_.size() - 1) * partial_bytes();
+    return static_cast<std::size_t>(comm_.size() - 1) * slot_bytes<T>();
   }
-  //! Workspace of `forward_host`: every rank's partial state.
+  //! Workspace of `forward_host`: this rank's fp32 partial state and every rank's finished partial.
   template <element T>
   std::size_t host_workspace_bytes() const {
-    return static_cast<std::size_t>(comm_.size()) * partial_bytes();
+    return state_bytes() + static_cast<std::size_t>(comm_.size()) * slot_bytes<T>();
   }
   //! Workspace of `forward`: the partial states and the BlockKernel's scratch of this step.
   template <element T>
@@ -314,10 +317,10 @@ public:
                     std::span<std::byte> workspace) {
     const validation ok =
         validate_forward<T>(q_new, k_new, v_new, k_cache, v_cache, out, lse, workspace);
-    gate_.run(ok, detail::call_kind::forward_host, dtype_of_v<T>, partial_bytes(), [&] {
+    gate_.run(ok, detail::call_kind::forward_host, dtype_of_v<T>, slot_bytes<T>(), [&] {
       const int p = comm_.size(), me = comm_.rank();
-      float* base = reinterpret_cast<float*>(workspace.data());
-      const attention_state state = partial_state(base, me);
+      const attention_state state = partial_state(reinterpret_cast<float*>(workspace.data()));
+      std::byte* slots = workspace.data() + state_bytes();
       reset(state);
       if (!new_groups_.empty())
         BlockKernel::host_forward(block_forward_args<T>{q_new, k_new, v_new, args_, state},
@@ -326,11 +329,13 @@ public:
         if (!round.empty())
           BlockKernel::host_forward(block_forward_args<T>{q_new, k_cache, v_cache, args_, state},
                                     round);
+      finish_partial(state, slot_o<T>(slots, me), slot_lse<T>(slots, me));
       for (int k = 1; k < p; ++k)
-        comm_.exchange(base + me * slot_floats(), partial_bytes(), (me + k) % p,
-                       base + ((me - k + p) % p) * slot_floats(), partial_bytes(), (me - k + p) % p,
-                       k);
-      merge_partial_states(base, slot_floats(), p, out, lse);
+        comm_.exchange(slots + me * slot_bytes<T>(), slot_bytes<T>(), (me + k) % p,
+                       slots + ((me - k + p) % p) * slot_bytes<T>(), slot_bytes<T>(),
+                       (me - k + p) % p, k);
+      merge_finished_partials(slot_o<T>(slots, 0), slot_stride<T, T>(), slot_lse<T>(slots, 0),
+                              slot_stride<T, float>(), p, out, lse);
     });
   }
 
@@ -388,7 +393,7 @@ public:
     };
     const validation ok = check<T>(q_new, k_new, v_new, k_cache, v_cache, out, lse, ws,
                                    device_ ? device_workspace_bytes<T>() : 0, device);
-    gate_.run(ok, detail::call_kind::forward, dtype_of_v<T>, partial_bytes(), [&] {
+    gate_.run(ok, detail::call_kind::forward, dtype_of_v<T>, slot_bytes<T>(), [&] {
       if constexpr (has_device_path)
         device_forward<T>(q_new, k_new, v_new, k_cache, v_cache, out, lse, ws.data(), stream);
     });
@@ -601,13 +606,37 @@ private:
   }
 
   std::int64_t rows() const { return new_tokens_ * args_.q_heads; }
-  // A partial state: o [q_heads, new tokens, head_dim_v], reference lse, weight sum.
-  std::int64_t slot_floats() const { return rows() * (args_.v_dim() + 2); }
-  std::size_t partial_bytes() const {
-    return static_cast<std::size_t>(slot_floats()) * sizeof(float);
+  static constexpr std::size_t align16(std::size_t n) { return (n + 15) / 16 * 16; }
+  // This rank's partial state (fp32): o [q_heads, new tokens, head_dim_v], reference lse, weight
+  // sum; then the finished partials, slot r rank r's: the normalised output [rows, head_dim_v] of
+  // T, then each row's lse (fp32).
+  std::size_t state_bytes() const {
+    return ring_workspace::align(static_cast<std::size_t>(rows()) * (args_.v_dim() + 2) *
+                                 sizeof(float));
   }
-  attention_state partial_state(float* base, int r) const {
-    float* o = base + r * slot_floats();
+  template <class T>
+  std::size_t slot_o_bytes() const {
+    return align16(static_cast<std::size_t>(rows()) * args_.v_dim() * sizeof(T));
+  }
+  template <class T>
+  std::size_t slot_bytes() const {
+    return slot_o_bytes<T>() + align16(static_cast<std::size_t>(rows()) * sizeof(float));
+  }
+  template <class T>
+  T* slot_o(std::byte* slots, int r) const {
+    return reinterpret_cast<T*>(slots + r * slot_bytes<T>());
+  }
+  template <class T>
+  float* slot_lse(std::byte* slots, int r) const {
+    return reinterpret_cast<float*>(slots + r * slot_bytes<T>() + slot_o_bytes<T>());
+  }
+  // The distance between two slots in elements of E (T for the outputs, float for the lse).
+  template <class T, class E>
+  std::int64_t slot_stride() const {
+    return static_cast<std::int64_t>(slot_bytes<T>() / sizeof(E));
+  }
+  attention_state partial_state(float* base) const {
+    float* o = base;
     return {o,
             o + rows() * args_.v_dim(),
             o + rows() * (args_.v_dim() + 1),
@@ -668,10 +697,11 @@ private:
     device_resources& d = *device_;
     auto& g = d.now();
     const int p = comm_.size(), me = comm_.rank();
-    float* base = reinterpret_cast<float*>(workspace);
-    const attention_state state = partial_state(base, me);
+    const attention_state state = partial_state(reinterpret_cast<float*>(workspace));
+    std::byte* slots = workspace + state_bytes();
     std::byte* scratch =
-        workspace + ring_workspace::align(static_cast<std::size_t>(p) * partial_bytes());
+        workspace +
+        ring_workspace::align(state_bytes() + static_cast<std::size_t>(p) * slot_bytes<T>());
     bool written = false;
     if (g.own) {
       BlockKernel::device_forward(step_epilogue::fresh,
@@ -691,17 +721,19 @@ private:
       written = true;
     }
     if (!written) reset(state, stream);
+    finish_partial(state, slot_o<T>(slots, me), slot_lse<T>(slots, me), stream);
     if (p > 1) {
       RINGATTN_CUDA_CHECK(cudaEventRecord(d.computed, stream));
       RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(d.comm, d.computed, 0));
       for (int k = 1; k < p; ++k)
-        comm_.exchange_async(base + me * slot_floats(), partial_bytes(), (me + k) % p,
-                             base + ((me - k + p) % p) * slot_floats(), partial_bytes(),
+        comm_.exchange_async(slots + me * slot_bytes<T>(), slot_bytes<T>(), (me + k) % p,
+                             slots + ((me - k + p) % p) * slot_bytes<T>(), slot_bytes<T>(),
                              (me - k + p) % p, k, d.comm);
       RINGATTN_CUDA_CHECK(cudaEventRecord(d.arrived, d.comm));
       RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream, d.arrived, 0));
     }
-    merge_partial_states<T>(base, slot_floats(), p, out, lse, stream);
+    merge_finished_partials<T>(slot_o<T>(slots, 0), slot_stride<T, T>(), slot_lse<T>(slots, 0),
+                               slot_stride<T, float>(), p, out, lse, stream);
     // The schedules' tables are reused two plans on, after this (their last reader) completes.
     // An event recorded under stream capture cannot be waited on from the host: a captured step
     // is the caller's to order before that plan.

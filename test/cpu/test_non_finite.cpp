@@ -111,26 +111,39 @@ TEST_CASE_TEMPLATE("host: packed batches with empty and one-token sequences, ele
     }
 }
 
-TEST_CASE("merging partial states: NaN in a partial's sum, reference or o reaches the result") {
+TEST_CASE("merging finished partials: NaN in a partial's lse or output reaches the result; "
+          "-inf is a partial that saw no key") {
   // Two partials of one element: slot 0 then slot 1 (stride 1).
-  const float ref[2] = {0.5f, 0.25f}, sum[2] = {2.0f, 3.0f}, o[2] = {1.0f, 0.5f};
+  const float lse_of[2] = {0.5f, 0.25f}, o[2] = {1.0f, 0.5f};
   float lse = 0.0f;
-  CHECK(std::isfinite(merge_partials(2, ref, sum, o, 1, lse)));
+  CHECK(std::isfinite(merge_finished(2, lse_of, 1, o, 1, lse)));
   CHECK(std::isfinite(lse));
-  for (int which = 0; which < 3; ++which)
+  for (int which = 0; which < 2; ++which)
     for (int p = 0; p < 2; ++p) {
       CAPTURE(which);
       CAPTURE(p);
-      float r2[2] = {ref[0], ref[1]}, s2[2] = {sum[0], sum[1]}, o2[2] = {o[0], o[1]};
-      (which == 0 ? s2 : which == 1 ? r2 : o2)[p] = nan_value;
-      const float x = merge_partials(2, r2, s2, o2, 1, lse);
+      float l2[2] = {lse_of[0], lse_of[1]}, o2[2] = {o[0], o[1]};
+      (which == 0 ? l2 : o2)[p] = nan_value;
+      const float x = merge_finished(2, l2, 1, o2, 1, lse);
       CHECK(std::isnan(x));
-      if (which != 2) CHECK(std::isnan(lse));
+      if (which == 0) CHECK(std::isnan(lse));
+      if (which == 1) CHECK(std::isfinite(lse)); // an output element's NaN stays in that element
     }
-  // A partial that saw no key (sum 0) changes nothing; only sum 0 everywhere is "no key".
-  const float none_sum[2] = {0.0f, 0.0f}, none_ref[2] = {-inf_value, -inf_value};
-  CHECK(merge_partials(2, none_ref, none_sum, o, 1, lse) == 0.0f);
+  // A partial that saw no key (lse -inf) changes nothing; only -inf everywhere is "no key".
+  const float one_none[2] = {-inf_value, 0.25f}, none[2] = {-inf_value, -inf_value};
+  CHECK(merge_finished(2, one_none, 1, o, 1, lse) == o[1]);
+  CHECK(lse == 0.25f);
+  CHECK(merge_finished(2, none, 1, o, 1, lse) == 0.0f);
   CHECK(lse == -inf_value);
+  // Finishing a state: a NaN sum gives a NaN lse (never -inf), a sum of 0 gives -inf and 0.
+  float so[2] = {1.0f, 1.0f}, sref[2] = {0.5f, -inf_value}, ssum[2] = {nan_value, 0.0f};
+  const attention_state st{so, sref, ssum, 2, 1, 1};
+  float fo[2] = {}, fl[2] = {};
+  finish_partial(st, fo, fl);
+  CHECK(std::isnan(fl[0]));
+  CHECK(std::isnan(fo[0]));
+  CHECK(fl[1] == -inf_value);
+  CHECK(fo[1] == 0.0f);
   CHECK(std::isnan(final_lse(0.0f, nan_value)));
   CHECK(final_lse(-inf_value, 0.0f) == -inf_value);
 }

@@ -60,7 +60,7 @@ std::vector<rank_result> run_step(const test::decode_case<P, T>& c,
         thd_view<const T>(sh.v.data(), m, kvh, dv), thd_view<T>(out.out.data(), n, qh, dv),
         out.lse.data(), ws);
     out.sent = comm.bytes_sent() - before;
-    out.expected = dec.step_bytes();
+    out.expected = dec.step_bytes<T>();
   });
   for (const auto& e : errors)
     REQUIRE(message(e) == "");
@@ -96,8 +96,9 @@ void check_decode(int head_dim_v = 0) {
           CHECK(test::same_bits(res[r].out, res[r].lse, res[0].out, res[0].lse));
           CHECK(res[r].sent == res[r].expected);
         }
-        CHECK(res[0].expected == static_cast<std::uint64_t>(ranks - 1) * s.tokens * a.q_heads *
-                                     (a.v_dim() + 2) * sizeof(float));
+        CHECK(res[0].expected ==
+              static_cast<std::uint64_t>(ranks - 1) *
+                  test::finished_partial_bytes(s.tokens * a.q_heads, a.v_dim(), sizeof(T)));
         CHECK(c.append(s) == s.tokens); // every new token kept by exactly one rank
       }
     }

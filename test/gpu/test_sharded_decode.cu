@@ -74,7 +74,7 @@ std::vector<rank_result> device_step(const test::decode_case<P, T>& c,
     once();
     RINGATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
     mine.sent = comm.bytes_sent() - before;
-    mine.expected = dec.step_bytes();
+    mine.expected = dec.step_bytes<T>();
     mine.out = out.download();
     mine.lse = lse.download();
     if (repeat) {
@@ -134,8 +134,9 @@ void check_device_decode(int head_dim_v = 0) {
           CHECK(res[r].heap == 0);
           CHECK(res[r].allocations == 0);
         }
-        CHECK(res[0].expected == static_cast<std::uint64_t>(ranks - 1) * s.tokens * a.q_heads *
-                                     (a.v_dim() + 2) * sizeof(float));
+        CHECK(res[0].expected ==
+              static_cast<std::uint64_t>(ranks - 1) *
+                  test::finished_partial_bytes(s.tokens * a.q_heads, a.v_dim(), sizeof(T)));
         CHECK(c.append(s) == s.tokens);
       }
     }

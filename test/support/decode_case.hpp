@@ -33,6 +33,15 @@ bool same_bits(const std::vector<T>& out_a, const std::vector<float>& lse_a,
           std::memcmp(lse_a.data(), lse_b.data(), lse_a.size() * sizeof(float)) == 0);
 }
 
+// Bytes of one rank's finished partial of a decode step (sharded_attention::step_bytes): the
+// normalised output of `rows` rows x `dv` elements of `element` bytes and an fp32 lse per row,
+// each 16-byte aligned.
+inline std::uint64_t finished_partial_bytes(std::int64_t rows, int dv, std::size_t element) {
+  auto align16 = [](std::uint64_t n) { return (n + 15) / 16 * 16; };
+  return align16(static_cast<std::uint64_t>(rows) * dv * element) +
+         align16(static_cast<std::uint64_t>(rows) * sizeof(float));
+}
+
 template <class P, class T>
 struct decode_case {
   // One step's new tokens and the oracle's answer for them.

@@ -42,6 +42,7 @@
 //! \endcode
 
 #include <ringattn/config.cuh>
+#include <ringattn/core/element.cuh>
 
 #include <cmath>
 #include <cstdint>
@@ -129,21 +130,23 @@ RINGATTN_HOST_DEVICE constexpr float max_logit_of(float row_max, float sum) {
   return sum != sum ? sum : saw_key(sum) ? row_max : -__builtin_huge_valf();
 }
 
-//! One element of one (row, head) merged from `parts` partial states, in the order r = 0, 1, ...:
-//! partial r's reference, weight sum and o element are `ref[r * stride]`, `sum[r * stride]` and
-//! `o[r * stride]` (states of one shape, `stride` floats apart). Writes the row's lse to `lse` and
-//! returns the output element (0 for a row that saw no key). Each partial merges as a block with
-//! lse `final_lse(ref, sum)` and normalised output `o / sum`, by `merge_into`: host and device
-//! compute the same steps. NaN in a partial's sum or reference reaches the row's output and lse,
-//! NaN in an o element that element (only a sum of 0 is a partial that saw no key).
-RINGATTN_HOST_DEVICE inline float merge_partials(int parts, const float* ref, const float* sum,
-                                                 const float* o, std::int64_t stride, float& lse) {
+//! One element of one (row, head) merged from `parts` finished partials (a normalised output and
+//! an lse per row, as the ranks of `sharded_attention` exchange them), in the order r = 0, 1, ...:
+//! partial r's lse is `lse_of[r * lse_stride]` and its output element `to_float(o[r * o_stride])`.
+//! Writes the row's lse to `lse` and returns the output element (0 for a row that saw no key).
+//! Each partial merges as a block by `merge_into`, one with lse -inf (it saw no key of the row)
+//! changing nothing: host and device compute the same steps. NaN in a partial's lse reaches the
+//! row's output and lse, NaN in an output element that element.
+template <class O>
+RINGATTN_HOST_DEVICE inline float merge_finished(int parts, const float* lse_of,
+                                                 std::int64_t lse_stride, const O* o,
+                                                 std::int64_t o_stride, float& lse) {
   float r = -__builtin_huge_valf(), s = 0.0f, acc = 0.0f;
   for (int p = 0; p < parts; ++p) {
-    const float ws = sum[p * stride];
-    if (!saw_key(ws)) continue; // this partial saw no key of the row
-    const row_merge m = merge_into(r, final_lse(ref[p * stride], ws));
-    acc = acc * m.old + o[p * stride] * (1.0f / ws) * m.block;
+    const float lb = lse_of[p * lse_stride];
+    if (lb == -__builtin_huge_valf()) continue; // this partial saw no key of the row
+    const row_merge m = merge_into(r, lb);
+    acc = acc * m.old + to_float(o[p * o_stride]) * m.block;
     s = s * m.old + m.block;
     r = m.new_ref;
   }

@@ -488,14 +488,27 @@ void finalize(const attention_state& s, thd_view<T> out, cudaStream_t stream) {
   RINGATTN_CUDA_CHECK_LAUNCH();
 }
 
-//! Merges `parts` partial states into `out` (fp16/bf16, `[tokens, q_heads, head_dim]`) and `lse`
-//! (`[q_heads, tokens]`), asynchronously on `stream`. Partial r sits at
-//! `partials + r * slot_floats`: the o, lse (the reference) and sum of a state of `out`'s shape,
-//! one after another (`attention_state` over that memory). The order of the slots is the order
-//! of the merges: the same slots give the same bits on any device.
+//! State `s` (fp32) as a finished partial, asynchronously on `stream`: its rows' normalised
+//! outputs (`[rows, head_dim]` of T, row = head * tokens + token) to `o` and their lse to `lse`.
 template <device_element T>
-void merge_partial_states(const float* partials, std::int64_t slot_floats, int parts,
-                          thd_view<T> out, float* lse, cudaStream_t stream) {
+void finish_partial(const attention_state& s, T* o, float* lse, cudaStream_t stream) {
+  const std::int64_t rows = s.tokens * s.q_heads, pairs = rows * (s.head_dim / 2);
+  if (pairs == 0) return;
+  const unsigned blocks = static_cast<unsigned>(std::min<std::int64_t>((pairs + 255) / 256, 4096));
+  kernels::finish_partial_kernel<T>
+      <<<blocks, 256, 0, stream>>>(s.o, s.lse, s.sum, o, lse, rows, s.head_dim);
+  RINGATTN_CUDA_CHECK_LAUNCH();
+}
+
+//! Merges `parts` finished partials of `out`'s shape (fp16/bf16, `[tokens, q_heads, head_dim]`)
+//! into `out` and `lse` (`[q_heads, tokens]`), asynchronously on `stream`. Partial r's outputs
+//! sit at `o + r * o_stride` and its lse at `lse_of + r * lse_stride` (elements, as
+//! `finish_partial` wrote them). The order of the partials is the order of the merges: the same
+//! partials give the same bits on any device.
+template <device_element T>
+void merge_finished_partials(const T* o, std::int64_t o_stride, const float* lse_of,
+                             std::int64_t lse_stride, int parts, thd_view<T> out, float* lse,
+                             cudaStream_t stream) {
   validation r = validate_view(out, "out");
   r.require(rows_aligned_to(out, 4), "out must be 4-byte aligned with even strides");
   r.require(parts >= 1, "no partial state to merge");
@@ -503,9 +516,9 @@ void merge_partial_states(const float* partials, std::int64_t slot_floats, int p
   const std::int64_t rows = out.tokens * out.heads, pairs = rows * (out.head_dim / 2);
   if (pairs == 0) return;
   const unsigned blocks = static_cast<unsigned>(std::min<std::int64_t>((pairs + 255) / 256, 4096));
-  kernels::merge_partials_kernel<T>
-      <<<blocks, 256, 0, stream>>>(partials, slot_floats, parts, rows, out.tokens, out.head_dim,
-                                   out.data, out.token_stride, out.head_stride, lse);
+  kernels::merge_finished_kernel<T>
+      <<<blocks, 256, 0, stream>>>(o, o_stride, lse_of, lse_stride, parts, rows, out.tokens,
+                                   out.head_dim, out.data, out.token_stride, out.head_stride, lse);
   RINGATTN_CUDA_CHECK_LAUNCH();
 }
 #endif // __CUDACC__

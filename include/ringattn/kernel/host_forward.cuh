@@ -114,23 +114,36 @@ void finalize(const attention_state& s, thd_view<T> out) {
     }
 }
 
-//! The host twin of the device `merge_partial_states` (kernel/forward.cuh): `parts` partial
-//! states `slot_floats` apart, merged in slot order into `out` and `lse`.
+//! The host twin of the device `finish_partial` (kernel/forward.cuh): state `s` as a finished
+//! partial, its rows' normalised outputs (`[rows, head_dim]`, row = head * tokens + token) to `o`
+//! and their lse to `lse`.
 template <element T>
-void merge_partial_states(const float* partials, std::int64_t slot_floats, int parts,
-                          thd_view<T> out, float* lse) {
+void finish_partial(const attention_state& s, T* o, float* lse) {
+  const std::int64_t rows = s.tokens * s.q_heads;
+  for (std::int64_t row = 0; row < rows; ++row) {
+    const float sum = s.sum[row], inv = inverse_sum(sum);
+    for (int e = 0; e < s.head_dim; ++e)
+      o[row * s.head_dim + e] = from_float<T>(s.o[row * s.head_dim + e] * inv);
+    lse[row] = final_lse(s.lse[row], sum);
+  }
+}
+
+//! The host twin of the device `merge_finished_partials` (kernel/forward.cuh): `parts` finished
+//! partials of `out`'s shape, partial r's outputs at `o + r * o_stride` and lse at
+//! `lse_of + r * lse_stride` (elements), merged in that order into `out` and `lse`.
+template <element T>
+void merge_finished_partials(const T* o, std::int64_t o_stride, const float* lse_of,
+                             std::int64_t lse_stride, int parts, thd_view<T> out, float* lse) {
   validation r = validate_view(out, "out");
   r.require(parts >= 1, "no partial state to merge");
   r.throw_if_invalid();
   const std::int64_t tokens = out.tokens, rows = tokens * out.heads;
   const int d = out.head_dim;
   for (std::int64_t row = 0; row < rows; ++row) {
-    const float* ref = partials + rows * d + row;
-    const float* sum = partials + rows * (d + 1) + row;
     float l = 0.0f;
     for (int e = 0; e < d; ++e)
-      out(row % tokens, static_cast<int>(row / tokens), e) =
-          from_float<T>(merge_partials(parts, ref, sum, partials + row * d + e, slot_floats, l));
+      out(row % tokens, static_cast<int>(row / tokens), e) = from_float<T>(
+          merge_finished(parts, lse_of + row, lse_stride, o + row * d + e, o_stride, l));
     lse[row] = l;
   }
 }
