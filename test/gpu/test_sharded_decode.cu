@@ -31,8 +31,9 @@ namespace {
 using T = __nv_bfloat16;
 using decoder = sharded_attention<in_process_communicator, causal>;
 
+template <class E = T>
 struct rank_result {
-  std::vector<T> out;
+  std::vector<E> out;
   std::vector<float> lse;
   bool repeatable = true;
   std::uint64_t sent = 0, expected = 0, allocations = 0, heap = 0;
@@ -40,13 +41,15 @@ struct rank_result {
 
 // One step on every rank; `repeat`: the forward twice, the second counted (device allocations,
 // heap) and compared with the first.
-template <class P>
-std::vector<rank_result> device_step(const test::decode_case<P, T>& c,
-                                     const typename test::decode_case<P, T>::step& s, bool repeat) {
+template <class P, class E = T>
+std::vector<rank_result<E>> device_step(const test::decode_case<P, E>& c,
+                                        const typename test::decode_case<P, E>::step& s,
+                                        bool repeat) {
+  using T = E; // this step's element type
   const attention_arguments a = c.args;
   const int qh = a.q_heads, kvh = a.kv_heads, d = a.head_dim, dv = a.v_dim();
   const std::int64_t n = s.tokens;
-  std::vector<rank_result> res(c.ranks);
+  std::vector<rank_result<E>> res(c.ranks);
   std::barrier sync(c.ranks);
   in_process_group group(c.ranks, std::chrono::seconds(60));
   const auto errors = test::on_ranks(group, [&](int r, in_process_communicator& comm) {
@@ -63,7 +66,7 @@ std::vector<rank_result> device_step(const test::decode_case<P, T>& c,
     test::device_buffer<std::byte> ws(bytes);
     cudaStream_t stream;
     RINGATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    rank_result& mine = res[r];
+    rank_result<E>& mine = res[r];
     auto once = [&] {
       dec.forward(thd_view<const T>(q.get(), n, qh, d), thd_view<const T>(k.get(), n, kvh, d),
                   thd_view<const T>(v.get(), n, kvh, dv), thd_view<const T>(kc.get(), m, kvh, d),
@@ -170,12 +173,13 @@ TEST_CASE_TEMPLATE("device sharded decode, virtual ranks on one GPU, equals the 
     check_device_decode<P>(128); // multi-head latent attention: q/k 192, v and out 128
 }
 
-TEST_CASE_TEMPLATE("device sharded decode over long caches: many splits per sequence, 0-16 new "
-                   "tokens per sequence",
-                   P, contiguous, zigzag) {
-  // Caches of thousands of tokens per sequence (the split kernel cuts each into many splits, the
-  // last stage of a split partly past its end), new tokens x GQA group up to the kernel's 64 rows
-  // (one, two and four row tiles), head_dim 128 and 64.
+namespace {
+// Caches of thousands of tokens per sequence (the split kernel cuts each into many splits, the
+// last stage of a split partly past its end), new tokens x GQA group up to the kernel's 64 rows
+// (one, two and four row tiles), head_dim 128 and 64; element type E. The block kernel's
+// tolerances: 8e-3 relative L2 on the output and 2e-3 absolute on the LSE.
+template <class P, class E>
+void check_long_caches() {
   const auto seed = test::fresh_seed();
   CAPTURE(seed);
   const bool small = std::getenv("RINGATTN_TEST_SMALL") != nullptr;
@@ -190,13 +194,12 @@ TEST_CASE_TEMPLATE("device sharded decode over long caches: many splits per sequ
       std::mt19937_64 rng(seed +
                           static_cast<std::uint64_t>(sh.kv_heads * 1000 + sh.head_dim + ranks));
       const attention_arguments a{.q_heads = 8, .kv_heads = sh.kv_heads, .head_dim = sh.head_dim};
-      test::decode_case<P, T> c(
+      test::decode_case<P, E> c(
           test::random_cu_seqlens(3, small ? 300 : 2000, small ? 900 : 9000, rng), ranks, a, rng);
       for (int step = 0; step < 2; ++step) {
         CAPTURE(step);
         const auto s = c.draw(rng, step == 0 ? 1 : 0, sh.most_new);
-        const auto res = device_step(c, s, false);
-        // bf16 tolerances of the device block kernel (as above)
+        const auto res = device_step<P, E>(c, s, false);
         const auto [err, lse_err] = c.error(s, res[0].out, res[0].lse);
         CHECK(err < 8e-3);
         CHECK(lse_err < 2e-3);
@@ -205,6 +208,14 @@ TEST_CASE_TEMPLATE("device sharded decode over long caches: many splits per sequ
         CHECK(c.append(s) == s.tokens);
       }
     }
+}
+} // namespace
+
+TEST_CASE_TEMPLATE("device sharded decode over long caches: many splits per sequence, 0-16 new "
+                   "tokens per sequence, bf16 and fp16",
+                   P, contiguous, zigzag) {
+  check_long_caches<P, __nv_bfloat16>();
+  check_long_caches<P, __half>();
 }
 
 TEST_CASE("device sharded decode: host memory on one rank fails on every rank; the next step "
@@ -285,7 +296,7 @@ TEST_CASE("device sharded decode: steps planned back to back reuse their tables 
     c.append(s.back());
   }
   const int qh = a.q_heads, kvh = a.kv_heads, d = a.head_dim;
-  std::vector<std::vector<rank_result>> res(steps, std::vector<rank_result>(ranks));
+  std::vector<std::vector<rank_result<>>> res(steps, std::vector<rank_result<>>(ranks));
   std::uint64_t allocated = 0;
   std::vector<std::size_t> needed(ranks, 0);
   std::barrier sync(ranks);
