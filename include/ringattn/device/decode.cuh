@@ -46,11 +46,12 @@ __host__ __device__ constexpr std::int64_t decode_partial_floats(int head_dim, i
   return static_cast<std::int64_t>(rows) * (head_dim + 2);
 }
 
-//! Shared memory of the split kernel: the query tile and the K and V stages.
+//! Shared memory of the split kernel: the K and V stages (the query tile borrows the last
+//! stage's K buffer until the queries are in registers). 96 KiB at head_dim 128: within the
+//! 99 KiB a thread block may take on every sm_80+ device.
 template <class T>
-constexpr int decode_smem_bytes(int head_dim, int row_tiles) {
-  return (16 * row_tiles + 2 * decode_stage_keys * decode_stages) * head_dim *
-         static_cast<int>(sizeof(T));
+constexpr int decode_smem_bytes(int head_dim) {
+  return 2 * decode_stage_keys * decode_stages * head_dim * static_cast<int>(sizeof(T));
 }
 
 } // namespace ringattn
@@ -68,6 +69,7 @@ __global__ void __launch_bounds__(128, 2)
                         const block_group* groups, const decode_item* items, int group_size,
                         float scale_log2, float* scratch) {
   static_assert(RowTiles == 1 || RowTiles == 2 || RowTiles == 4);
+  static_assert(16 * RowTiles <= decode_stage_keys, "the query tile fits a stage's K buffer");
   constexpr int D = HeadDim, Rows = 16 * RowTiles, KeyWarps = 4 / RowTiles;
   constexpr int BK = decode_stage_keys, S = decode_stages;
   constexpr int KW = BK / KeyWarps; // keys of a stage one warp takes
@@ -76,9 +78,9 @@ __global__ void __launch_bounds__(128, 2)
   constexpr std::uint32_t elem = sizeof(T);
   constexpr float neg_inf = -__builtin_huge_valf();
   extern __shared__ __align__(128) unsigned char decode_smem[];
-  T* sQ = reinterpret_cast<T*>(decode_smem);
-  T* sK = sQ + Rows * D;
+  T* sK = reinterpret_cast<T*>(decode_smem);
   T* sV = sK + S * BK * D;
+  T* sQ = sK + (S - 1) * BK * D; // the last stage's K buffer, first filled at t = 0
 
   const decode_item item = items[blockIdx.x];
   const block_group g = groups[item.group];
@@ -130,13 +132,15 @@ __global__ void __launch_bounds__(128, 2)
   for (int t = 0; t < tiles; ++t) {
     cp_async_wait<S - 2>();
     __syncthreads(); // stage t landed; every warp is done with the buffer refilled below
-    if (t + S - 1 < tiles) load_stage(t + S - 1);
-    cp_async_commit();
     if (t == 0) {
+      // The queries to registers before stage S - 1 overwrites them.
 #pragma unroll
       for (int kk = 0; kk < KSteps; ++kk)
         ldmatrix_x4(qf[kk], aQ + elem * swizzle<D>(wr * 16 + (lane & 15), kk * 2 + (lane >> 4)));
+      __syncthreads();
     }
+    if (t + S - 1 < tiles) load_stage(t + S - 1);
+    cp_async_commit();
     const std::uint32_t cK = aK + (t % S) * (BK * D * elem);
     const std::uint32_t cV = aV + (t % S) * (BK * D * elem);
 

@@ -65,7 +65,7 @@ public:
     row_tiles_ = most_rows_ <= 16 ? 1 : most_rows_ <= 32 ? 2 : 4;
     // Thread blocks that fit on an SM at once (shared memory bounds them; 1 KiB each is the
     // system's), at most the two the kernel's registers allow.
-    const int block_smem = decode_smem_bytes<std::uint16_t>(head_dim_, row_tiles_) + 1024;
+    const int block_smem = decode_smem_bytes<std::uint16_t>(head_dim_) + 1024;
     const std::int64_t slots =
         static_cast<std::int64_t>(sms) * std::clamp(smem_per_sm / block_smem, 1, 2);
     const std::int64_t stage = decode_stage_keys, per_split = split_stages(groups, slots);
@@ -118,7 +118,7 @@ public:
     const block_group* groups = tables_.at<block_group>(0);
     const decode_item* items = tables_.at<decode_item>(1);
     const std::int32_t* first = tables_.at<std::int32_t>(2);
-    const int smem = decode_smem_bytes<T>(head_dim_, row_tiles_);
+    const int smem = decode_smem_bytes<T>(head_dim_);
     auto launch = [&](auto split, auto merge) {
       detail::allow_dynamic_smem(reinterpret_cast<const void*>(split), smem);
       split<<<grid, 128, smem, stream>>>(a.q.data, a.q.token_stride, a.q.head_stride, a.k.data,
