@@ -12,6 +12,9 @@
 // Counters: `bytes_per_rank` (what a rank sends per step), `cache_tokens`, and the cache's K/V
 // bytes read per second (`cache_bytes_per_second`). bench/baselines/sdpa_baseline.py --decode
 // times PyTorch SDPA over the whole cache at the same shape.
+// Variants: the cache paged (pages of 16 tokens, each rank's pages in a seeded shuffled order of
+// its pool, the page table copied to the device by `plan`), and one sequence of 131072 cached
+// tokens instead of 32 of 32768.
 #include "harness.cuh"
 
 #include <ringattn/comm/in_process.cuh>
@@ -26,6 +29,9 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <numeric>
+#include <random>
+#include <span>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -34,8 +40,7 @@
 namespace {
 using T = __nv_bfloat16;
 constexpr int q_heads = 32, kv_heads = 8, head_dim = 128;
-constexpr int sequences = 32;
-constexpr std::int32_t cache_per_sequence = 32768;
+constexpr int page_size = 16;
 
 // One thread per rank for the whole benchmark: `run(job)` has every rank run `job(rank)` and
 // returns when all are done (two barrier phases; no thread is started per step).
@@ -72,13 +77,17 @@ private:
 };
 
 // range(0): ranks; range(1): 1 times the plan alone, 0 the step; range(2): new tokens per
-// sequence.
+// sequence; range(3): 1 pages the cache; range(4): 1 for one sequence of 131072 cached tokens,
+// 0 for 32 of 32768.
 template <class Kernel>
 void decode_step(benchmark::State& state) {
   if (!ringattn::bench::require_gpu(state)) return;
   const int ranks = static_cast<int>(state.range(0));
   const bool plan_only = state.range(1) != 0;
   const int fresh = static_cast<int>(state.range(2));
+  const bool paged = state.range(3) != 0;
+  const int sequences = state.range(4) != 0 ? 1 : 32;
+  const std::int32_t cache_per_sequence = state.range(4) != 0 ? 131072 : 32768;
   const ringattn::attention_arguments args{q_heads, kv_heads, head_dim, 0.0f};
   using decoder = ringattn::sharded_attention<ringattn::in_process_communicator, Kernel>;
   ringattn::in_process_group group(ranks, std::chrono::seconds(120));
@@ -86,6 +95,8 @@ void decode_step(benchmark::State& state) {
     std::unique_ptr<ringattn::in_process_communicator> comm;
     std::unique_ptr<decoder> dec;
     std::vector<std::int32_t> cu_cache;
+    std::vector<std::int32_t> cu_pages, table, length; // paged: the page table
+    std::int64_t pages = 0;
     T *q = nullptr, *k = nullptr, *v = nullptr, *kc = nullptr, *vc = nullptr, *out = nullptr;
     float* lse = nullptr;
     void* ws = nullptr;
@@ -95,6 +106,12 @@ void decode_step(benchmark::State& state) {
     cudaStream_t stream = nullptr;
   };
   std::vector<rank_state> rs(static_cast<std::size_t>(ranks));
+  auto plan = [paged](rank_state& s, std::span<const std::int32_t> cu_new) {
+    if (paged)
+      s.dec->plan(cu_new, ringattn::paged_cache{page_size, s.pages, s.cu_pages, s.table, s.length});
+    else
+      s.dec->plan(cu_new, s.cu_cache);
+  };
   std::vector<std::int32_t> cu_new{0};
   for (int b = 0; b < sequences; ++b)
     cu_new.push_back((b + 1) * fresh);
@@ -115,7 +132,21 @@ void decode_step(benchmark::State& state) {
         for (int b = 0; b < sequences; ++b)
           s.cu_cache.push_back(s.cu_cache.back() + (cache_per_sequence - r + ranks - 1) / ranks);
         s.cached = s.cu_cache.back();
-        s.dec->plan(cu_new, s.cu_cache);
+        if (paged) {
+          // Each sequence's pages drawn from a shuffled pool (a fixed seed per rank).
+          s.cu_pages = {0};
+          for (int b = 0; b < sequences; ++b) {
+            s.length.push_back(s.cu_cache[b + 1] - s.cu_cache[b]);
+            s.cu_pages.push_back(s.cu_pages.back() + (s.length.back() + page_size - 1) / page_size);
+          }
+          s.pages = s.cu_pages.back();
+          s.table.resize(static_cast<std::size_t>(s.pages));
+          std::iota(s.table.begin(), s.table.end(), 0);
+          std::shuffle(s.table.begin(), s.table.end(),
+                       std::mt19937(17u + static_cast<unsigned>(r)));
+          s.cached = s.pages * page_size;
+        }
+        plan(s, cu_new);
       } catch (const std::exception& e) { // a plan the BlockKernel refuses: the row is skipped
         const std::lock_guard lock(m);
         refused = e.what();
@@ -144,7 +175,7 @@ void decode_step(benchmark::State& state) {
     auto step = [&](int r) {
       rank_state& s = rs[static_cast<std::size_t>(r)];
       if (plan_only) {
-        s.dec->plan(cu_new, s.cu_cache);
+        plan(s, cu_new);
         return;
       }
       const std::int64_t m = s.cached;
@@ -191,7 +222,8 @@ void decode_step(benchmark::State& state) {
     state.counters["new_per_sequence"] = fresh;
     std::string label = std::string(plan_only ? "plan, " : "step, ") + std::to_string(fresh) +
                         " new, " + std::to_string(ranks) + (ranks == 1 ? " rank" : " ranks") +
-                        (std::is_same_v<Kernel, ringattn::causal> ? ", native" : ", cuDNN");
+                        (std::is_same_v<Kernel, ringattn::causal> ? ", native" : ", cuDNN") +
+                        (paged ? ", pages of 16" : "") + (sequences == 1 ? ", 1 x 128K" : "");
     state.SetLabel(label);
   }
   for (auto& s : rs) {
@@ -209,14 +241,16 @@ void decode_step(benchmark::State& state) {
 
 BENCHMARK(decode_step<ringattn::causal>)
     ->Name("decode/native")
-    ->ArgsProduct({{1, 8}, {0, 1}, {1, 8}})
+    ->ArgsProduct({{1, 8}, {0, 1}, {1, 8}, {0}, {0}})
+    ->ArgsProduct({{1, 8}, {0, 1}, {1}, {1}, {0}})
+    ->Args({1, 0, 1, 0, 1})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond)
     ->MinTime(0.5);
 #if defined(RINGATTN_BENCH_CUDNN)
 BENCHMARK(decode_step<ringattn::cudnn_kernel<ringattn::causal_mask, T>>)
     ->Name("decode/cudnn")
-    ->ArgsProduct({{1, 8}, {0, 1}, {1, 8}})
+    ->ArgsProduct({{1, 8}, {0, 1}, {1, 8}, {0}, {0}})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond)
     ->MinTime(0.5);

@@ -10,8 +10,9 @@ of the backward alone is that of forward + backward minus that of the forward (m
 32:8 heads, head_dim 128, full and causal), forward and forward + backward (FLOPs 3.5x the
 forward's), cuDNN only. --decode: bench_sharded_decode's steps on one GPU over the whole cache: 32
 sequences of 1 and of 8 new tokens each against 32768 cached tokens each (1M in all; new token i
-sees the cache and new tokens 0..i, a boolean mask for 8), 32:8 heads, head_dim 128, every backend that takes it (the default choice,
-cuDNN, flash, efficient). --widths: bench_block_backward's block_mla shapes (q and k 192 wide, v
+sees the cache and new tokens 0..i, a boolean mask for 8), and one sequence of 1 new token against
+131072, 32:8 heads, head_dim 128, every backend that takes it (the default choice, cuDNN, flash,
+efficient). --widths: bench_block_backward's block_mla shapes (q and k 192 wide, v
 128, 8K tokens, 32:32 and 32:8 heads), forward and backward, every backend that takes them. Run in
 the same job as our benchmark so ratios compare one machine
 state. Writes JSON (list of records) to OUT.json.
@@ -108,10 +109,10 @@ def ring(path):
 def decode(path):
     out = []
     torch.manual_seed(0)
-    batch, cache, kvh = 32, 32768, 8
+    kvh = 8
     backends = ((None, "default"), (SDPBackend.CUDNN_ATTENTION, "cudnn"),
                 (SDPBackend.FLASH_ATTENTION, "flash"), (SDPBackend.EFFICIENT_ATTENTION, "efficient"))
-    for new in (1, 8):
+    for batch, cache, new in ((32, 32768, 1), (32, 32768, 8), (1, 131072, 1)):
         q = torch.randn(batch, 32, new, 128, device="cuda", dtype=torch.bfloat16)
         k = torch.randn(batch, kvh, cache + new, 128, device="cuda", dtype=torch.bfloat16)
         v = torch.randn(batch, kvh, cache + new, 128, device="cuda", dtype=torch.bfloat16)
@@ -133,7 +134,7 @@ def decode(path):
             except RuntimeError as e:
                 rec["error"] = str(e)[:200]
                 out.append(rec)
-                print(f"{name:9s} decode {new} new: {rec['error'][:80]}", flush=True)
+                print(f"{name:9s} decode {batch} x {new}: {rec['error'][:80]}", flush=True)
                 continue
             rec.update(ms=ms, cache_gb_per_s=cache_bytes / ms / 1e6)
             out.append(rec)

@@ -5,9 +5,10 @@ usage: report_decode.py DECODE.json SDPA.json [--bundle OUT.json]
        report_decode.py --from BUNDLE.json
 
 DECODE.json: bench_sharded_decode's Google Benchmark JSON (32 sequences x 1 or 8 new tokens
-against 32 x 32768 cached tokens, 32:8 heads, head_dim 128, bf16; P virtual ranks on one GPU).
-SDPA.json: sdpa_baseline.py --decode of the same run. Prints, per block kernel, new tokens and
-rank count, the step's time, PyTorch's cuDNN SDPA time over the whole cache divided by it, the cache's K/V
+against 32 x 32768 cached tokens, or 1 x 1 against 131072; 32:8 heads, head_dim 128, bf16; P
+virtual ranks on one GPU; the cache packed or in pages of 16 tokens). SDPA.json:
+sdpa_baseline.py --decode of the same run. Prints, per block kernel, cache shape, layout, new
+tokens and rank count, the step's time, PyTorch's cuDNN SDPA time over the whole cache divided by it, the cache's K/V
 bytes read per second, the bytes a rank sends per step and the per-step plan's time. --bundle
 writes both inputs into one file (bench/results/sharded_decode.json); --from reads such a file.
 """
@@ -16,7 +17,7 @@ import sys
 
 
 def table(decode, sdpa):
-    base = {(r["backend"], r.get("new_per_sequence", 1)): r["ms"]
+    base = {(r["backend"], r.get("new_per_sequence", 1), r.get("sequences", 32)): r["ms"]
             for r in sdpa["results"] if "ms" in r}
     rows = {}
     for r in decode["benchmarks"]:
@@ -24,22 +25,25 @@ def table(decode, sdpa):
             continue
         parts = r["name"].split("/")
         kernel, ranks, plan = parts[1], int(parts[2]), parts[3] == "1"
-        new = int(parts[4]) if len(parts) > 4 and parts[4].isdigit() else 1
-        rows.setdefault((kernel, new, ranks), {})["plan" if plan else "step"] = r
-    print("| block kernel | new tokens | ranks | step (ms) | PyTorch cuDNN SDPA / step | "
+        num = [int(x) for x in parts[4:7] if x.isdigit()]
+        num += [1, 0, 0][len(num):]  # older files: no layout or shape arguments
+        new, paged, sequences = num[0], num[1] == 1, 1 if num[2] == 1 else 32
+        rows.setdefault((kernel, -sequences, paged, new, ranks), {})["plan" if plan else "step"] = r
+    print("| block kernel | cache | new tokens | ranks | step (ms) | PyTorch cuDNN SDPA / step | "
           "K/V read (TB/s) | bytes a rank sends | plan (ms) |")
-    print("|---|---|---|---|---|---|---|---|")
-    for (kernel, new, ranks), r in sorted(rows.items()):
+    print("|---|---|---|---|---|---|---|---|---|")
+    for (kernel, sequences, paged, new, ranks), r in sorted(rows.items()):
         step, plan = r.get("step"), r.get("plan")
         if step is None:
             continue
-        ms = step["real_time"]
-        print(f"| {kernel} | {new} | {ranks} | {ms:.2f} | "
-              f"{base.get(('cudnn', new), float('nan')) / ms:.2f} | "
+        ms, sequences = step["real_time"], -sequences
+        cache = ("32 x 32K" if sequences == 32 else "1 x 128K") + (", pages of 16" if paged else "")
+        print(f"| {kernel} | {cache} | {new} | {ranks} | {ms:.2f} | "
+              f"{base.get(('cudnn', new, sequences), float('nan')) / ms:.2f} | "
               f"{step['cache_bytes_per_second'] / 1e12:.2f} | {step['bytes_per_rank'] / 1e6:.2f} MB | "
               f"{plan['real_time'] if plan else float('nan'):.3f} |")
-    for (name, new), ms in sorted(base.items(), key=lambda x: (x[0][1], x[0][0])):
-        print(f"\nPyTorch SDPA ({name}) over the whole cache, {new} new: {ms:.3f} ms")
+    for (name, new, sequences), ms in sorted(base.items(), key=lambda x: (-x[0][2], x[0][1], x[0][0])):
+        print(f"\nPyTorch SDPA ({name}) over the whole cache, {sequences} x {new} new: {ms:.3f} ms")
 
 
 def main(argv):

@@ -131,36 +131,61 @@ struct split_schedule_of<BlockKernel> {
 template <class BlockKernel>
 class decode_device_resources {
   static constexpr bool has_split = split_kv_block_kernel_for<BlockKernel, cudaStream_t>;
+  static constexpr bool has_paged_split =
+      has_split && requires(std::span<const block_group> groups, const attention_arguments& args,
+                            const key_pages& pages) {
+    {
+      BlockKernel::make_split_schedule(groups, 0, 0, args, pages)
+      } -> std::same_as<typename split_schedule_of<BlockKernel>::type>;
+  };
 
 public:
   struct generation {
     table_pool pool;     // before the schedules: they give their tables back to it
     ordering_event done; // recorded after each forward on these schedules
-    std::optional<typename BlockKernel::forward_schedule> cache, own;
+    std::vector<typename BlockKernel::forward_schedule> cache; // the cache block, round by round
+    std::optional<typename BlockKernel::forward_schedule> own;
     std::optional<typename split_schedule_of<BlockKernel>::type> split; // the cache block, split
   };
 
-  //! The step's schedules, on the device the resources live on: the cache block on the
+  //! The step's schedules, on the device the resources live on. The cache block goes to the
   //! BlockKernel's split-K/V forward where it has one and takes the block (few query rows per
-  //! sequence: decoding), else on its block forward.
-  void schedule(std::span<const block_group> cache_groups, std::span<const block_group> new_groups,
+  //! sequence: decoding): `split_groups` over the cache rows, or over the rows of `pages` (a
+  //! paged cache) where the kernel reads through a page table. Otherwise the block forward runs
+  //! the rounds `cache_rounds()` returns one after the other (a paged cache: runs of consecutive
+  //! pool rows).
+  template <class Rounds>
+  void schedule(Rounds&& cache_rounds, std::span<const block_group> split_groups,
+                const key_pages* pages, std::span<const block_group> new_groups,
                 std::int64_t new_tokens, std::int64_t cache_tokens,
                 const attention_arguments& args) {
     current_ ^= 1;
     generation& g = generations_[current_];
     RINGATTN_CUDA_CHECK(cudaEventSynchronize(g.done));
-    g.cache.reset();
+    g.cache.clear();
     g.own.reset();
     g.split.reset();
     const table_pool::use from(g.pool);
-    if (!cache_groups.empty()) {
-      if constexpr (has_split)
-        if (BlockKernel::takes_split(cache_groups, args))
+    if (!split_groups.empty()) {
+      if constexpr (has_paged_split) {
+        if (pages && BlockKernel::takes_split(split_groups, args))
+          g.split.emplace(BlockKernel::make_split_schedule(
+              split_groups, new_tokens,
+              static_cast<std::int64_t>(pages->table.size()) * pages->page_size, args, *pages));
+      }
+      if constexpr (has_split) {
+        if (!pages && BlockKernel::takes_split(split_groups, args))
           g.split.emplace(
-              BlockKernel::make_split_schedule(cache_groups, new_tokens, cache_tokens, args));
-      if (!g.split)
-        g.cache.emplace(
-            BlockKernel::make_forward_schedule(cache_groups, new_tokens, cache_tokens, args));
+              BlockKernel::make_split_schedule(split_groups, new_tokens, cache_tokens, args));
+      }
+    }
+    if (!g.split && !split_groups.empty()) {
+      const std::vector<std::vector<block_group>>& rounds = cache_rounds();
+      g.cache.reserve(rounds.size());
+      for (const auto& round : rounds)
+        if (!round.empty())
+          g.cache.push_back(
+              BlockKernel::make_forward_schedule(round, new_tokens, cache_tokens, args));
     }
     if (!new_groups.empty())
       g.own.emplace(BlockKernel::make_forward_schedule(new_groups, new_tokens, new_tokens, args));
@@ -175,8 +200,9 @@ public:
     if constexpr (requires(const typename BlockKernel::forward_schedule& f) {
                     { f.scratch_bytes() } -> std::convertible_to<std::size_t>;
                   }) {
-      for (const auto* f : {&g.cache, &g.own})
-        if (*f) most = std::max<std::size_t>(most, (*f)->scratch_bytes());
+      for (const auto& f : g.cache)
+        most = std::max<std::size_t>(most, f.scratch_bytes());
+      if (g.own) most = std::max<std::size_t>(most, g.own->scratch_bytes());
     }
     if constexpr (has_split)
       if (g.split) most = std::max<std::size_t>(most, g.split->scratch_bytes());
@@ -256,8 +282,10 @@ public:
     plan_checked(validation::ok(), cu_new, cache_begin, cache_length, cache_tokens);
   }
   //! Plans a step over a paged cache shard (`paged_cache`; k_cache and v_cache of the forward are
-  //! its pool, `pages x page_size` rows). Otherwise as above. A paged step runs on `forward_host`;
-  //! the device path reads packed and slab caches.
+  //! its pool, `pages x page_size` rows). Otherwise as above. The plan keeps a copy of the page
+  //! table (the spans need not outlive the call). On the device the split-K/V kernel reads the
+  //! pages through it (head_dim 64 or 128, at most 64 query rows per kv head); other shapes run
+  //! the block forward over runs of consecutive pages, as `forward_host` does.
   void plan(std::span<const std::int32_t> cu_new, const paged_cache& cache) {
     constexpr std::int64_t most = std::numeric_limits<std::int32_t>::max();
     const bool fits =
@@ -325,7 +353,7 @@ public:
       if (!new_groups_.empty())
         BlockKernel::host_forward(block_forward_args<T>{q_new, k_new, v_new, args_, state},
                                   new_groups_);
-      for (const auto& round : cache_rounds_)
+      for (const auto& round : cache_rounds())
         if (!round.empty())
           BlockKernel::host_forward(block_forward_args<T>{q_new, k_cache, v_cache, args_, state},
                                     round);
@@ -349,8 +377,7 @@ public:
       if (device_) return;
       comm_.prepare_device();
       auto d = std::make_unique<device_resources>();
-      if (planned_ && !paged_)
-        d->schedule(cache_rounds_[0], new_groups_, new_tokens_, cache_tokens_, args_);
+      if (planned_) schedule_device(*d);
       device_ = std::move(d);
     }
   }
@@ -379,8 +406,6 @@ public:
                                             {workspace, "the workspace"}};
     auto device = [&](validation& ok) {
       ok.require(device_ != nullptr, "prepare_device() must run before the device forward");
-      ok.require(!paged_, "a step planned over a paged cache runs on forward_host (the device "
-                          "kernels read packed and slab caches)");
       if (ok) ok.require(checks::placement(device_->comm.device(), stream, buffers, "forward"));
       ok.require(rows_aligned_to(q_new, 16),
                  "q_new must be 16-byte aligned with token and head strides that are multiples "
@@ -454,18 +479,17 @@ private:
                       : validate_step(cu_new, cache_begin, cache_length, cache_tokens));
     // This rank's groups, made and checked before the agreement: whatever can fail on one rank
     // fails into `own`, so that every rank throws together.
-    std::vector<std::vector<block_group>> cache_rounds(1);
-    std::vector<block_group> new_groups;
+    // A paged cache's groups count their key rows through the page table (`key_pages`).
+    std::vector<block_group> cache_groups, new_groups;
     if (own) {
       for (std::size_t b = 0; b + 1 < cu_new.size(); ++b) {
         const std::int64_t n = cu_new[b + 1] - cu_new[b], m = cache_length[b];
         if (n == 0) continue;
-        if (m > 0 && paged) {
-          add_page_runs(cache_rounds, *paged, b, cu_new[b], n);
-        } else if (m > 0) {
+        if (m > 0) {
           block_group g{cu_new[b], n, 1, {}};
-          g.kv[0] = {cache_begin[b], m, band{-unbounded, unbounded}};
-          cache_rounds[0].push_back(g);
+          g.kv[0] = {paged ? std::int64_t{paged->cu_pages[b]} * paged->page_size : cache_begin[b],
+                     m, band{-unbounded, unbounded}};
+          cache_groups.push_back(g);
         }
         if (comm_.rank() == 0) { // the new tokens' own block: one rank computes it
           block_group g{cu_new[b], n, 1, {}};
@@ -473,8 +497,10 @@ private:
           new_groups.push_back(g);
         }
       }
-      for (const auto& round : cache_rounds)
-        if (own) own.require(validate_groups(round, cu_new.back(), cache_tokens));
+      own.require(validate_groups(cache_groups, cu_new.back(),
+                                  paged ? static_cast<std::int64_t>(paged->page_table.size()) *
+                                              paged->page_size
+                                        : cache_tokens));
       if (own) own.require(validate_groups(new_groups, cu_new.back(), cu_new.back()));
     }
     struct step_fingerprint {
@@ -501,25 +527,56 @@ private:
     v.throw_if_invalid();
     new_tokens_ = cu_new.back();
     cache_tokens_ = cache_tokens;
-    cache_rounds_ = std::move(cache_rounds);
+    cache_groups_ = std::move(cache_groups);
     new_groups_ = std::move(new_groups);
     paged_ = paged != nullptr;
-    cache_covers_ = rows_of(cache_rounds_[0]) == new_tokens_;
+    rounds_built_ = false;
+    if (paged) {
+      pages_.page_size = paged->page_size;
+      pages_.table.assign(paged->page_table.begin(), paged->page_table.end());
+    }
+    cache_covers_ = rows_of(cache_groups_) == new_tokens_;
     // Every rank counts the step before anything that could still throw on one rank alone.
     gate_.replan(detail::fnv1a(&mine, sizeof mine, fingerprint_ + ++plans_));
     if constexpr (has_device_path)
-      if (device_ && !paged_)
-        device_->schedule(cache_rounds_[0], new_groups_, new_tokens_, cache_tokens_, args_);
+      if (device_) schedule_device(*device_);
     planned_ = true;
   }
 
-  // Sequence b's cached tokens in a paged cache as runs of consecutive pool rows (pages that
-  // follow each other in the pool join one run), `max_blocks_per_group` runs a group: runs 2r
-  // and 2r + 1 of every sequence make round r, one host forward call each.
-  static void add_page_runs(std::vector<std::vector<block_group>>& rounds, const paged_cache& c,
-                            std::size_t b, std::int64_t q_begin, std::int64_t n) {
-    const std::int64_t m = c.cache_length[b], size = c.page_size;
-    const std::int32_t* pages = c.page_table.data() + c.cu_pages[b];
+  // The planned step's device schedules.
+  void schedule_device(device_resources& d) {
+    if constexpr (has_device_path) {
+      const key_pages pages{pages_.table, pages_.page_size};
+      d.schedule(
+          [this]() -> const auto& { return cache_rounds(); }, cache_groups_,
+          paged_ ? &pages : nullptr, new_groups_, new_tokens_, cache_tokens_, args_);
+    }
+  }
+
+  // The cache block in rounds, one block-kernel call each: a packed or slab cache's groups in
+  // one; a paged cache's runs of consecutive pool rows (built from the plan's copy of the page
+  // table when first asked for; valid by construction, the pages having been checked).
+  const std::vector<std::vector<block_group>>& cache_rounds() {
+    if (rounds_built_) return cache_rounds_;
+    cache_rounds_.assign(1, {});
+    if (!paged_) {
+      cache_rounds_[0] = cache_groups_;
+    } else {
+      for (const block_group& g : cache_groups_)
+        add_page_runs(cache_rounds_, pages_.page_size,
+                      pages_.table.data() + g.kv[0].kv_begin / pages_.page_size, g.kv[0].kv_count,
+                      g.q_begin, g.q_count);
+    }
+    rounds_built_ = true;
+    return cache_rounds_;
+  }
+
+  // A sequence's `m` cached tokens in pages of `size` (`pages`: its page table) as runs of
+  // consecutive pool rows (pages that follow each other in the pool join one run),
+  // `max_blocks_per_group` runs a group: runs 2r and 2r + 1 of every sequence make round r.
+  static void add_page_runs(std::vector<std::vector<block_group>>& rounds, std::int64_t size,
+                            const std::int32_t* pages, std::int64_t m, std::int64_t q_begin,
+                            std::int64_t n) {
     std::size_t run = 0;
     for (std::int64_t j = 0; j < m; ++run) { // j: the run's first token, at a page's start
       const std::int64_t row = std::int64_t{pages[j / size]} * size;
@@ -565,6 +622,9 @@ private:
     v.require(static_cast<std::size_t>(c.cu_pages.back()) == c.page_table.size(),
               "cu_pages must end at the page table's size (", c.page_table.size(), "), not at ",
               c.cu_pages.back());
+    v.require(static_cast<std::int64_t>(c.page_table.size()) <= most / c.page_size,
+              "a page table of ", c.page_table.size(), " pages of ", c.page_size,
+              " tokens exceeds the int32 limit of ", most, " rows (the kernels count through it)");
     for (std::size_t b = 0; v && b < batch; ++b) {
       const std::int64_t first = c.cu_pages[b], held = std::int64_t{c.cu_pages[b + 1]} - first,
                          length = c.cache_length[b];
@@ -574,11 +634,16 @@ private:
       const std::int64_t needed = (length + c.page_size - 1) / c.page_size;
       v.require(needed <= held, "sequence ", b, "'s ", length, " cached tokens need ", needed,
                 " pages of ", c.page_size, "; its page table lists ", held);
-      for (std::int64_t k = 0; v && k < needed; ++k) {
-        const std::int32_t page = c.page_table[static_cast<std::size_t>(first + k)];
-        v.require(page >= 0 && page < c.pages, "sequence ", b, "'s page ", k, " is ", page,
-                  ", outside the pool of ", c.pages, " pages");
-      }
+      if (!v) break;
+      // The pages read, in one pass the compiler vectorises; the first bad one named if any.
+      const std::int32_t* pages = c.page_table.data() + first;
+      std::int32_t lo = 0, hi = 0;
+      for (std::int64_t k = 0; k < needed; ++k)
+        lo = std::min(lo, pages[k]), hi = std::max(hi, pages[k]);
+      if (lo >= 0 && hi < c.pages) continue;
+      for (std::int64_t k = 0; v && k < needed; ++k)
+        v.require(pages[k] >= 0 && pages[k] < c.pages, "sequence ", b, "'s page ", k, " is ",
+                  pages[k], ", outside the pool of ", c.pages, " pages");
     }
     return v;
   }
@@ -709,15 +774,17 @@ private:
                                   *g.own, out, nullptr, stream);
       written = true;
     }
-    if (g.cache || g.split) {
-      const bool fresh = !written && cache_covers_;
+    if (!g.cache.empty() || g.split) {
+      bool fresh = !written && cache_covers_;
       if (!written && !fresh) reset(state, stream);
       const block_forward_args<T> cache{q_new, k_cache, v_cache, args_, state, scratch};
       if constexpr (requires { BlockKernel::device_split_forward(cache, *g.split, fresh, stream); })
         if (g.split) BlockKernel::device_split_forward(cache, *g.split, fresh, stream);
-      if (g.cache)
+      for (const auto& round : g.cache) { // the first round covers every sequence with a cache
         BlockKernel::device_forward(fresh ? step_epilogue::fresh : step_epilogue::merge, cache,
-                                    *g.cache, out, nullptr, stream);
+                                    round, out, nullptr, stream);
+        fresh = false;
+      }
       written = true;
     }
     if (!written) reset(state, stream);
@@ -750,10 +817,17 @@ private:
   detail::call_gate<Communicator> gate_;
   std::uint64_t plans_ = 0;
   std::int64_t new_tokens_ = 0, cache_tokens_ = 0;
-  std::vector<std::vector<block_group>> cache_rounds_ =
-      std::vector<std::vector<block_group>>(1); // the cache's groups (paged: in rounds)
+  // The cache block's groups: one per sequence with new tokens and cached tokens here (a paged
+  // cache's key rows counted through the page table), and the same in rounds (`cache_rounds`).
+  std::vector<block_group> cache_groups_;
+  std::vector<std::vector<block_group>> cache_rounds_;
   std::vector<block_group> new_groups_;
+  struct {
+    std::int32_t page_size = 0;
+    std::vector<std::int32_t> table;
+  } pages_; // a paged step's page table (`paged_`)
   bool paged_ = false;
+  bool rounds_built_ = false;
   bool cache_covers_ = false;
   bool planned_ = false;
   std::unique_ptr<device_resources> device_;

@@ -5,7 +5,8 @@
 // call to call; bytes per rank; a warmed-up step allocates nothing; bad input on one rank fails
 // on every rank before anything is enqueued, and the next step runs; steps planned back to back
 // (no wait between them) reuse their tables and allocate nothing once warm; caches of thousands
-// of tokens with up to 16 new tokens per sequence (many splits, every row-tile count).
+// of tokens with up to 16 new tokens per sequence (many splits, every row-tile count); paged
+// caches.
 #include "../support/allocation_counter.hpp"
 #include "../support/decode_case.hpp"
 #include "../support/device_buffer.cuh"
@@ -40,11 +41,12 @@ struct rank_result {
 };
 
 // One step on every rank; `repeat`: the forward twice, the second counted (device allocations,
-// heap) and compared with the first.
+// heap) and compared with the first. `page_size` > 0: each rank's shard in a paged pool
+// (test::page_out, pages shuffled by `page_seed`).
 template <class P, class E = T>
-std::vector<rank_result<E>> device_step(const test::decode_case<P, E>& c,
-                                        const typename test::decode_case<P, E>::step& s,
-                                        bool repeat) {
+std::vector<rank_result<E>>
+device_step(const test::decode_case<P, E>& c, const typename test::decode_case<P, E>::step& s,
+            bool repeat, int page_size = 0, std::uint64_t page_seed = 0) {
   using T = E; // this step's element type
   const attention_arguments a = c.args;
   const int qh = a.q_heads, kvh = a.kv_heads, d = a.head_dim, dv = a.v_dim();
@@ -57,9 +59,19 @@ std::vector<rank_result<E>> device_step(const test::decode_case<P, E>& c,
     decoder dec(comm, a);
     dec.prepare_device();
     const auto sh = c.rank_shard(r);
-    dec.plan(s.cu_new, sh.cu);
-    const std::int64_t m = sh.tokens();
-    test::device_buffer<T> q(s.q), k(s.k), v(s.v), kc(sh.k), vc(sh.v);
+    std::mt19937_64 page_rng(page_seed + static_cast<std::uint64_t>(r));
+    const auto pool =
+        page_size ? test::page_out(c, sh, page_size, page_rng) : test::paged_shard<T>{};
+    std::int64_t m = sh.tokens();
+    if (page_size) {
+      dec.plan(s.cu_new,
+               paged_cache{page_size, pool.pages, pool.cu_pages, pool.table, pool.length});
+      m = pool.pages * page_size;
+    } else {
+      dec.plan(s.cu_new, sh.cu);
+    }
+    test::device_buffer<T> q(s.q), k(s.k), v(s.v), kc(page_size ? pool.k : sh.k),
+        vc(page_size ? pool.v : sh.v);
     test::device_buffer<T> out(std::vector<T>(n * qh * dv, test::poison<T>()));
     test::device_buffer<float> lse(std::vector<float>(n * qh, -7.0f));
     const std::size_t bytes = dec.device_workspace_bytes<T>();
@@ -102,6 +114,26 @@ std::vector<rank_result<E>> device_step(const test::decode_case<P, E>& c,
   return res;
 }
 
+// A step's result against the oracle with the device block kernel's bf16 tolerances
+// (test_block_forward.cu: 8e-3 relative L2 on the output, 2e-3 absolute on the LSE); every rank
+// the same bits, sending what step_bytes says, and a repeated call (if any) the same bits with
+// no allocation.
+template <class P>
+void check_step(const test::decode_case<P, T>& c, const typename test::decode_case<P, T>::step& s,
+                const std::vector<rank_result<>>& res) {
+  const auto [err, lse_err] = c.error(s, res[0].out, res[0].lse);
+  CHECK(err < 8e-3);
+  CHECK(lse_err < 2e-3);
+  for (std::size_t r = 0; r < res.size(); ++r) {
+    CAPTURE(r);
+    CHECK(test::same_bits(res[r].out, res[r].lse, res[0].out, res[0].lse));
+    CHECK(res[r].sent == res[r].expected);
+    CHECK(res[r].repeatable);
+    CHECK(res[r].heap == 0);
+    CHECK(res[r].allocations == 0);
+  }
+}
+
 // `head_dim_v` 0: q, k and v 128 wide; else q/k 192 and v that wide (the wgmma kernels).
 template <class P>
 void check_device_decode(int head_dim_v = 0) {
@@ -124,19 +156,7 @@ void check_device_decode(int head_dim_v = 0) {
         CAPTURE(step);
         const auto s = c.draw(rng, step == 2 ? 0 : 1, 4);
         const auto res = device_step(c, s, step == 0);
-        // The device block kernel's bf16 tolerances (test_block_forward.cu): 8e-3 relative L2
-        // on the output, 2e-3 absolute on the LSE.
-        const auto [err, lse_err] = c.error(s, res[0].out, res[0].lse);
-        CHECK(err < 8e-3);
-        CHECK(lse_err < 2e-3);
-        for (int r = 0; r < ranks; ++r) {
-          CAPTURE(r);
-          CHECK(test::same_bits(res[r].out, res[r].lse, res[0].out, res[0].lse));
-          CHECK(res[r].sent == res[r].expected);
-          CHECK(res[r].repeatable);
-          CHECK(res[r].heap == 0);
-          CHECK(res[r].allocations == 0);
-        }
+        check_step(c, s, res);
         CHECK(res[0].expected ==
               static_cast<std::uint64_t>(ranks - 1) *
                   test::finished_partial_bytes(s.tokens * a.q_heads, a.v_dim(), sizeof(T)));
@@ -216,6 +236,59 @@ TEST_CASE_TEMPLATE("device sharded decode over long caches: many splits per sequ
                    P, contiguous, zigzag) {
   check_long_caches<P, __nv_bfloat16>();
   check_long_caches<P, __half>();
+}
+
+namespace {
+// A paged cache on the device (test::page_out: each rank's pages shuffled through a pool whose
+// rows no sequence owns are NaN): the split kernel reading through the page table (pages of 16,
+// 64 and 256 tokens, thousands of tokens per sequence), and where it does not take the block
+// (8 x 16 query rows per kv head; q/k 192 wide) the block forward over runs of consecutive
+// pages. The block kernel's tolerances: 8e-3 relative L2 on the output, 2e-3 absolute on the LSE.
+template <class P>
+void check_paged() {
+  const auto seed = test::fresh_seed();
+  CAPTURE(seed);
+  const bool small = std::getenv("RINGATTN_TEST_SMALL") != nullptr;
+  struct shape {
+    int kv_heads, head_dim, head_dim_v, most_new, page_size, shortest, longest;
+  };
+  const shape shapes[] = {{2, 128, 0, 16, 16, 2000, 6000},
+                          {8, 128, 0, 4, 64, 2000, 6000},
+                          {2, 64, 0, 16, 256, 1000, 5000},
+                          {1, 128, 0, 16, 16, 50, 400},
+                          {2, 192, 128, 2, 32, 50, 400}};
+  for (const shape sh : shapes) {
+    if (sh.head_dim_v && !forward_path_available(forward_path::wgmma, sh.head_dim, sh.head_dim_v))
+      continue;
+    for (int ranks : {1, 3}) {
+      CAPTURE(sh.kv_heads);
+      CAPTURE(sh.head_dim);
+      CAPTURE(sh.page_size);
+      CAPTURE(ranks);
+      std::mt19937_64 rng(seed + static_cast<std::uint64_t>(sh.page_size * 100 + sh.head_dim +
+                                                            sh.kv_heads * 10 + ranks));
+      const attention_arguments a{.q_heads = 8,
+                                  .kv_heads = sh.kv_heads,
+                                  .head_dim = sh.head_dim,
+                                  .head_dim_v = sh.head_dim_v};
+      test::decode_case<P, T> c(test::random_cu_seqlens(3, small ? sh.shortest / 4 : sh.shortest,
+                                                        small ? sh.longest / 4 : sh.longest, rng),
+                                ranks, a, rng);
+      for (int step = 0; step < 2; ++step) {
+        CAPTURE(step);
+        const auto s = c.draw(rng, step == 0 ? 1 : 0, sh.most_new);
+        check_step(c, s, device_step<P>(c, s, step == 0, sh.page_size, rng()));
+        CHECK(c.append(s) == s.tokens);
+      }
+    }
+  }
+}
+} // namespace
+
+TEST_CASE_TEMPLATE("device sharded decode over a paged cache: pages of 16-256 tokens through the "
+                   "split kernel's page table, or runs of pages through the block forward",
+                   P, contiguous, zigzag) {
+  check_paged<P>();
 }
 
 TEST_CASE("device sharded decode: host memory on one rank fails on every rank; the next step "

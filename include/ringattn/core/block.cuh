@@ -11,6 +11,7 @@
 #include <ringattn/core/segment.cuh>
 
 #include <cstdint>
+#include <span>
 
 namespace ringattn {
 
@@ -30,6 +31,14 @@ struct block_group {
   std::int64_t q_count = 0;
   std::int32_t count = 0; //!< used entries of kv
   kv_block kv[max_blocks_per_group] = {};
+};
+
+//! Key rows through a page table (a paged K/V cache): row `L` of a K/V block addressed this way
+//! is row `L % page_size` of pool page `table[L / page_size]`, so a key segment that starts at
+//! `first * page_size` reads the pages listed from `table[first]` on.
+struct key_pages {
+  std::span<const std::int32_t> table;
+  std::int32_t page_size = 0; //!< a power of two
 };
 
 //! One unit of a kernel launch: query rows [row_begin, row_begin + block_m) of group `group`.

@@ -6,15 +6,16 @@
 //! of the split is read once. The block is bound by reading K and V: everything serves keeping
 //! the memory busy.
 //!
-//! `decode_split_kernel<T, HeadDim, RowTiles>`: 4 warps; the query rows padded to `RowTiles`
-//! tiles of 16 (zero rows), and the warps laid out as RowTiles x (4 / RowTiles): a warp takes one
-//! row tile and its share of each stage's keys. K and V stream through `decode_stages` shared
-//! buffers of `decode_stage_keys` keys by cp.async (two stages in flight while one is computed;
-//! keys past the split are zero-filled and masked). Scores and P V on tensor cores (mma.sync
-//! m16n8k16, fp32 accumulation), an online softmax in base 2 per warp; the warps' states meet in
-//! shared memory, and the split's unnormalised output, maximum (log2 units) and weight sum go to
-//! the scratch. `decode_combine_kernel`: per row, the splits in order, then the block merges into
-//! the fp32 state (core/state.cuh) as a `fresh` or a `merge` epilogue.
+//! `decode_split_kernel<T, HeadDim, RowTiles, KeyRows>`: 4 warps; the query rows padded to
+//! `RowTiles` tiles of 16 (zero rows), and the warps laid out as RowTiles x (4 / RowTiles): a warp
+//! takes one row tile and its share of each stage's keys. K and V stream through `decode_stages`
+//! shared buffers of `decode_stage_keys` keys by cp.async (two stages in flight while one is
+//! computed; keys past the split are zero-filled and masked; `KeyRows` says where a key row lives:
+//! in place, or through a page table). Scores and P V on tensor cores (mma.sync m16n8k16, fp32
+//! accumulation), an online softmax in base 2 per warp; the warps' states meet in shared memory,
+//! and the split's unnormalised output, maximum (log2 units) and weight sum go to the scratch.
+//! `decode_combine_kernel`: per row, the splits in order, then the block merges into the fp32 state
+//! (core/state.cuh) as a `fresh` or a `merge` epilogue.
 
 #include <ringattn/config.cuh>
 #include <ringattn/core/block.cuh>
@@ -40,6 +41,25 @@ struct decode_item {
   std::int64_t kv_lo = 0, kv_hi = 0;
 };
 
+//! Where the split kernel finds key row `L` of a group's segment (its `kv_begin` plus an offset):
+//! row `L` of K and V themselves, a packed or slab cache.
+struct packed_key_rows {
+  static constexpr bool paged = false;
+  __host__ __device__ std::int64_t operator()(std::int64_t at) const { return at; }
+};
+//! A paged cache: `L` counts through the step's page table (a group's `kv_begin` is its first
+//! table entry times the page size), so row `L` sits in pool page `table[L >> shift]`, row
+//! `L & (2^shift - 1)` of that page.
+struct paged_key_rows {
+  static constexpr bool paged = true;
+  const std::int32_t* table = nullptr;
+  int shift = 0;
+  __host__ __device__ std::int64_t operator()(std::int64_t at) const {
+    return (static_cast<std::int64_t>(table[at >> shift]) << shift) |
+           (at & ((std::int64_t{1} << shift) - 1));
+  }
+};
+
 //! Floats of one unit's partial for one kv head: per row (`rows` padded rows) an output of
 //! `head_dim`, a maximum and a weight sum.
 __host__ __device__ constexpr std::int64_t decode_partial_floats(int head_dim, int rows) {
@@ -61,13 +81,13 @@ constexpr int decode_smem_bytes(int head_dim) {
 RINGATTN_ABI_BEGIN
 namespace kernels {
 
-template <class T, int HeadDim, int RowTiles>
+template <class T, int HeadDim, int RowTiles, class KeyRows>
 __global__ void __launch_bounds__(128, 2)
     decode_split_kernel(const T* q, std::int64_t q_token_stride, std::int64_t q_head_stride,
                         const T* k, std::int64_t k_token_stride, std::int64_t k_head_stride,
                         const T* v, std::int64_t v_token_stride, std::int64_t v_head_stride,
-                        const block_group* groups, const decode_item* items, int group_size,
-                        float scale_log2, float* scratch) {
+                        KeyRows key_rows, const block_group* groups, const decode_item* items,
+                        int group_size, float scale_log2, float* scratch) {
   static_assert(RowTiles == 1 || RowTiles == 2 || RowTiles == 4);
   static_assert(16 * RowTiles <= decode_stage_keys, "the query tile fits a stage's K buffer");
   constexpr int D = HeadDim, Rows = 16 * RowTiles, KeyWarps = 4 / RowTiles;
@@ -91,16 +111,32 @@ __global__ void __launch_bounds__(128, 2)
   const std::int64_t keys = item.kv_hi - item.kv_lo;
   const int tiles = static_cast<int>((keys + BK - 1) / BK);
   const std::int64_t first = g.kv[0].kv_begin + item.kv_lo;
-  const T* k_base = k + kvh * k_head_stride + first * k_token_stride;
-  const T* v_base = v + kvh * v_head_stride + first * v_token_stride;
   auto load_stage = [&](int t) {
     const int buf = t % S;
-    const std::int64_t left = keys - static_cast<std::int64_t>(t) * BK;
+    const std::int64_t at = first + static_cast<std::int64_t>(t) * BK,
+                       left = keys - static_cast<std::int64_t>(t) * BK;
     const int valid = left < BK ? static_cast<int>(left) : BK;
-    load_tile<BK, D, 128>(sK + buf * BK * D, k_base + t * BK * k_token_stride, k_token_stride,
-                          valid);
-    load_tile<BK, D, 128>(sV + buf * BK * D, v_base + t * BK * v_token_stride, v_token_stride,
-                          valid);
+    if constexpr (KeyRows::paged) {
+      // Each 16-byte chunk's row through the page table (a row's K and V share the lookup).
+      const T* k_head = k + kvh * k_head_stride;
+      const T* v_head = v + kvh * v_head_stride;
+#pragma unroll
+      for (int c = static_cast<int>(threadIdx.x); c < BK * chunks; c += 128) {
+        const int r = c / chunks, ch = c % chunks;
+        const bool ok = r < valid;
+        const std::int64_t row = ok ? key_rows(at + r) : 0;
+        cp_async_16(sK + buf * BK * D + swizzle<D>(r, ch),
+                    ok ? k_head + row * k_token_stride + ch * 8 : k, ok);
+        cp_async_16(sV + buf * BK * D + swizzle<D>(r, ch),
+                    ok ? v_head + row * v_token_stride + ch * 8 : v, ok);
+      }
+    } else {
+      const std::int64_t row = key_rows(at);
+      load_tile<BK, D, 128>(sK + buf * BK * D, k + kvh * k_head_stride + row * k_token_stride,
+                            k_token_stride, valid);
+      load_tile<BK, D, 128>(sV + buf * BK * D, v + kvh * v_head_stride + row * v_token_stride,
+                            v_token_stride, valid);
+    }
   };
 
   // The group's queries for this kv head, row r = token r / G, query head kvh * G + r % G (rows

@@ -9,7 +9,8 @@
 //! segment is cut into equal splits of whole stages, as many as keep the launch's waves full (one
 //! sequence of 128K keys fills the machine as well as a batch of 32); the
 //! splits' partials (device scratch, `scratch_bytes()`) are combined per row and merged into the
-//! state as a `fresh` or a `merge` epilogue.
+//! state as a `fresh` or a `merge` epilogue. Key rows are read in place or through a page table
+//! (`key_pages`), decided at plan time and given to the kernel as a template argument.
 
 #include <ringattn/arguments.cuh>
 #include <ringattn/core/block.cuh>
@@ -24,6 +25,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -47,13 +49,24 @@ public:
 
   //! Plans the splits on the current device (its SM count) and copies the tables there. Throws
   //! `invalid_argument` when the split kernel does not take the block.
+  //! With `pages` (a table and a power-of-two page size) the groups' key rows count through
+  //! the page table (`key_pages`): `kv_tokens` is then the table's size times the page size.
   device_decode_schedule(std::span<const block_group> groups, std::int64_t q_tokens,
-                         std::int64_t kv_tokens, const attention_arguments& args)
+                         std::int64_t kv_tokens, const attention_arguments& args,
+                         const key_pages& pages = {})
       : q_tokens_(q_tokens), head_dim_(args.head_dim), group_size_(args.q_heads / args.kv_heads),
         kv_heads_(args.kv_heads) {
     validation v = validate_groups(groups, q_tokens, kv_tokens);
     v.require(takes(groups, args), "the split-K/V block forward takes full blocks of at most ",
               decode_max_rows, " query rows per kv head and head_dim 64 or 128 with v as wide");
+    if (pages.page_size != 0) {
+      v.require(std::has_single_bit(static_cast<std::uint32_t>(pages.page_size)),
+                "a page size is a power of two (got ", pages.page_size, ")");
+      v.require(static_cast<std::int64_t>(pages.table.size()) * pages.page_size == kv_tokens,
+                "a paged block's key rows are its page table's entries times the page size (",
+                pages.table.size(), " x ", pages.page_size, "), not ", kv_tokens);
+      page_shift_ = std::countr_zero(static_cast<std::uint32_t>(pages.page_size));
+    }
     v.throw_if_invalid();
     int device = 0, sms = 1, smem_per_sm = 0;
     RINGATTN_CUDA_CHECK(cudaGetDevice(&device));
@@ -89,7 +102,7 @@ public:
     items_ = static_cast<std::int64_t>(items.size());
     tables_ = detail::device_tables(std::span<const block_group>(kept),
                                     std::span<const decode_item>(items),
-                                    std::span<const std::int32_t>(first));
+                                    std::span<const std::int32_t>(first), pages.table);
   }
   device_decode_schedule(device_decode_schedule&&) noexcept = default;
   device_decode_schedule(const device_decode_schedule&) = delete;
@@ -119,11 +132,11 @@ public:
     const decode_item* items = tables_.at<decode_item>(1);
     const std::int32_t* first = tables_.at<std::int32_t>(2);
     const int smem = decode_smem_bytes<T>(head_dim_);
-    auto launch = [&](auto split, auto merge) {
+    auto launch = [&](auto split, auto key_rows, auto merge) {
       detail::allow_dynamic_smem(reinterpret_cast<const void*>(split), smem);
       split<<<grid, 128, smem, stream>>>(a.q.data, a.q.token_stride, a.q.head_stride, a.k.data,
                                          a.k.token_stride, a.k.head_stride, a.v.data,
-                                         a.v.token_stride, a.v.head_stride, groups, items,
+                                         a.v.token_stride, a.v.head_stride, key_rows, groups, items,
                                          group_size_, scale_log2, scratch);
       RINGATTN_CUDA_CHECK_LAUNCH();
       merge<<<combine, 256, 0, stream>>>(groups, first, group_size_, 16 * row_tiles_, scratch,
@@ -132,16 +145,22 @@ public:
       RINGATTN_CUDA_CHECK_LAUNCH();
     };
     // The kernel's row tiles are the plan's (the group with the most rows).
-    auto with_rows = [&]<int D>(std::integral_constant<int, D>) {
+    auto with_rows = [&]<int D, class R>(std::integral_constant<int, D>, R key_rows) {
       using kernels::decode_split_kernel, kernels::decode_combine_kernel;
       switch (row_tiles_) {
-      case 1: return launch(decode_split_kernel<T, D, 1>, decode_combine_kernel<D>);
-      case 2: return launch(decode_split_kernel<T, D, 2>, decode_combine_kernel<D>);
-      default: return launch(decode_split_kernel<T, D, 4>, decode_combine_kernel<D>);
+      case 1: return launch(decode_split_kernel<T, D, 1, R>, key_rows, decode_combine_kernel<D>);
+      case 2: return launch(decode_split_kernel<T, D, 2, R>, key_rows, decode_combine_kernel<D>);
+      default: return launch(decode_split_kernel<T, D, 4, R>, key_rows, decode_combine_kernel<D>);
       }
     };
-    head_dim_ == 64 ? with_rows(std::integral_constant<int, 64>{})
-                    : with_rows(std::integral_constant<int, 128>{});
+    auto with_dim = [&](auto key_rows) {
+      head_dim_ == 64 ? with_rows(std::integral_constant<int, 64>{}, key_rows)
+                      : with_rows(std::integral_constant<int, 128>{}, key_rows);
+    };
+    if (page_shift_ < 0)
+      with_dim(packed_key_rows{});
+    else
+      with_dim(paged_key_rows{tables_.at<std::int32_t>(3), page_shift_});
   }
 #endif
 
@@ -178,6 +197,7 @@ private:
 
   std::int64_t q_tokens_ = 0, rows_ = 0, groups_ = 0, items_ = 0, most_rows_ = 0;
   int head_dim_ = 0, group_size_ = 1, kv_heads_ = 1, row_tiles_ = 1;
+  int page_shift_ = -1; // log2 of the page size; -1: key rows in place
   detail::device_tables tables_;
 };
 
