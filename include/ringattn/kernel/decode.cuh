@@ -168,29 +168,37 @@ private:
   // Stages per split. A launch takes about its waves (thread blocks over `slots`, those that run
   // at once) times its longest block (its stages plus about two for filling the pipeline and
   // writing the partial): the split length that minimises that, among those that cut the
-  // longest group into 1..64 equal splits of at least eight stages (fewer splits on a tie).
+  // longest group into 1..64 equal splits of at least eight stages (fewer splits on a tie). In
+  // 32-bit arithmetic (a group's stages fit: its keys are int32), each length tried once.
   std::int64_t split_stages(std::span<const block_group> groups, std::int64_t slots) const {
-    constexpr std::int64_t stage = decode_stage_keys, least = 8, overhead = 2, most_splits = 64;
-    auto stages_of = [](const block_group& g) {
-      return g.q_count == 0 ? std::int64_t{0} : (g.kv[0].kv_count + stage - 1) / stage;
-    };
-    std::int64_t longest = 0;
+    constexpr std::uint32_t stage = decode_stage_keys, least = 8, overhead = 2, most_splits = 64;
+    std::vector<std::uint32_t> own;
+    own.reserve(groups.size());
+    std::uint32_t longest = 0;
     for (const block_group& g : groups)
-      longest = std::max(longest, stages_of(g));
-    std::int64_t best = std::max<std::int64_t>(longest, 1), best_cost = -1;
-    const std::int64_t tries = std::clamp<std::int64_t>(longest / least, 1, most_splits);
-    for (std::int64_t splits = 1; splits <= tries; ++splits) {
-      const std::int64_t per = (longest + splits - 1) / splits;
-      std::int64_t blocks = 0, widest = 0;
-      for (const block_group& g : groups) {
-        const std::int64_t own = stages_of(g);
-        if (own == 0) continue;
-        const std::int64_t n = (own + per - 1) / per;
-        blocks += n * kv_heads_;
-        widest = std::max(widest, (own + n - 1) / n);
+      if (g.q_count > 0 && g.kv[0].kv_count > 0) {
+        own.push_back(static_cast<std::uint32_t>((g.kv[0].kv_count + stage - 1) / stage));
+        longest = std::max(longest, own.back());
       }
-      const std::int64_t cost = (blocks + slots - 1) / slots * (widest + overhead);
-      if (best_cost < 0 || cost < best_cost) best = per, best_cost = cost;
+    std::uint32_t best = std::max<std::uint32_t>(longest, 1), last = 0;
+    std::uint64_t best_cost = ~std::uint64_t{0};
+    const std::uint32_t tries = std::clamp<std::uint32_t>(longest / least, 1, most_splits);
+    for (std::uint32_t splits = 1; splits <= tries; ++splits) {
+      const std::uint32_t per = (longest + splits - 1) / splits;
+      if (per == last) continue;
+      last = per;
+      std::uint64_t blocks = 0;
+      std::uint32_t widest = 0;
+      for (const std::uint32_t o : own) {
+        const std::uint32_t n = (o + per - 1) / per;
+        blocks += n;
+        widest = std::max(widest, (o + n - 1) / n);
+      }
+      blocks *= static_cast<std::uint64_t>(kv_heads_);
+      const std::uint64_t waves =
+          (blocks + static_cast<std::uint64_t>(slots) - 1) / static_cast<std::uint64_t>(slots);
+      const std::uint64_t cost = waves * (widest + overhead);
+      if (cost < best_cost) best = per, best_cost = cost;
     }
     return best;
   }
