@@ -428,3 +428,80 @@ TEST_CASE("device sharded decode: steps planned back to back reuse their tables 
   for (int r = 0; r < ranks; ++r)
     CHECK(needed[r] <= std::size_t{8} << 20);
 }
+
+TEST_CASE("device sharded decode: a step captured in a CUDA graph replays with the bits of the "
+          "step run directly") {
+  // One rank (the in-process exchange between virtual ranks is not capturable; NCCL's is): each
+  // of three steps (up to 8 new tokens per sequence, caches of 500-3000 tokens) run directly,
+  // then captured on the stream and the graph replayed twice, the outputs poisoned before each
+  // replay; the direct step against the oracle (the device block kernel's bf16 tolerances).
+  const auto seed = test::fresh_seed();
+  CAPTURE(seed);
+  std::mt19937_64 rng(seed);
+  const attention_arguments a{8, 2, 128, 0.0f};
+  const int qh = a.q_heads, kvh = a.kv_heads, d = a.head_dim, steps = 3;
+  test::decode_case<contiguous, T> c(test::random_cu_seqlens(3, 500, 3000, rng), 1, a, rng);
+  std::vector<test::decode_case<contiguous, T>::step> s;
+  std::vector<rank_result<>> direct(steps), replayed(2 * steps);
+  in_process_group group(1, std::chrono::seconds(60));
+  const auto errors = test::on_ranks(group, [&](int, in_process_communicator& comm) {
+    RINGATTN_CUDA_CHECK(cudaSetDevice(0));
+    decoder dec(comm, a);
+    dec.prepare_device();
+    cudaStream_t stream;
+    RINGATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    for (int i = 0; i < steps; ++i) {
+      s.push_back(c.draw(rng, 1, 8));
+      const auto sh = c.rank_shard(0);
+      dec.plan(s[i].cu_new, sh.cu);
+      const std::int64_t n = s[i].tokens, m = sh.tokens();
+      test::device_buffer<T> q(s[i].q), k(s[i].k), v(s[i].v), kc(sh.k), vc(sh.v);
+      test::device_buffer<T> out(static_cast<std::size_t>(n * qh * d));
+      test::device_buffer<float> lse(static_cast<std::size_t>(n * qh));
+      const std::size_t bytes = dec.device_workspace_bytes<T>();
+      test::device_buffer<std::byte> ws(bytes);
+      auto poison = [&] {
+        out.upload(std::vector<T>(n * qh * d, test::poison<T>()));
+        lse.upload(std::vector<float>(n * qh, -7.0f));
+      };
+      auto step = [&] {
+        dec.forward(thd_view<const T>(q.get(), n, qh, d), thd_view<const T>(k.get(), n, kvh, d),
+                    thd_view<const T>(v.get(), n, kvh, d), thd_view<const T>(kc.get(), m, kvh, d),
+                    thd_view<const T>(vc.get(), m, kvh, d), thd_view<T>(out.get(), n, qh, d),
+                    lse.get(), ws.get(), bytes, stream);
+      };
+      poison();
+      step();
+      RINGATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
+      direct[i].out = out.download(), direct[i].lse = lse.download();
+      cudaGraph_t graph;
+      cudaGraphExec_t exec;
+      RINGATTN_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+      step();
+      RINGATTN_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+      RINGATTN_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+      for (int replay = 0; replay < 2; ++replay) {
+        poison();
+        RINGATTN_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+        RINGATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
+        replayed[2 * i + replay].out = out.download(),
+                         replayed[2 * i + replay].lse = lse.download();
+      }
+      RINGATTN_CUDA_CHECK(cudaGraphExecDestroy(exec));
+      RINGATTN_CUDA_CHECK(cudaGraphDestroy(graph));
+      c.append(s[i]);
+    }
+    RINGATTN_CUDA_CHECK(cudaStreamDestroy(stream));
+  });
+  for (const auto& e : errors)
+    REQUIRE(test::message(e) == "");
+  for (int i = 0; i < steps; ++i) {
+    CAPTURE(i);
+    const auto [err, lse_err] = c.error(s[i], direct[i].out, direct[i].lse);
+    CHECK(err < 8e-3);
+    CHECK(lse_err < 2e-3);
+    for (int replay = 0; replay < 2; ++replay)
+      CHECK(test::same_bits(replayed[2 * i + replay].out, replayed[2 * i + replay].lse,
+                            direct[i].out, direct[i].lse));
+  }
+}
