@@ -4,16 +4,18 @@
 // P simulated ranks (threads of an in-process group) share a packed batch of three sequences.
 // Prefill: each rank holds its partitioner's shard of Q, K, V and runs the causal forward with the
 // all-gather schedule (ring_attention<..., all_gather_kv>); afterwards it keeps its K/V shard as
-// its part of the KV cache, one slab per sequence with room to grow. Decode: every step brings one
-// new token per sequence (the same Q, K, V on every rank, as after a model's projections);
-// sharded_attention attends them to every rank's cache and gives every rank the same output; then
-// each new token's K/V is appended, in place, to the cache of its owner (position mod P). The
-// prefill's sample rows and every step's outputs are checked against the float64 oracle over the
-// whole sequences. Where there is a GPU (and nvcc compiled the example) the ranks run the device
-// path, all on one GPU or spread over several; --device cpu forces the host path.
+// its part of the KV cache: one slab per sequence with room to grow, or (--cache paged) pages of
+// 16 tokens drawn from a pool in a shuffled order, a page table per sequence. Decode: every step
+// brings one new token per sequence (the same Q, K, V on every rank, as after a model's
+// projections); sharded_attention attends them to every rank's cache and gives every rank the same
+// output; then each new token's K/V is appended, in place, to the cache of its owner (position mod
+// P; into the sequence's last page, or a fresh one from the pool when that is full). The prefill's
+// sample rows and every step's outputs are checked against the float64 oracle over the whole
+// sequences. Where there is a GPU (and nvcc compiled the example) the ranks run the device path,
+// all on one GPU or spread over several; --device cpu forces the host path.
 //
 //   sharded_decode [--ranks P] [--tokens N] [--steps S] [--partitioner zigzag|round_robin|
-//                  contiguous|balanced] [--device auto|cpu|gpu]
+//                  contiguous|balanced] [--cache slab|paged] [--device auto|cpu|gpu]
 #include <ringattn/comm/in_process.cuh>
 #include <ringattn/ring_attention.cuh>
 #include <ringattn/ringattn.cuh>
@@ -29,6 +31,7 @@
 #include <exception>
 #include <memory>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -39,6 +42,39 @@ constexpr ringattn::attention_arguments args{8, 2, 64, 0.0f};
 constexpr int qh = args.q_heads, kvh = args.kv_heads, d = args.head_dim;
 constexpr std::size_t q_row = static_cast<std::size_t>(qh) * d,
                       kv_row = static_cast<std::size_t>(kvh) * d;
+constexpr std::int32_t page_size = 16; // tokens per page of a paged cache
+
+// A rank's paged cache: a pool of pages handed out from a free list (shuffled, so that a
+// sequence's pages are scattered over the pool), and each sequence's page table and length.
+struct page_pool {
+  std::int32_t pages = 0;
+  std::vector<std::int32_t> free;
+  std::vector<std::vector<std::int32_t>> table;
+  std::vector<std::int32_t> length;
+  // The pool row of sequence b's token j.
+  std::int64_t row(int b, std::int64_t j) const {
+    return std::int64_t{table[b][j / page_size]} * page_size + j % page_size;
+  }
+  // Room for sequence b's next token: a page from the free list when its last is full.
+  void make_room(int b) {
+    if (length[b] == static_cast<std::int32_t>(table[b].size()) * page_size) {
+      if (free.empty()) throw std::runtime_error("the page pool is exhausted");
+      table[b].push_back(free.back());
+      free.pop_back();
+    }
+  }
+  // The plan's view: page offsets and the tables one after the other.
+  ringattn::paged_cache view(std::vector<std::int32_t>& cu_pages,
+                             std::vector<std::int32_t>& flat) const {
+    cu_pages.assign(1, 0);
+    flat.clear();
+    for (const auto& t : table) {
+      flat.insert(flat.end(), t.begin(), t.end());
+      cu_pages.push_back(static_cast<std::int32_t>(flat.size()));
+    }
+    return {page_size, pages, cu_pages, flat, length};
+  }
+};
 
 // Where a rank's buffers live: host vectors, or device memory (copied in and out as needed).
 class buffers {
@@ -124,7 +160,7 @@ double error_of(const std::vector<T>& out, const ringattn::reference::forward_re
 }
 
 template <class P>
-int run(int ranks, int tokens, int steps, bool gpu) {
+int run(int ranks, int tokens, int steps, bool gpu, bool paged) {
   shared_state st;
   st.cu_prefill = example::packed_batch(tokens, 3);
   const int batch = static_cast<int>(st.cu_prefill.size()) - 1;
@@ -207,21 +243,44 @@ int run(int ranks, int tokens, int steps, bool gpu) {
     }
     st.prefill_out[r] = mem.read(out, qs.size());
 
-    // The cache: per sequence a slab of the rank's prefill tokens and room for `steps` more.
+    // The cache: per sequence a slab of the rank's prefill tokens and room for `steps` more, or
+    // pages from a pool with room for as many.
     const auto local = plan.local_cu_seqlens(r);
     std::vector<std::int32_t> begin, length;
     std::int32_t capacity = 0;
     for (int b = 0; b < batch; ++b) {
       begin.push_back(capacity);
       length.push_back(local[b + 1] - local[b]);
-      capacity += length.back() + steps;
+      capacity +=
+          paged ? ((length.back() + steps) / page_size + 1) * page_size : length.back() + steps;
     }
+    page_pool pool{capacity / page_size,
+                   {},
+                   std::vector<std::vector<std::int32_t>>(batch),
+                   std::vector<std::int32_t>(batch, 0)};
+    for (std::int32_t i = 0; i < pool.pages; ++i)
+      pool.free.push_back(i);
+    std::shuffle(pool.free.begin(), pool.free.end(), std::mt19937(1234u + r));
     auto* kc = static_cast<T*>(mem.make(capacity * kv_row * sizeof(T)));
     auto* vc = static_cast<T*>(mem.make(capacity * kv_row * sizeof(T)));
+    // Sequence b's token j of this rank's prefill shard goes to cache row `at`.
+    auto keep = [&](int b, std::int64_t j, std::int64_t at, std::int64_t count) {
+      mem.copy(kc + at * kv_row, k + (local[b] + j) * kv_row, count * kv_row * sizeof(T));
+      mem.copy(vc + at * kv_row, v + (local[b] + j) * kv_row, count * kv_row * sizeof(T));
+    };
     for (int b = 0; b < batch; ++b) {
-      mem.copy(kc + begin[b] * kv_row, k + local[b] * kv_row, length[b] * kv_row * sizeof(T));
-      mem.copy(vc + begin[b] * kv_row, v + local[b] * kv_row, length[b] * kv_row * sizeof(T));
+      if (!paged) {
+        keep(b, 0, begin[b], length[b]);
+        continue;
+      }
+      for (std::int32_t j = 0; j < length[b]; j += page_size) {
+        pool.make_room(b);
+        const std::int32_t count = std::min(page_size, length[b] - j);
+        keep(b, j, pool.row(b, j), count);
+        pool.length[b] = j + count;
+      }
     }
+    std::vector<std::int32_t> cu_pages, flat_table;
 
     // Decode steps.
     ringattn::sharded_attention<ringattn::in_process_communicator, ringattn::causal> decode(comm,
@@ -240,7 +299,10 @@ int run(int ranks, int tokens, int steps, bool gpu) {
       mem.copy(dq, new_q[s].data(), new_q[s].size() * sizeof(T));
       mem.copy(dk, new_k[s].data(), new_k[s].size() * sizeof(T));
       mem.copy(dv, new_v[s].data(), new_v[s].size() * sizeof(T));
-      decode.plan(cu_new, begin, length, capacity);
+      if (paged)
+        decode.plan(cu_new, pool.view(cu_pages, flat_table));
+      else
+        decode.plan(cu_new, begin, length, capacity);
       const ringattn::thd_view<const T> nq(dq, batch, qh, d), nk(dk, batch, kvh, d),
           nv(dv, batch, kvh, d), ck(kc, capacity, kvh, d), cv(vc, capacity, kvh, d);
       const ringattn::thd_view<T> o(dout, batch, qh, d);
@@ -260,16 +322,18 @@ int run(int ranks, int tokens, int steps, bool gpu) {
       st.step_bytes[r] = comm.bytes_sent() - before;
       st.step_out[r] = mem.read(dout, batch * q_row);
       st.step_lse[r] = mem.read(dlse, static_cast<std::size_t>(batch) * qh);
-      // Append each new token's K/V to its owner's slab (position mod P).
+      // Append each new token's K/V to its owner's cache (position mod P).
       std::vector<std::int64_t> lengths;
       for (int b = 0; b < batch; ++b)
         lengths.push_back(static_cast<std::int64_t>(st.seq_k[b].size() / kv_row));
       sync.arrive_and_wait(); // every rank has read the sequence lengths before rank 0 grows them
       for (const std::int64_t t : ringattn::owned_new_rows(r, ranks, cu_new, lengths)) {
         const auto b = static_cast<int>(t); // one new token per sequence: row t is sequence t
-        mem.copy(kc + (begin[b] + length[b]) * kv_row, dk + t * kv_row, kv_row * sizeof(T));
-        mem.copy(vc + (begin[b] + length[b]) * kv_row, dv + t * kv_row, kv_row * sizeof(T));
-        ++length[b];
+        if (paged) pool.make_room(b);
+        const std::int64_t at = paged ? pool.row(b, pool.length[b]) : begin[b] + length[b];
+        mem.copy(kc + at * kv_row, dk + t * kv_row, kv_row * sizeof(T));
+        mem.copy(vc + at * kv_row, dv + t * kv_row, kv_row * sizeof(T));
+        ++(paged ? pool.length[b] : length[b]);
       }
       if (r == 0) {
         // The whole sequences, for the oracle: each new token joins its sequence.
@@ -330,8 +394,9 @@ int run(int ranks, int tokens, int steps, bool gpu) {
   prefill_error = error_of(got, oracle(st.cu_prefill, st.q, st.k, st.v, rows));
 
   std::printf("sharded decode: %s prefill with the all-gather schedule, %d ranks (%s), %d tokens "
-              "in %d sequences, %d:%d heads x %d\n",
-              P::name, ranks, gpu ? "device path" : "host path", tokens, batch, qh, kvh, d);
+              "in %d sequences, %d:%d heads x %d, %s\n",
+              P::name, ranks, gpu ? "device path" : "host path", tokens, batch, qh, kvh, d,
+              paged ? "cache in pages of 16 tokens" : "cache in slabs");
   std::printf("  prefill: %zu sample rows against the float64 oracle: relative L2 %.2e\n",
               rows.size(), prefill_error);
   bool ok = prefill_error < 1e-2;
@@ -352,7 +417,7 @@ int run(int ranks, int tokens, int steps, bool gpu) {
 
 int main(int argc, char** argv) try {
   int ranks = 4, tokens = 1001, steps = 4;
-  std::string partitioner = "round_robin", device = "auto";
+  std::string partitioner = "round_robin", device = "auto", cache = "slab";
   example::flags("sharded_decode",
                  "A context-parallel prefill (all-gather schedule), then decode steps over the "
                  "KV cache sharded across the ranks; both against the float64 reference.")
@@ -361,13 +426,16 @@ int main(int argc, char** argv) try {
       .add("steps", steps, "decode steps (one new token per sequence each)")
       .add("partitioner", partitioner, {"round_robin", "zigzag", "contiguous", "balanced"},
            "the prefill's layout, which the cache keeps")
+      .add("cache", cache, {"slab", "paged"},
+           "a slab per sequence, or pages of 16 tokens with a page table per sequence")
       .add("device", device, {"auto", "cpu", "gpu"}, "auto: the GPU where there is one")
       .parse(argc, argv);
-  const bool gpu = example::gpu_count(device) > 0;
-  if (partitioner == "zigzag") return run<ringattn::zigzag>(ranks, tokens, steps, gpu);
-  if (partitioner == "contiguous") return run<ringattn::contiguous>(ranks, tokens, steps, gpu);
-  if (partitioner == "balanced") return run<ringattn::balanced>(ranks, tokens, steps, gpu);
-  return run<ringattn::round_robin>(ranks, tokens, steps, gpu);
+  const bool gpu = example::gpu_count(device) > 0, paged = cache == "paged";
+  if (partitioner == "zigzag") return run<ringattn::zigzag>(ranks, tokens, steps, gpu, paged);
+  if (partitioner == "contiguous")
+    return run<ringattn::contiguous>(ranks, tokens, steps, gpu, paged);
+  if (partitioner == "balanced") return run<ringattn::balanced>(ranks, tokens, steps, gpu, paged);
+  return run<ringattn::round_robin>(ranks, tokens, steps, gpu, paged);
 } catch (const example::help_requested& h) {
   std::printf("%s", h.text.c_str());
   return 0;
