@@ -189,6 +189,10 @@ public:
     }
     if (!new_groups.empty())
       g.own.emplace(BlockKernel::make_forward_schedule(new_groups, new_tokens, new_tokens, args));
+    // The tables' copies, enqueued as each schedule was made, waited for once. (A schedule that
+    // throws leaves its predecessors' copies pending: the staging they read is not reused before
+    // the next `finish`, and a block they fill is refilled only by a copy queued after them.)
+    g.pool.finish();
   }
   //! The planned step's schedules.
   generation& now() noexcept { return generations_[current_]; }

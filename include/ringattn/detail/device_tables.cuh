@@ -3,8 +3,10 @@
 //! Host arrays packed into one device allocation at plan time (one allocation, one copy), each
 //! starting 16-byte aligned: the tables of the kernels' schedules and of device partition plans.
 //! While a `table_pool::use` scope is active on a thread, the tables made there draw their device
-//! memory from that pool and give it back when destroyed, and copy through its pinned staging:
-//! once the pool has grown to a step's size, planning the step again allocates nothing.
+//! memory from that pool and give it back when destroyed, and copy through its pinned staging
+//! on a stream of its own, all together: the pool's `finish` waits for the copies (once for all
+//! the tables of a plan). Once the pool has grown to a step's size, planning the step again
+//! allocates nothing.
 
 #include <ringattn/cuda_check.cuh>
 
@@ -23,13 +25,15 @@ namespace ringattn::detail {
 //! Device blocks for `device_tables` to reuse, a pinned staging buffer and a stream to copy on.
 //! The owner releases a table's block back only once no launch can still read it: a pool serves
 //! one generation of a plan's tables, and its owner waits for that generation's last step before
-//! destroying the tables it holds (`decode_device_resources`).
+//! destroying the tables it holds (`decode_device_resources`). The copies are asynchronous until
+//! `finish`, which the owner calls after making the tables and before any launch reads them.
 class table_pool {
 public:
   table_pool() = default;
   ~table_pool() { // after every table drawn from it; nothing useful to report from a destructor
     for (const block& b : free_)
       cudaFree(b.memory);
+    if (upload_) cudaStreamSynchronize(upload_); // copies still reading the staging
     if (staging_) cudaFreeHost(staging_);
     if (upload_) cudaStreamDestroy(upload_);
   }
@@ -47,6 +51,13 @@ public:
   private:
     table_pool* previous_;
   };
+
+  //! Waits for the copies of the tables made since the last `finish` (those copies alone: other
+  //! streams' work keeps running); the staging is free again.
+  void finish() {
+    if (upload_) RINGATTN_CUDA_CHECK(cudaStreamSynchronize(upload_));
+    used_ = 0;
+  }
 
 private:
   friend class device_tables;
@@ -75,37 +86,43 @@ private:
       cudaFree(b.memory);
     }
   }
-  // Pinned staging of at least `bytes` (kept between tables: the copy completes before reuse).
-  unsigned char* staging(std::size_t bytes) {
-    if (bytes > staging_bytes_) {
-      if (staging_) RINGATTN_CUDA_CHECK(cudaFreeHost(staging_));
-      staging_ = nullptr, staging_bytes_ = 0;
-      const std::size_t grown = std::bit_ceil(std::max<std::size_t>(bytes, 4096));
-      RINGATTN_CUDA_CHECK(pinned_malloc(&staging_, grown));
-      staging_bytes_ = grown;
+  // `bytes` of pinned staging after what was staged since the last `finish` (kept until then:
+  // the copies read it later). Growing waits for the pending copies, then replaces the buffer.
+  unsigned char* stage(std::size_t bytes) {
+    bytes = (bytes + 15) / 16 * 16;
+    if (used_ + bytes > staging_bytes_) {
+      if (upload_) RINGATTN_CUDA_CHECK(cudaStreamSynchronize(upload_));
+      const std::size_t grown =
+          std::bit_ceil(std::max({used_ + bytes, 2 * staging_bytes_, std::size_t{4096}}));
+      unsigned char* fresh = nullptr;
+      RINGATTN_CUDA_CHECK(pinned_malloc(&fresh, grown));
+      if (staging_) cudaFreeHost(staging_); // its copies are done; nothing useful to report
+      staging_ = fresh, staging_bytes_ = grown, used_ = 0;
     }
-    return staging_;
+    unsigned char* at = staging_ + used_;
+    used_ += bytes;
+    return at;
   }
-  // Copies the staging's first `bytes` to `device` on the pool's own stream and waits for that
-  // copy alone (other streams' work keeps running).
-  void upload(void* device, std::size_t bytes) {
+  // Copies `bytes` staged at `from` to `device` on the pool's own stream, without waiting.
+  void upload(void* device, const unsigned char* from, std::size_t bytes) {
     if (!upload_) RINGATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&upload_, cudaStreamNonBlocking));
-    RINGATTN_CUDA_CHECK(cudaMemcpyAsync(device, staging_, bytes, cudaMemcpyHostToDevice, upload_));
-    RINGATTN_CUDA_CHECK(cudaStreamSynchronize(upload_));
+    RINGATTN_CUDA_CHECK(cudaMemcpyAsync(device, from, bytes, cudaMemcpyHostToDevice, upload_));
   }
 
   inline static thread_local table_pool* current_ = nullptr;
   std::vector<block> free_;
   unsigned char* staging_ = nullptr;
-  std::size_t staging_bytes_ = 0;
+  std::size_t staging_bytes_ = 0, used_ = 0;
   cudaStream_t upload_ = nullptr;
 };
 
 class device_tables {
 public:
   device_tables() = default;
-  //! Copies every span to the current device, synchronously; `at<T>(i)` is where span i landed.
-  //! Inside a `table_pool::use` scope the memory comes from that pool and returns to it.
+  //! Copies every span to the current device (synchronously outside a pool); `at<T>(i)` is where
+  //! span i landed.
+  //! Inside a `table_pool::use` scope the memory comes from that pool and returns to it, and the
+  //! copy is enqueued on the pool's stream: on the device once the pool's `finish` returns.
   template <class... T>
   explicit device_tables(std::span<const T>... parts) {
     const std::size_t sizes[] = {parts.size_bytes()...};
@@ -116,12 +133,12 @@ public:
     }
     total = std::max<std::size_t>(total, 16);
     if (table_pool* pool = table_pool::current_) {
-      unsigned char* staging = pool->staging(total);
+      unsigned char* staging = pool->stage(total);
       std::size_t i = 0;
       (copy_part(staging + offsets_[i++], parts.data(), parts.size_bytes()), ...);
       const table_pool::block b = pool->acquire(total);
       try {
-        pool->upload(b.memory, total);
+        pool->upload(b.memory, staging, total);
       } catch (...) {
         pool->release(b);
         throw;
