@@ -31,9 +31,9 @@ class table_pool {
 public:
   table_pool() = default;
   ~table_pool() { // after every table drawn from it; nothing useful to report from a destructor
+    if (upload_) cudaStreamSynchronize(upload_); // copies still reading the staging
     for (const block& b : free_)
       cudaFree(b.memory);
-    if (upload_) cudaStreamSynchronize(upload_); // copies still reading the staging
     if (staging_) cudaFreeHost(staging_);
     if (upload_) cudaStreamDestroy(upload_);
   }
