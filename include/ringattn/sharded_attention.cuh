@@ -298,6 +298,22 @@ public:
                  fits ? cache.pages * cache.page_size : 0, &cache);
   }
 
+  //! Stands in for a `plan` (`in_step` false) or a step (`forward`, or `forward_host` where
+  //! `device` is false; element type T) that this rank's caller refused before reaching it:
+  //! collective like the call it replaces, so that the peers' call fails naming this rank
+  //! instead of waiting for it. Throws `invalid_argument` with `reason`.
+  template <element T>
+  [[noreturn]] void refuse(bool in_step, bool device, const std::string& reason) {
+    validation no = validation::ok();
+    no.require(false, reason);
+    if (in_step)
+      gate_.run(no, device ? detail::call_kind::forward : detail::call_kind::forward_host,
+                dtype_of_v<T>, slot_bytes<T>(), [] {});
+    else
+      plan_checked(no, {}, {}, {}, 0);
+    throw invalid_argument("ringattn: " + reason); // not reached: the agreement throws first
+  }
+
   const attention_arguments& arguments() const noexcept { return args_; }
   int rank() const noexcept { return comm_.rank(); }
   int size() const noexcept { return comm_.size(); }

@@ -270,6 +270,58 @@ TEST_CASE("sharded decode: bad input fails on every rank, and the next step runs
   }
 }
 
+TEST_CASE("sharded decode: a plan or a step its caller refused fails on every rank, and the next "
+          "step runs") {
+  const attention_arguments a{4, 2, 64, 0.0f};
+  const int ranks = 3, qh = 4, kvh = 2, d = 64;
+  in_process_group group(ranks);
+  std::vector<std::string> plan_errors(ranks), step_errors(ranks);
+  std::vector<double> after(ranks, 1.0);
+  const auto errors = on_ranks(group, [&](int r, in_process_communicator& comm) {
+    decoder dec(comm, a);
+    const std::vector<std::int32_t> cu_new{0, 2, 3}, cu_cache{0, 2, 4 + r};
+    std::vector<T> q(3 * qh * d, from_float<T>(0.5f)), k(3 * kvh * d, from_float<T>(0.25f));
+    std::vector<T> kc(9 * kvh * d, from_float<T>(0.125f)), out(3 * qh * d);
+    std::vector<float> lse(3 * qh);
+    auto run = [&] {
+      std::vector<std::byte> ws(dec.host_workspace_bytes<T>());
+      dec.forward_host(
+          thd_view<const T>(q.data(), 3, qh, d), thd_view<const T>(k.data(), 3, kvh, d),
+          thd_view<const T>(kc.data(), 3, kvh, d), thd_view<const T>(kc.data(), 4 + r, kvh, d),
+          thd_view<const T>(kc.data(), 4 + r, kvh, d), thd_view<T>(out.data(), 3, qh, d),
+          lse.data(), ws);
+    };
+    // Rank 1's caller refuses its plan (say, a page table it could not read).
+    try {
+      if (r == 1) dec.refuse<T>(false, false, "the caller could not read its page table");
+      dec.plan(cu_new, cu_cache);
+    } catch (const invalid_argument& e) {
+      plan_errors[r] = e.what();
+    }
+    dec.plan(cu_new, cu_cache);
+    // Rank 2's caller refuses the step (say, an output it could not allocate).
+    try {
+      if (r == 2) dec.refuse<T>(true, false, "the caller could not allocate out");
+      run();
+    } catch (const invalid_argument& e) {
+      step_errors[r] = e.what();
+    }
+    std::fill(out.begin(), out.end(), test::poison<T>());
+    run();
+    after[r] = to_float(out[0]);
+  });
+  for (const auto& e : errors)
+    REQUIRE(message(e) == "");
+  for (int r = 0; r < ranks; ++r) {
+    CAPTURE(r);
+    CHECK(plan_errors[r].find(r == 1 ? "ringattn: the caller could not read its page table"
+                                     : "rank 1 rejected its step") != std::string::npos);
+    CHECK(step_errors[r].find("the caller could not allocate out") != std::string::npos);
+    if (r != 2) CHECK(step_errors[r].find("rank 2 rejected call") != std::string::npos);
+    CHECK(after[r] == doctest::Approx(0.125));
+  }
+}
+
 TEST_CASE("sharded decode: a window is refused at construction, on every rank") {
   // The decode attends causally to the whole cache; a window would be ignored, so it is an error.
   attention_arguments a{4, 2, 64, 0.0f};
