@@ -70,10 +70,10 @@ export RINGATTN_TORCH_CUDA_ARCHITECTURES=${RINGATTN_TORCH_CUDA_ARCHITECTURES:-90
 "$py" -m pip install --quiet --no-build-isolation --no-deps ./python
 [ "$mode" = repeat ] || "$py" -m pytest -q -rs python/tests "$@"
 # With no pytest arguments: the training example on CPU threads (2 gloo processes, checked against
-# SDPA); in the full and repeat modes the host tests (test_host.py, test_group.py: virtual ranks on
-# threads, 2-4 gloo processes, every refusal) $RINGATTN_TORCH_REPEATS times more in a row, so that
-# a race between ranks that shows only now and then fails the run (a machine with more cores
-# shows more of them: ask it for more runs there).
+# SDPA); in the full and repeat modes the host tests (test_host.py, test_group.py, test_decode.py:
+# virtual ranks on threads, 2-4 gloo processes, every refusal) $RINGATTN_TORCH_REPEATS times more
+# in a row, so that a race between ranks that shows only now and then fails the run (a machine
+# with more cores shows more of them: ask it for more runs there).
 if [ $# -eq 0 ] && [ "$mode" != repeat ]; then
   "$py" -m torch.distributed.run --standalone --nproc-per-node 2 \
     examples/06_torch_training/train.py --device cpu --steps 10 --check
@@ -82,7 +82,8 @@ if [ $# -eq 0 ] && [ "$mode" != host ]; then
   log="${TMPDIR:-/tmp}/ringattn-host-tests.log"
   repeats=${RINGATTN_TORCH_REPEATS:-5}
   for run in $(seq "$repeats"); do
-    "$py" -m pytest -q -p no:cacheprovider python/tests/test_host.py python/tests/test_group.py \
+    "$py" -m pytest -q -p no:cacheprovider -m "not gpu" python/tests/test_host.py \
+      python/tests/test_group.py python/tests/test_decode.py \
       >"$log" 2>&1 || { cat "$log"; echo "host tests: run $run of $repeats failed"; exit 1; }
   done
   echo "host tests: $repeats runs in a row passed ($(tail -n 1 "$log"))"

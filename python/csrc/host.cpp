@@ -1,5 +1,7 @@
 // The host path of the extension: virtual ranks on CPU threads and a rank of a process group's
-// CPU backend, for every partitioner x mask x schedule; the layout helpers.
+// CPU backend, for every partitioner x mask x schedule; the decoders on the host; the layout
+// helpers.
+#include "decoders.hpp"
 #include "group_communicator.hpp"
 #include "plan.hpp"
 #include "plans.hpp"
@@ -59,6 +61,20 @@ std::unique_ptr<plan> make_host_plan(const layout& l, std::shared_ptr<endpoint> 
         return std::make_unique<detail::endpoint_plan<P, group_communicator, K, S, false>>(l,
                                                                                            group);
       });
+}
+
+std::unique_ptr<decoder> make_virtual_host_decoder(const ringattn::attention_arguments& args,
+                                                   int ranks) {
+  return std::make_unique<detail::virtual_decoder<false>>(args, ranks, -1);
+}
+
+std::unique_ptr<decoder> make_host_decoder(const ringattn::attention_arguments& args,
+                                           std::shared_ptr<endpoint> ep) {
+  auto group = std::dynamic_pointer_cast<group_endpoint>(ep);
+  if (!group)
+    throw ringattn::invalid_argument(
+        "ringattn: CPU tensors run over a process group's CPU backend; this endpoint is not one");
+  return std::make_unique<detail::endpoint_decoder<group_communicator, false>>(args, group);
 }
 
 std::vector<std::int64_t> token_indices(partitioner_kind p, std::span<const std::int32_t> cu,

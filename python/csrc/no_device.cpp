@@ -1,5 +1,6 @@
 // A build without the device path (no CUDA compiler, or RINGATTN_TORCH_DEVICE=OFF): the device
 // factories say so.
+#include "decoder.hpp"
 #include "plan.hpp"
 
 #include <ringattn/error.cuh>
@@ -23,5 +24,13 @@ std::shared_ptr<endpoint> make_nccl_endpoint(std::span<const std::uint8_t>, int,
 }
 std::unique_ptr<plan> make_virtual_device_plan(const layout&, int, int) { no_device(); }
 std::unique_ptr<plan> make_device_plan(const layout&, std::shared_ptr<endpoint>) { no_device(); }
+std::unique_ptr<decoder> make_virtual_device_decoder(const ringattn::attention_arguments&, int,
+                                                     int) {
+  no_device();
+}
+std::unique_ptr<decoder> make_device_decoder(const ringattn::attention_arguments&,
+                                             std::shared_ptr<endpoint>) {
+  no_device();
+}
 
 } // namespace ringattn_torch

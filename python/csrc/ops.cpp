@@ -1,8 +1,10 @@
 // The PyTorch face of the extension: custom classes `ringattn.Endpoint` (this rank's end of a
-// communicator kept across rings) and `ringattn.Plan` (a planned ring), and the layout helpers,
+// communicator kept across rings), `ringattn.Plan` (a planned ring) and `ringattn.Decoder` (the
+// steps of a sharded decode), and the layout helpers,
 // registered with TORCH_LIBRARY so that the library needs libtorch only (no Python headers).
 // Arguments are checked here (tensor kinds, devices, ranks) and by the ring (shapes, layout) before
 // any work is enqueued; the ring's invalid_argument reaches Python as ValueError.
+#include "decoder.hpp"
 #include "group_communicator.hpp"
 #include "plan.hpp"
 
@@ -76,12 +78,13 @@ element_type element_named(const std::string& name) {
   bad("unknown element type '" + name + "' (float16, bfloat16 or float32)");
 }
 
-std::vector<std::int32_t> cu_seqlens_of(const std::vector<std::int64_t>& cu) {
+std::vector<std::int32_t> cu_seqlens_of(const std::vector<std::int64_t>& cu,
+                                        const char* name = "cu_seqlens") {
   std::vector<std::int32_t> out;
   out.reserve(cu.size());
   for (std::int64_t x : cu) {
     if (x < 0 || x > INT32_MAX)
-      bad("cu_seqlens entry " + std::to_string(x) + " is outside [0, 2^31)");
+      bad(std::string(name) + " entry " + std::to_string(x) + " is outside [0, 2^31)");
     out.push_back(static_cast<std::int32_t>(x));
   }
   return out;
@@ -110,6 +113,38 @@ layout layout_of(const std::string& partitioner, const std::string& mask,
   l.args.window_right = window[1];
   l.cu_seqlens = cu_seqlens_of(cu_seqlens);
   return l;
+}
+
+at::Device device_of(int index) {
+  return index < 0 ? at::Device(at::kCPU)
+                   : at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(index));
+}
+
+//! Checks a `[tokens, heads, dim]` tensor of a call running on `here` (`what`: a ring or a
+//! decoder) against the call's first tensor.
+void check_tensor(const at::Tensor& t, const at::Tensor& first, const char* name, at::Device here,
+                  const char* what) {
+  if (!t.defined()) bad(std::string(name) + " is undefined");
+  if (t.device() != here)
+    bad(std::string(name) + " is on " + t.device().str() + " but this " + what + " runs on " +
+        here.str());
+  if (t.scalar_type() != first.scalar_type())
+    bad(std::string(name) + " has dtype " + std::string(c10::toString(t.scalar_type())) +
+        " but q has " + std::string(c10::toString(first.scalar_type())));
+  if (t.dim() != 3)
+    bad(std::string(name) + " must be [tokens, heads, dim] (got " + std::to_string(t.dim()) +
+        " dimensions)");
+  if (t.size(2) > 1 && t.stride(2) != 1)
+    bad(std::string(name) + " must have unit stride in its last dimension");
+}
+
+view view_of(const at::Tensor& t) {
+  return {t.data_ptr(),
+          t.size(0),
+          static_cast<std::int32_t>(t.size(1)),
+          static_cast<std::int32_t>(t.size(2)),
+          t.stride(0),
+          t.stride(1)};
 }
 
 element_type element_of(const at::Tensor& t, const char* name) {
@@ -258,24 +293,9 @@ private:
           " rank(s) here and takes one tensor per rank, got " + std::to_string(got));
     return got;
   }
-  at::Device device_here() const {
-    return impl->device() < 0
-               ? at::Device(at::kCPU)
-               : at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(impl->device()));
-  }
+  at::Device device_here() const { return device_of(impl->device()); }
   void check(const at::Tensor& t, const at::Tensor& first, const char* name) const {
-    if (!t.defined()) bad(std::string(name) + " is undefined");
-    if (t.device() != device_here())
-      bad(std::string(name) + " is on " + t.device().str() + " but this ring runs on " +
-          device_here().str());
-    if (t.scalar_type() != first.scalar_type())
-      bad(std::string(name) + " has dtype " + std::string(c10::toString(t.scalar_type())) +
-          " but q has " + std::string(c10::toString(first.scalar_type())));
-    if (t.dim() != 3)
-      bad(std::string(name) + " must be [tokens, heads, dim] (got " + std::to_string(t.dim()) +
-          " dimensions)");
-    if (t.size(2) > 1 && t.stride(2) != 1)
-      bad(std::string(name) + " must have unit stride in its last dimension");
+    check_tensor(t, first, name, device_here(), "ring");
   }
   void check_lse(const at::Tensor& l, const at::Tensor& q) const {
     if (!l.defined() || l.device() != device_here() || l.scalar_type() != at::kFloat ||
@@ -300,17 +320,191 @@ private:
     check_lse((*list)[i], q);
     return (*list)[i];
   }
-  static view view_of(const at::Tensor& t) {
-    return {t.data_ptr(),
-            t.size(0),
-            static_cast<std::int32_t>(t.size(1)),
-            static_cast<std::int32_t>(t.size(2)),
-            t.stride(0),
-            t.stride(1)};
-  }
   at::Tensor workspace(element_type type, bool backward, const at::Tensor& like) const {
     const std::size_t bytes = translated([&] { return impl->workspace_bytes(type, backward); });
     return at::empty({static_cast<std::int64_t>(bytes)}, like.options().dtype(at::kByte));
+  }
+};
+
+//! The steps of a sharded decode for the ranks this process runs (one, or every virtual rank).
+struct Decoder : torch::CustomClassHolder {
+  explicit Decoder(std::unique_ptr<decoder> d) : impl(std::move(d)) {}
+
+  std::int64_t ranks_here() const { return impl->ranks_here(); }
+  std::int64_t size() const { return impl->size(); }
+  std::int64_t first_rank() const { return impl->first_rank(); }
+  std::int64_t device() const { return impl->device(); }
+  std::int64_t bytes_sent() const { return static_cast<std::int64_t>(impl->bytes_sent()); }
+
+  //! One step, planned from its caches and run; returns every rank's out and lse.
+  //! `q`, `k`, `v`: the new tokens (`cu_new`), the same on every rank. `k_cache`, `v_cache`: one
+  //! cache shard per rank here, `[rows, kv_heads, dim]`, or a pool of pages
+  //! `[pages, page_size, kv_heads, dim]` where `page_tables` holds one integer CPU tensor
+  //! `[batch, pages per sequence]` per rank here. `lengths`: each rank's cached tokens per
+  //! sequence, rank after rank; `begins` likewise the row each starts at (empty: packed in
+  //! order). `problem`: a refusal the caller found, raised here while the peers learn of it.
+  std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>>
+  step(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+       const std::vector<at::Tensor>& k_cache, const std::vector<at::Tensor>& v_cache,
+       const std::vector<std::int64_t>& cu_new, const std::vector<std::int64_t>& lengths,
+       const std::vector<std::int64_t>& begins, const std::vector<at::Tensor>& page_tables,
+       std::int64_t stream, const std::string& problem) {
+    const auto n = static_cast<std::size_t>(impl->ranks_here());
+    element_type type = element_type::bf16;
+    std::vector<std::int32_t> cu;
+    std::vector<cache_shard> shards(n);
+    std::vector<decode_io> io(n);
+    std::vector<at::Tensor> outs(n), lses(n);
+    refused(type, false, [&] {
+      if (!problem.empty()) bad(problem);
+      if (!q.defined()) bad("q is undefined");
+      type = element_of(q, "q");
+      if (impl->device() >= 0 && type == element_type::f32)
+        bad("the device path takes float16 or bfloat16 tensors (got float32)");
+      const at::Device here = device_of(impl->device());
+      check_tensor(q, q, "q", here, "decoder"), check_tensor(k, q, "k", here, "decoder");
+      check_tensor(v, q, "v", here, "decoder");
+      cu = cu_seqlens_of(cu_new, "cu_new");
+      if (cu.size() < 2) bad("cu_new must hold batch + 1 offsets");
+      const std::size_t batch = cu.size() - 1;
+      count(k_cache.size(), n, "k_cache"), count(v_cache.size(), n, "v_cache");
+      count(lengths.size(), n * batch, "lengths");
+      if (!begins.empty()) count(begins.size(), n * batch, "begins");
+      const bool paged = !page_tables.empty();
+      if (paged) count(page_tables.size(), n, "page_tables");
+      if (paged && !begins.empty()) bad("a paged cache takes page tables, not begins");
+      for (std::size_t i = 0; i < n; ++i) {
+        cache_shard& c = shards[i];
+        c.length = int32s(lengths, i * batch, batch, "lengths");
+        view kc, vc;
+        if (paged) {
+          kc = pool_of(k_cache[i], q, here, "k_cache"),
+          vc = pool_of(v_cache[i], q, here, "v_cache");
+          if (k_cache[i].size(0) != v_cache[i].size(0) || k_cache[i].size(1) != v_cache[i].size(1))
+            bad("k_cache and v_cache must be pools of the same pages");
+          c.page_size = static_cast<std::int32_t>(k_cache[i].size(1));
+          c.pages = k_cache[i].size(0);
+          page_table_of(page_tables[i], c, batch);
+        } else {
+          check_tensor(k_cache[i], q, "k_cache", here, "decoder");
+          check_tensor(v_cache[i], q, "v_cache", here, "decoder");
+          if (k_cache[i].size(0) != v_cache[i].size(0))
+            bad("k_cache and v_cache must hold the same rows");
+          kc = view_of(k_cache[i]), vc = view_of(v_cache[i]);
+          c.rows = k_cache[i].size(0);
+          if (!begins.empty()) {
+            c.begin = int32s(begins, i * batch, batch, "begins");
+          } else {
+            std::int64_t row = 0;
+            for (std::int32_t m : c.length) {
+              if (row > INT32_MAX) bad("the packed cache exceeds 2^31 rows");
+              c.begin.push_back(static_cast<std::int32_t>(row));
+              row += m;
+            }
+          }
+        }
+        outs[i] = at::empty({q.size(0), q.size(1), v.size(2)}, q.options());
+        lses[i] = at::empty({q.size(1), q.size(0)}, q.options().dtype(at::kFloat));
+        io[i] = {view_of(q),
+                 view_of(k),
+                 view_of(v),
+                 kc,
+                 vc,
+                 view_of(outs[i]),
+                 lses[i].data_ptr<float>()};
+      }
+    });
+    translated([&] { impl->plan(cu, shards); });
+    at::Tensor ws;
+    refused(type, true, [&] {
+      const std::size_t bytes = translated([&] { return impl->workspace_bytes(type); });
+      ws = at::empty({static_cast<std::int64_t>(bytes)}, q.options().dtype(at::kByte));
+    });
+    translated([&] {
+      impl->step(type, io, ws.data_ptr(), static_cast<std::size_t>(ws.numel()),
+                 reinterpret_cast<void*>(stream));
+    });
+    return {outs, lses};
+  }
+
+  std::unique_ptr<decoder> impl;
+
+private:
+  //! Runs the bindings' part of a call (`body`); where it fails, the plan (`in_step` false) or
+  //! the step is refused through the decoder so that no peer waits for this rank.
+  template <class Body>
+  void refused(const element_type& type, bool in_step, Body&& body) {
+    std::string problem;
+    try {
+      body();
+    } catch (const c10::Error& e) {
+      problem = e.msg();
+    }
+    if (problem.empty()) return;
+    const std::string prefix = "ringattn: ";
+    while (problem.starts_with(prefix))
+      problem.erase(0, prefix.size());
+    translated([&] { impl->refuse(type, in_step, problem); });
+  }
+  static void count(std::size_t got, std::size_t want, const char* name) {
+    if (got != want)
+      bad(std::string(name) + ": this decoder takes " + std::to_string(want) +
+          " here (its ranks here, times the sequences where per sequence), got " +
+          std::to_string(got));
+  }
+  static std::vector<std::int32_t> int32s(const std::vector<std::int64_t>& all, std::size_t from,
+                                          std::size_t n, const char* name) {
+    std::vector<std::int32_t> out(n);
+    for (std::size_t b = 0; b < n; ++b) {
+      const std::int64_t x = all[from + b];
+      if (x < 0 || x > INT32_MAX)
+        bad(std::string(name) + " entry " + std::to_string(x) + " is outside [0, 2^31)");
+      out[b] = static_cast<std::int32_t>(x);
+    }
+    return out;
+  }
+  //! A page pool `[pages, page_size, kv_heads, dim]` as its rows.
+  static view pool_of(const at::Tensor& t, const at::Tensor& q, at::Device here, const char* name) {
+    if (!t.defined() || t.dim() != 4)
+      bad(std::string(name) + " of a paged cache must be [pages, page_size, kv_heads, dim]");
+    check_tensor(t.select(1, 0), q, name, here, "decoder");
+    if (t.size(0) > 1 && t.stride(0) != t.size(1) * t.stride(1))
+      bad(std::string(name) + "'s pages must follow each other in memory (stride(0) == "
+                              "page_size * stride(1))");
+    return {t.data_ptr(),
+            t.size(0) * t.size(1),
+            static_cast<std::int32_t>(t.size(2)),
+            static_cast<std::int32_t>(t.size(3)),
+            t.stride(1),
+            t.stride(2)};
+  }
+  //! Sequence b's pages: the first ceil(length / page_size) entries of row b.
+  static void page_table_of(const at::Tensor& t, cache_shard& c, std::size_t batch) {
+    if (!t.defined() || t.device() != at::Device(at::kCPU) || t.dim() != 2 ||
+        (t.scalar_type() != at::kInt && t.scalar_type() != at::kLong) ||
+        t.size(0) != static_cast<std::int64_t>(batch))
+      bad("a page table is an int32 or int64 CPU tensor [batch, pages per sequence] ([" +
+          std::to_string(batch) + ", *])");
+    const at::Tensor table = t.to(at::kLong).contiguous();
+    const std::int64_t* rows = table.data_ptr<std::int64_t>();
+    const std::int64_t width = table.size(1);
+    c.cu_pages.assign(1, 0);
+    for (std::size_t b = 0; b < batch; ++b) {
+      const std::int64_t need = (std::int64_t{c.length[b]} + c.page_size - 1) / c.page_size;
+      if (need > width)
+        bad("sequence " + std::to_string(b) + "'s " + std::to_string(c.length[b]) +
+            " cached tokens need " + std::to_string(need) + " pages of " +
+            std::to_string(c.page_size) + "; its page table row has " + std::to_string(width));
+      for (std::int64_t j = 0; j < need; ++j) {
+        const std::int64_t page = rows[static_cast<std::int64_t>(b) * width + j];
+        if (page < 0 || page >= c.pages)
+          bad("sequence " + std::to_string(b) + "'s page " + std::to_string(j) + " is " +
+              std::to_string(page) + ", outside the pool of " + std::to_string(c.pages) + " pages");
+        c.page_table.push_back(static_cast<std::int32_t>(page));
+      }
+      if (c.page_table.size() > INT32_MAX) bad("a page table of more than 2^31 pages");
+      c.cu_pages.push_back(static_cast<std::int32_t>(c.page_table.size()));
+    }
   }
 };
 
@@ -368,6 +562,31 @@ c10::intrusive_ptr<Plan> plan_op(const std::optional<c10::intrusive_ptr<Endpoint
   }));
 }
 
+c10::intrusive_ptr<Decoder> decoder_op(const std::optional<c10::intrusive_ptr<Endpoint>>& ep,
+                                       std::int64_t virtual_ranks, std::int64_t device,
+                                       const std::vector<std::int64_t>& dims,
+                                       double softmax_scale) {
+  if (dims.size() != 4) bad("dims are [q_heads, kv_heads, head_dim, head_dim_v]");
+  for (std::int64_t d : dims)
+    if (d < 0 || d > INT32_MAX) bad("a head count or width of " + std::to_string(d));
+  ringattn::attention_arguments args;
+  args.q_heads = static_cast<std::int32_t>(dims[0]);
+  args.kv_heads = static_cast<std::int32_t>(dims[1]);
+  args.head_dim = static_cast<std::int32_t>(dims[2]);
+  args.head_dim_v = static_cast<std::int32_t>(dims[3]);
+  args.softmax_scale = static_cast<float>(softmax_scale);
+  return c10::make_intrusive<Decoder>(translated([&]() -> std::unique_ptr<decoder> {
+    if (ep) {
+      const auto& e = (*ep)->impl;
+      return e->device() >= 0 ? make_device_decoder(args, e) : make_host_decoder(args, e);
+    }
+    if (virtual_ranks < 1) bad("virtual_ranks must be at least 1");
+    return device >= 0 ? make_virtual_device_decoder(args, static_cast<int>(virtual_ranks),
+                                                     static_cast<int>(device))
+                       : make_virtual_host_decoder(args, static_cast<int>(virtual_ranks));
+  }));
+}
+
 //! A per-token layout answer (`of`: token_indices or position_ids) for rank `rank` of `ranks`, as
 //! an int64 CPU tensor.
 template <class Of>
@@ -418,10 +637,18 @@ TORCH_LIBRARY(ringattn, m) {
       .def("local_tokens", &Plan::local_tokens)
       .def("forward", &Plan::forward)
       .def("backward", &Plan::backward);
+  m.class_<Decoder>("Decoder")
+      .def("ranks_here", &Decoder::ranks_here)
+      .def("size", &Decoder::size)
+      .def("first_rank", &Decoder::first_rank)
+      .def("device", &Decoder::device)
+      .def("bytes_sent", &Decoder::bytes_sent)
+      .def("step", &Decoder::step);
   m.def("nccl_unique_id", &nccl_unique_id_op);
   m.def("nccl_endpoint", &nccl_endpoint_op);
   m.def("group_endpoint", &group_endpoint_op);
   m.def("plan", &plan_op);
+  m.def("decoder", &decoder_op);
   m.def("token_indices", &token_indices_op);
   m.def("position_ids", &position_ids_op);
   m.def("has_device_path", &has_device_path_op);

@@ -181,6 +181,99 @@ struct ring_calls {
   }
 };
 
+//! Each rank's share of a workspace of `bytes` bytes at `ws`, back to back, rank r's
+//! `aligned(want(r))` bytes; a short workspace gives the last shares less (each rank's own
+//! validation then names it).
+template <class Want>
+std::vector<std::pair<std::byte*, std::size_t>> shares_of(int ranks, void* ws, std::size_t bytes,
+                                                          Want&& want) {
+  std::vector<std::pair<std::byte*, std::size_t>> shares;
+  std::size_t offset = 0;
+  for (int r = 0; r < ranks; ++r) {
+    const std::size_t size = aligned(want(r));
+    const std::size_t have = offset < bytes ? std::min(size, bytes - offset) : 0;
+    shares.emplace_back(static_cast<std::byte*>(ws) + std::min(offset, bytes), have);
+    offset += size;
+  }
+  return shares;
+}
+
+//! The threads of virtual ranks and, on the device, each rank's stream, joined to the caller's
+//! stream by events (no host wait).
+template <bool Device>
+class virtual_streams {
+public:
+  virtual_streams(int ranks, int device) : device_(Device ? device : -1) {
+    if constexpr (Device) {
+      RINGATTN_CUDA_CHECK(cudaSetDevice(device_));
+      RINGATTN_CUDA_CHECK(cudaEventCreateWithFlags(&start_, cudaEventDisableTiming));
+      streams_.assign(static_cast<std::size_t>(ranks), nullptr);
+      done_.assign(static_cast<std::size_t>(ranks), nullptr);
+      for (std::size_t r = 0; r < streams_.size(); ++r) {
+        RINGATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&streams_[r], cudaStreamNonBlocking));
+        RINGATTN_CUDA_CHECK(cudaEventCreateWithFlags(&done_[r], cudaEventDisableTiming));
+      }
+    }
+  }
+  ~virtual_streams() {
+    if constexpr (Device) {
+      int current = -1;
+      const bool switched = cudaGetDevice(&current) == cudaSuccess && current != device_ &&
+                            cudaSetDevice(device_) == cudaSuccess;
+      for (auto s : streams_)
+        if (s) cudaStreamDestroy(s);
+      for (auto e : done_)
+        if (e) cudaEventDestroy(e);
+      if (start_) cudaEventDestroy(start_);
+      if (switched) cudaSetDevice(current);
+    }
+  }
+  virtual_streams(const virtual_streams&) = delete;
+  virtual_streams& operator=(const virtual_streams&) = delete;
+
+  int device() const { return device_; }
+
+  //! Runs `body(r)` for every rank on a thread of its own, with the rank's device current.
+  template <class Body>
+  void each(int ranks, Body&& body) const {
+    on_threads(ranks, [&](int r) {
+      if constexpr (Device) RINGATTN_CUDA_CHECK(cudaSetDevice(device_));
+      body(r);
+    });
+  }
+
+  //! Runs `body(r, stream)` for every rank on a thread of its own: on the device, rank r's stream
+  //! starts after the work enqueued on `caller` so far, and `caller` continues after every
+  //! rank's work.
+  template <class Body>
+  void run(int ranks, void* caller_stream, Body&& body) {
+    [[maybe_unused]] const auto caller = static_cast<cudaStream_t>(caller_stream);
+    if constexpr (Device) {
+      RINGATTN_CUDA_CHECK(cudaSetDevice(device_));
+      RINGATTN_CUDA_CHECK(cudaEventRecord(start_, caller));
+    }
+    each(ranks, [&](int r) {
+      const auto at = static_cast<std::size_t>(r);
+      cudaStream_t s = nullptr;
+      if constexpr (Device) {
+        s = streams_[at];
+        RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(s, start_, 0));
+      }
+      body(r, s);
+      if constexpr (Device) RINGATTN_CUDA_CHECK(cudaEventRecord(done_[at], s));
+    });
+    if constexpr (Device)
+      for (auto e : done_)
+        RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(caller, e, 0));
+  }
+
+private:
+  int device_ = -1;
+  cudaEvent_t start_ = nullptr;
+  std::vector<cudaStream_t> streams_;
+  std::vector<cudaEvent_t> done_;
+};
+
 //! A communicator the process keeps (`comm`), as an endpoint.
 template <class Communicator>
 class endpoint_of : public endpoint {
@@ -261,47 +354,18 @@ class virtual_plan final : public plan {
   using calls = ring_calls<ring_type, Kernel, Device>;
 
 public:
-  virtual_plan(const layout& l, int ranks, int device)
-      : group_(ranks), device_(Device ? device : -1) {
+  virtual_plan(const layout& l, int ranks, int device) : group_(ranks), streams_(ranks, device) {
     comms_.reserve(static_cast<std::size_t>(ranks));
     for (int r = 0; r < ranks; ++r)
       comms_.push_back(group_.communicator(r));
     rings_.resize(static_cast<std::size_t>(ranks));
-    on_threads(ranks, [&](int r) {
-      if constexpr (Device) RINGATTN_CUDA_CHECK(cudaSetDevice(device_));
+    streams_.each(ranks, [&](int r) {
       auto ring =
           std::make_unique<ring_type>(comms_[static_cast<std::size_t>(r)], l.args, l.cu_seqlens);
       if constexpr (Device) ring->prepare_device();
       rings_[static_cast<std::size_t>(r)] = std::move(ring);
     });
-    if constexpr (Device) {
-      RINGATTN_CUDA_CHECK(cudaSetDevice(device_));
-      RINGATTN_CUDA_CHECK(cudaEventCreateWithFlags(&start_, cudaEventDisableTiming));
-      streams_.assign(static_cast<std::size_t>(ranks), nullptr);
-      done_.assign(static_cast<std::size_t>(ranks), nullptr);
-      for (int r = 0; r < ranks; ++r) {
-        RINGATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&streams_[static_cast<std::size_t>(r)],
-                                                      cudaStreamNonBlocking));
-        RINGATTN_CUDA_CHECK(
-            cudaEventCreateWithFlags(&done_[static_cast<std::size_t>(r)], cudaEventDisableTiming));
-      }
-    }
   }
-  ~virtual_plan() override {
-    if constexpr (Device) {
-      int current = -1;
-      const bool switched = cudaGetDevice(&current) == cudaSuccess && current != device_ &&
-                            cudaSetDevice(device_) == cudaSuccess;
-      for (auto s : streams_)
-        if (s) cudaStreamDestroy(s);
-      for (auto e : done_)
-        if (e) cudaEventDestroy(e);
-      if (start_) cudaEventDestroy(start_);
-      if (switched) cudaSetDevice(current);
-    }
-  }
-  virtual_plan(const virtual_plan&) = delete;
-  virtual_plan& operator=(const virtual_plan&) = delete;
 
   int ranks_here() const override { return static_cast<int>(rings_.size()); }
   int size() const override { return ranks_here(); }
@@ -309,11 +373,11 @@ public:
   std::int64_t local_tokens(int i) const override {
     return rings_.at(static_cast<std::size_t>(i))->local_tokens();
   }
-  int device() const override { return device_; }
+  int device() const override { return streams_.device(); }
   std::size_t workspace_bytes(element_type type, bool backward) const override {
     std::size_t total = 0;
     for (int r = 0; r < ranks_here(); ++r)
-      total += share(type, backward, r);
+      total += aligned(share(type, backward, r));
     return total;
   }
   std::uint64_t bytes_sent() const override {
@@ -337,9 +401,9 @@ public:
 
 private:
   std::size_t share(element_type type, bool backward, int r) const {
-    return aligned(with_element(type, [&]<class T>(T) {
+    return with_element(type, [&]<class T>(T) {
       return calls::template workspace<T>(*rings_[static_cast<std::size_t>(r)], backward);
-    }));
+    });
   }
 
   template <class IO>
@@ -347,49 +411,23 @@ private:
            bool backward) {
     const int ranks = ranks_here();
     check_io_count(io.size(), ranks);
-    // Each rank's share of the workspace, back to back; a short workspace is the ring's own
-    // error (each share is checked by its rank's validation).
-    std::vector<std::pair<std::byte*, std::size_t>> shares;
-    std::size_t offset = 0;
-    for (int r = 0; r < ranks; ++r) {
-      const std::size_t want = share(type, backward, r);
-      const std::size_t have = offset < bytes ? std::min(want, bytes - offset) : 0;
-      shares.emplace_back(static_cast<std::byte*>(ws) + std::min(offset, bytes), have);
-      offset += want;
-    }
-    [[maybe_unused]] const auto caller = static_cast<cudaStream_t>(stream);
-    if constexpr (Device) {
-      RINGATTN_CUDA_CHECK(cudaSetDevice(device_));
-      RINGATTN_CUDA_CHECK(cudaEventRecord(start_, caller));
-    }
-    on_threads(ranks, [&](int r) {
+    const auto shares =
+        shares_of(ranks, ws, bytes, [&](int r) { return share(type, backward, r); });
+    streams_.run(ranks, stream, [&](int r, cudaStream_t s) {
       const auto at = static_cast<std::size_t>(r);
-      cudaStream_t s = nullptr;
-      if constexpr (Device) {
-        RINGATTN_CUDA_CHECK(cudaSetDevice(device_));
-        s = streams_[at];
-        RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(s, start_, 0));
-      }
       with_element(type, [&]<class T>(T) {
         if constexpr (std::is_same_v<IO, forward_io>)
           calls::template forward<T>(*rings_[at], io[at], shares[at].first, shares[at].second, s);
         else
           calls::template backward<T>(*rings_[at], io[at], shares[at].first, shares[at].second, s);
       });
-      if constexpr (Device) RINGATTN_CUDA_CHECK(cudaEventRecord(done_[at], s));
     });
-    if constexpr (Device)
-      for (auto e : done_)
-        RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(caller, e, 0));
   }
 
   ringattn::in_process_group group_;
   std::vector<comm_type> comms_;
+  virtual_streams<Device> streams_; // outlives the rings, whose last work ran on its streams
   std::vector<std::unique_ptr<ring_type>> rings_;
-  int device_ = -1;
-  cudaEvent_t start_ = nullptr;
-  std::vector<cudaStream_t> streams_;
-  std::vector<cudaEvent_t> done_;
 };
 
 //! Calls `f.template operator()<Partitioner, Kernel, Schedule>()` for the layout's kinds, with

@@ -7,16 +7,18 @@
 `ring_attention` runs this rank's shards over a torch.distributed group (CUDA tensors over NCCL,
 CPU tensors over gloo) with autograd; `virtual_ring_attention` runs every rank of a ring as
 threads of this process; `shard`, `unshard`, `token_indices` and `position_ids` lay a packed
-batch out over the ranks.
+batch out over the ranks. `ShardedDecoder` decodes over a KV cache sharded across the ranks
+(slab or paged), `owned_new_rows` says which new tokens a rank appends to its shard.
 """
 
 from ._library import has_cudnn_kernel, has_device_path
 from .attention import KERNELS, MASKS, SCHEDULES, ring_attention, virtual_ring_attention
+from .decode import ShardedDecoder, owned_new_rows
 from .layout import PARTITIONERS, position_ids, shard, token_indices, unshard
 
 __all__ = [
-    "KERNELS", "MASKS", "PARTITIONERS", "SCHEDULES", "has_cudnn_kernel", "has_device_path",
-    "position_ids", "ring_attention", "shard", "token_indices", "unshard",
-    "virtual_ring_attention",
+    "KERNELS", "MASKS", "PARTITIONERS", "SCHEDULES", "ShardedDecoder", "has_cudnn_kernel",
+    "has_device_path", "owned_new_rows", "position_ids", "ring_attention", "shard",
+    "token_indices", "unshard", "virtual_ring_attention",
 ]
 __version__ = "0.1.0"

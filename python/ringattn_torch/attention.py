@@ -82,14 +82,18 @@ class _Communicator:
         self._endpoint = None
         self._plans = collections.OrderedDict()
 
+    def endpoint(self):
+        """This process's end of the communicator, made at the first call (collective)."""
+        if self._endpoint is None:
+            self._endpoint = self._make_endpoint()
+        return self._endpoint
+
     def plan(self, key, device_index):
         plan = self._plans.get(key)
         if plan is not None:
             self._plans.move_to_end(key)
             return plan
-        if self._endpoint is None:
-            self._endpoint = self._make_endpoint()
-        plan = _make_plan(self._endpoint, 0, device_index, key)
+        plan = _make_plan(self.endpoint(), 0, device_index, key)
         self._plans[key] = plan
         while len(self._plans) > PLANS_PER_COMMUNICATOR:
             self._plans.popitem(last=False)

@@ -231,3 +231,18 @@ def test_training_example_follows_single_gpu_sdpa(kernel):
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     assert "largest relative gap between the loss curves" in run.stdout
+
+
+def test_nccl_group_of_one_decodes(nccl_group_of_one):
+    from test_decode import check_step, make_case
+    cu, (q, k, v), shards = make_case(31, 1, "paged", torch.bfloat16, "cuda", longest=2000,
+                                      q_heads=32, kv_heads=8, dim=128)
+    dec = ra.ShardedDecoder(32, 8, 128, group=nccl_group_of_one)
+    kc, vc, lengths, extra = shards[0].args()
+    out, lse = dec.step(q, k, v, kc, vc, cu, lengths, **extra)
+    check_step([out], [lse], q, k, v, cu, shards, torch.bfloat16)
+    # A refused step, then the decoder again (over a new NCCL communicator): the same bits.
+    with pytest.raises(ValueError, match="float16 or bfloat16"):
+        dec.step(q.float(), k.float(), v.float(), kc.float(), vc.float(), cu, lengths, **extra)
+    again, _ = dec.step(q, k, v, kc, vc, cu, lengths, **extra)
+    assert torch.equal(again, out)

@@ -43,20 +43,6 @@ std::unique_ptr<plan> by_kernel(const layout& l, F&& f) {
   });
 }
 
-//! Makes `device` current for the scope.
-class device_scope {
-public:
-  explicit device_scope(int device) {
-    RINGATTN_CUDA_CHECK(cudaGetDevice(&previous_));
-    RINGATTN_CUDA_CHECK(cudaSetDevice(device));
-  }
-  ~device_scope() { cudaSetDevice(previous_); }
-  device_scope(const device_scope&) = delete;
-  device_scope& operator=(const device_scope&) = delete;
-
-private:
-  int previous_ = 0;
-};
 } // namespace
 
 bool has_device_path() { return true; }
@@ -78,13 +64,13 @@ std::shared_ptr<endpoint> make_nccl_endpoint(std::span<const std::uint8_t> id_by
                                      std::to_string(sizeof id) + " bytes, got " +
                                      std::to_string(id_bytes.size()));
   std::memcpy(&id, id_bytes.data(), sizeof id);
-  device_scope scope(device);
+  device::device_scope scope(device);
   return std::make_shared<device::nccl_endpoint>(id, size, rank,
                                                  std::chrono::milliseconds(timeout_ms));
 }
 
 std::unique_ptr<plan> make_virtual_device_plan(const layout& l, int ranks, int device) {
-  device_scope scope(device);
+  device::device_scope scope(device);
   return by_kernel(l, [&]<class K>(K) { return device::virtual_plan_for<K>(l, ranks, device); });
 }
 
@@ -93,7 +79,7 @@ std::unique_ptr<plan> make_device_plan(const layout& l, std::shared_ptr<endpoint
   if (!nccl)
     throw ringattn::invalid_argument(
         "ringattn: CUDA tensors run over an NCCL endpoint; this endpoint is not one");
-  device_scope scope(nccl->device());
+  device::device_scope scope(nccl->device());
   return by_kernel(l, [&]<class K>(K) { return device::rank_plan_for<K>(l, nccl); });
 }
 

@@ -6,6 +6,7 @@
 #include "../plans.hpp"
 
 #include <ringattn/comm/nccl.cuh>
+#include <ringattn/cuda_check.cuh>
 #if RINGATTN_TORCH_CUDNN
 #include <ringattn/cudnn.cuh>
 #endif
@@ -15,6 +16,21 @@
 namespace ringattn_torch::device {
 
 using nccl_endpoint = detail::endpoint_of<ringattn::nccl_communicator>;
+
+//! Makes `device` current for the scope.
+class device_scope {
+public:
+  explicit device_scope(int device) {
+    RINGATTN_CUDA_CHECK(cudaGetDevice(&previous_));
+    RINGATTN_CUDA_CHECK(cudaSetDevice(device));
+  }
+  ~device_scope() { cudaSetDevice(previous_); }
+  device_scope(const device_scope&) = delete;
+  device_scope& operator=(const device_scope&) = delete;
+
+private:
+  int previous_ = 0;
+};
 
 template <class Kernel>
 std::unique_ptr<plan> virtual_plan_for(const layout& l, int ranks, int device) {
