@@ -284,3 +284,17 @@ def test_device_refusals_then_a_step():
         dec.step(q, k, v, [args[0][0], args[1][0].cpu()], caches(1), cu, caches(2))
     outs, lses = step_all(dec, q, k, v, cu, shards)
     check_step(outs, lses, q, k, v, cu, shards, torch.bfloat16)
+
+
+def test_page_tables_as_lists_and_one_rank_arguments():
+    cu, (q, k, v), shards = make_case(13, 1, "paged", torch.bfloat16, "cpu")
+    dec = ra.ShardedDecoder(4, 2, 64)  # no process group: one virtual rank
+    kc, vc, lengths, extra = shards[0].args()
+    out, lse = dec.step(q, k, v, kc, vc, cu, lengths, **extra)
+    check_step([out], [lse], q, k, v, cu, shards, torch.bfloat16)
+    # The page table as lists of each sequence's pages (uneven rows), lengths as a tensor.
+    rows = [pages for pages in shards[0].table]
+    again, again_lse = dec.step(q, k, v, kc, vc, cu, torch.tensor(lengths), page_table=rows)
+    assert torch.equal(again, out) and torch.equal(again_lse, lse)
+    with pytest.raises(ValueError, match="a paged cache takes page tables, not begins"):
+        dec.step(q, k, v, kc, vc, cu, lengths, cache_begin=[0] * len(lengths), **extra)
