@@ -116,4 +116,6 @@ if python3 -c "import ringattn_torch" >/dev/null 2>&1; then
   # The extension on one rank against SDPA and PyTorch context parallel, same job.
   torchrun --nproc-per-node 1 bench/torch_extension.py "$OUT/torch_extension.json" 2>&1 | tail -2
   python3 bench/scripts/report_torch_extension.py "$OUT/torch_extension.json"
+  # The extension's decode step against SDPA over the whole cache, same job.
+  torchrun --nproc-per-node 1 bench/torch_decode.py "$OUT/torch_decode.json" 2>&1 | grep " ms "
 fi
