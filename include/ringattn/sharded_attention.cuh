@@ -578,9 +578,12 @@ private:
   // table when first asked for; valid by construction, the pages having been checked).
   const std::vector<std::vector<block_group>>& cache_rounds() {
     if (rounds_built_) return cache_rounds_;
-    cache_rounds_.assign(1, {});
+    // The previous step's rounds keep their storage (rounds left empty are skipped).
+    for (auto& round : cache_rounds_)
+      round.clear();
+    if (cache_rounds_.empty()) cache_rounds_.emplace_back();
     if (!paged_) {
-      cache_rounds_[0] = cache_groups_;
+      cache_rounds_[0].assign(cache_groups_.begin(), cache_groups_.end());
     } else {
       for (const block_group& g : cache_groups_)
         add_page_runs(cache_rounds_, pages_.page_size,
