@@ -55,7 +55,6 @@ def steps(batch, cache, new, group):
     v_pool[order] = v_cache.view(batch * per, PAGE, KV_HEADS, DIM)
     yield "ringattn_torch_paged", lambda: one.step(q, k, v, k_pool, v_pool, cu, lengths,
                                                    page_table=table)
-    del k_pool, v_pool
 
     # Every sequence's cache split into 8 runs, one per virtual rank.
     share = cache // VIRTUAL_RANKS
@@ -65,14 +64,12 @@ def steps(batch, cache, new, group):
     many = ra.ShardedDecoder(Q_HEADS, KV_HEADS, DIM, ranks=VIRTUAL_RANKS)
     yield "ringattn_torch_8_virtual_ranks", lambda: many.step(
         q, k, v, k_parts, v_parts, cu, [[share] * batch] * VIRTUAL_RANKS)
-    del k_parts, v_parts
 
     # SDPA over the whole cache, the new tokens appended to it.
     bhsd = lambda x, n: x.view(batch, n, x.size(1), DIM).transpose(1, 2)
     q4 = bhsd(q, new).contiguous()
     k4 = torch.cat([bhsd(k_cache, cache), bhsd(k, new)], 2).contiguous()
     v4 = torch.cat([bhsd(v_cache, cache), bhsd(v, new)], 2).contiguous()
-    del k_cache, v_cache
     mask = None
     if new > 1:
         mask = torch.ones(new, cache + new, device="cuda", dtype=torch.bool).tril(cache)

@@ -13,7 +13,7 @@ table per sequence. The page allocator is the caller's.
 """
 
 import operator
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import List, Optional, Sequence, Union
 
 import torch
 import torch.distributed as dist
@@ -142,7 +142,13 @@ class ShardedDecoder:
         (float32, natural log): rank 0's (every rank has the same bits), or every rank's here as
         lists where `every_rank`."""
         if not isinstance(q, torch.Tensor):
-            raise TypeError("ringattn: q must be a tensor")
+            if self._impl is None:
+                raise TypeError("ringattn: q must be a tensor")
+            # Refused through the decoder of the last step, so that the peers raise too.
+            problem = f"ringattn: q must be a tensor (got {type(q).__name__})"
+            q = torch.empty(0, 0, 0, device=self._device)
+            return self._run(self._impl, q, q, q, ([], []), [], [], [], [], problem,
+                             every_rank)
         impl = self._decoder(q.device)
         here = impl.ranks_here()
         problem = ""
@@ -179,6 +185,9 @@ class ShardedDecoder:
             empty = torch.empty(0, 0, 0, device=q.device, dtype=q.dtype)
             k = k if isinstance(k, torch.Tensor) else empty
             v = v if isinstance(v, torch.Tensor) else empty
+        return self._run(impl, q, k, v, caches, cu, lengths, begins, tables, problem, every_rank)
+
+    def _run(self, impl, q, k, v, caches, cu, lengths, begins, tables, problem, every_rank):
         try:
             with _device_scope(q.device):
                 outs, lses = impl.step(q, k, v, caches[0], caches[1], cu, lengths, begins,

@@ -240,6 +240,12 @@ def _group_steps(rank, ranks):
         dec.step(q, k, v, kc, vc, cu, lengths, page_table=table)
     again, _ = dec.step(q, k, v, kc, vc, cu, lengths, **extra)
     assert torch.equal(again, out)
+    # Rank 2 passes no tensor for q: refused through the decoder, every rank raises.
+    match = "q must be a tensor" if rank == 2 else "rank 2 rejected its step"
+    with pytest.raises(ValueError, match=match):
+        dec.step(None if rank == 2 else q, k, v, kc, vc, cu, lengths, **extra)
+    again, _ = dec.step(q, k, v, kc, vc, cu, lengths, **extra)
+    assert torch.equal(again, out)
 
 
 def test_process_group_of_three():
