@@ -15,10 +15,17 @@
 
 #include <cuda_runtime_api.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <condition_variable>
+#include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <type_traits>
 #include <utility>
@@ -55,39 +62,117 @@ inline void check_io_count(std::size_t got, int want) {
                                      std::to_string(want) + " rank(s), got " + std::to_string(got));
 }
 
-//! Runs `body(i)` for i in [0, n) on n threads; returns after all have ended and rethrows the
-//! most telling failure (an invalid argument before a communication error, lowest rank first).
-template <class Body>
-void on_threads(int n, Body&& body) {
-  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
-  std::vector<std::thread> threads;
-  threads.reserve(static_cast<std::size_t>(n));
-  for (int i = 0; i < n; ++i)
-    threads.emplace_back([&, i] {
+//! Rethrows the most telling of the failures of a call's threads, lowest rank first: a rank's
+//! own invalid argument, then one that names a peer's rejection (the library's agreements say
+//! "rank r rejected its ... (its own error says why)"), then any other; returns where none failed.
+inline void rethrow_most_telling(const std::vector<std::exception_ptr>& errors) {
+  std::exception_ptr own, argument, other;
+  for (const auto& e : errors) {
+    if (!e) continue;
+    try {
+      std::rethrow_exception(e);
+    } catch (const ringattn::invalid_argument& x) {
+      const bool about_a_peer =
+          std::string_view(x.what()).find("(its own error says why)") != std::string_view::npos;
+      if (!own && !about_a_peer) own = e;
+      if (!argument) argument = e;
+    } catch (...) {
+      if (!other) other = e;
+    }
+  }
+  for (const auto& e : {own, argument, other})
+    if (e) std::rethrow_exception(e);
+}
+
+//! Threads kept from call to call that run `body(i)` for every i in [0, n) together (the ranks
+//! of an in-process group meet in collectives, so each needs a thread of its own): index 0 on
+//! the caller's thread, the others on the pool's. A thread's first CUDA call costs more than a
+//! decode step's host work, so the threads live as long as the pool. Calls from several threads
+//! take turns.
+class rank_threads {
+public:
+  explicit rank_threads(int n) : owner_(getpid()) {
+    threads_.reserve(static_cast<std::size_t>(std::max(n - 1, 0)));
+    for (int i = 1; i < n; ++i)
+      threads_.emplace_back([this, i] { serve(i); });
+  }
+  ~rank_threads() {
+    {
+      const std::lock_guard<std::mutex> lock(m_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    for (auto& t : threads_)
+      t.join();
+  }
+  rank_threads(const rank_threads&) = delete;
+  rank_threads& operator=(const rank_threads&) = delete;
+
+  //! Runs `body(i)` for i in [0, n) (n at most the pool's size) and returns after all have
+  //! ended, rethrowing the most telling failure.
+  template <class Body>
+  void run(int n, Body&& body) {
+    if (getpid() != owner_)
+      throw ringattn::invalid_argument(
+          "ringattn: virtual ranks made before a fork() run only in the process that made them");
+    if (n - 1 > static_cast<int>(threads_.size()))
+      throw ringattn::invalid_argument("ringattn: " + std::to_string(n) +
+                                       " virtual ranks on a pool of " +
+                                       std::to_string(threads_.size() + 1) + " threads");
+    const std::lock_guard<std::mutex> turn(turn_);
+    std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
+    auto one = [&](int i) {
       try {
         body(i);
       } catch (...) {
         errors[static_cast<std::size_t>(i)] = std::current_exception();
       }
-    });
-  for (auto& t : threads)
-    t.join();
-  std::exception_ptr first, first_argument;
-  for (const auto& e : errors) {
-    if (!e) continue;
-    if (!first) first = e;
-    if (!first_argument) {
-      try {
-        std::rethrow_exception(e);
-      } catch (const ringattn::invalid_argument&) {
-        first_argument = e;
-      } catch (...) {
-      }
+    };
+    const std::function<void(int)> job = one;
+    {
+      const std::lock_guard<std::mutex> lock(m_);
+      job_ = &job;
+      working_ = n;
+      pending_ = n - 1;
+      ++generation_;
+    }
+    wake_.notify_all();
+    if (n > 0) one(0);
+    {
+      std::unique_lock<std::mutex> lock(m_);
+      done_.wait(lock, [&] { return pending_ == 0; });
+      job_ = nullptr;
+    }
+    rethrow_most_telling(errors);
+  }
+
+private:
+  void serve(int i) {
+    std::uint64_t seen = 0;
+    std::unique_lock<std::mutex> lock(m_);
+    for (;;) {
+      wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
+      if (stop_) return;
+      seen = generation_;
+      if (i >= working_) continue;
+      const std::function<void(int)>* job = job_;
+      lock.unlock();
+      (*job)(i);
+      lock.lock();
+      if (--pending_ == 0) done_.notify_one();
     }
   }
-  if (first_argument) std::rethrow_exception(first_argument);
-  if (first) std::rethrow_exception(first);
-}
+
+  pid_t owner_;
+  std::mutex turn_; // one call at a time
+  std::mutex m_;
+  std::condition_variable wake_, done_;
+  std::uint64_t generation_ = 0;
+  int working_ = 0, pending_ = 0;
+  bool stop_ = false;
+  const std::function<void(int)>* job_ = nullptr;
+  std::vector<std::thread> threads_;
+};
 
 [[noreturn]] inline void no_fp32_on_device() {
   throw ringattn::invalid_argument(
@@ -198,12 +283,12 @@ std::vector<std::pair<std::byte*, std::size_t>> shares_of(int ranks, void* ws, s
   return shares;
 }
 
-//! The threads of virtual ranks and, on the device, each rank's stream, joined to the caller's
-//! stream by events (no host wait).
+//! The threads of virtual ranks (kept from call to call) and, on the device, each rank's stream,
+//! joined to the caller's stream by events (no host wait).
 template <bool Device>
 class virtual_streams {
 public:
-  virtual_streams(int ranks, int device) : device_(Device ? device : -1) {
+  virtual_streams(int ranks, int device) : device_(Device ? device : -1), threads_(ranks) {
     if constexpr (Device) {
       RINGATTN_CUDA_CHECK(cudaSetDevice(device_));
       RINGATTN_CUDA_CHECK(cudaEventCreateWithFlags(&start_, cudaEventDisableTiming));
@@ -234,12 +319,21 @@ public:
   int device() const { return device_; }
 
   //! Runs `body(r)` for every rank on a thread of its own, with the rank's device current.
+  //! Rank 0 runs on the caller's thread, whose current device is the same after as before.
   template <class Body>
   void each(int ranks, Body&& body) const {
-    on_threads(ranks, [&](int r) {
-      if constexpr (Device) RINGATTN_CUDA_CHECK(cudaSetDevice(device_));
-      body(r);
-    });
+    int caller = -1;
+    if constexpr (Device) RINGATTN_CUDA_CHECK(cudaGetDevice(&caller));
+    try {
+      threads_.run(ranks, [&](int r) {
+        if constexpr (Device) RINGATTN_CUDA_CHECK(cudaSetDevice(device_));
+        body(r);
+      });
+    } catch (...) {
+      if constexpr (Device) cudaSetDevice(caller);
+      throw;
+    }
+    if constexpr (Device) RINGATTN_CUDA_CHECK(cudaSetDevice(caller));
   }
 
   //! Runs `body(r, stream)` for every rank on a thread of its own: on the device, rank r's stream
@@ -269,6 +363,7 @@ public:
 
 private:
   int device_ = -1;
+  mutable rank_threads threads_;
   cudaEvent_t start_ = nullptr;
   std::vector<cudaStream_t> streams_;
   std::vector<cudaEvent_t> done_;
