@@ -25,7 +25,8 @@ struct cache_shard {
   std::int64_t rows = 0;
   std::int32_t page_size = 0; //!< 0: not paged
   std::int64_t pages = 0;
-  std::vector<std::int32_t> cu_pages, page_table;
+  std::vector<std::int32_t> cu_pages;       //!< batch + 1 offsets into page_table
+  std::span<const std::int32_t> page_table; //!< the caller's table, read in place
 };
 
 //! One rank's tensors of a step: the new tokens (the same on every rank), its cache shard (a

@@ -354,7 +354,7 @@ struct Decoder : torch::CustomClassHolder {
     std::vector<std::int32_t> cu;
     std::vector<cache_shard> shards(n);
     std::vector<decode_io> io(n);
-    std::vector<at::Tensor> outs(n), lses(n);
+    std::vector<at::Tensor> outs(n), lses(n), tables(n);
     refused(type, false, [&] {
       if (!problem.empty()) bad(problem);
       if (!q.defined()) bad("q is undefined");
@@ -384,7 +384,7 @@ struct Decoder : torch::CustomClassHolder {
             bad("k_cache and v_cache must be pools of the same pages");
           c.page_size = static_cast<std::int32_t>(k_cache[i].size(1));
           c.pages = k_cache[i].size(0);
-          page_table_of(page_tables[i], c, batch);
+          page_table_of(page_tables[i], c, batch, tables[i]);
         } else {
           check_tensor(k_cache[i], q, "k_cache", here, "decoder");
           check_tensor(v_cache[i], q, "v_cache", here, "decoder");
@@ -479,32 +479,28 @@ private:
             t.stride(2)};
   }
   //! Sequence b's pages: the first ceil(length / page_size) entries of row b.
-  static void page_table_of(const at::Tensor& t, cache_shard& c, std::size_t batch) {
+  //! Sequence b's pages are row b of the table `[batch, width]`, read in place where it is a
+  //! contiguous int32 tensor (else through the int32 copy `held`, which the step keeps); entries
+  //! past a sequence's pages are not read. The library checks the pages a step reads.
+  static void page_table_of(const at::Tensor& t, cache_shard& c, std::size_t batch,
+                            at::Tensor& held) {
     if (!t.defined() || t.device() != at::Device(at::kCPU) || t.dim() != 2 ||
         (t.scalar_type() != at::kInt && t.scalar_type() != at::kLong) ||
         t.size(0) != static_cast<std::int64_t>(batch))
       bad("a page table is an int32 or int64 CPU tensor [batch, pages per sequence] ([" +
           std::to_string(batch) + ", *])");
-    const at::Tensor table = t.to(at::kLong).contiguous();
-    const std::int64_t* rows = table.data_ptr<std::int64_t>();
-    const std::int64_t width = table.size(1);
-    c.cu_pages.assign(1, 0);
-    for (std::size_t b = 0; b < batch; ++b) {
-      const std::int64_t need = (std::int64_t{c.length[b]} + c.page_size - 1) / c.page_size;
-      if (need > width)
-        bad("sequence " + std::to_string(b) + "'s " + std::to_string(c.length[b]) +
-            " cached tokens need " + std::to_string(need) + " pages of " +
-            std::to_string(c.page_size) + "; its page table row has " + std::to_string(width));
-      for (std::int64_t j = 0; j < need; ++j) {
-        const std::int64_t page = rows[static_cast<std::int64_t>(b) * width + j];
-        if (page < 0 || page >= c.pages)
-          bad("sequence " + std::to_string(b) + "'s page " + std::to_string(j) + " is " +
-              std::to_string(page) + ", outside the pool of " + std::to_string(c.pages) + " pages");
-        c.page_table.push_back(static_cast<std::int32_t>(page));
-      }
-      if (c.page_table.size() > INT32_MAX) bad("a page table of more than 2^31 pages");
-      c.cu_pages.push_back(static_cast<std::int32_t>(c.page_table.size()));
+    if (t.numel() > INT32_MAX) bad("a page table of more than 2^31 entries");
+    if (t.scalar_type() == at::kLong && t.numel() > 0) {
+      const auto [lo, hi] = at::aminmax(t);
+      if (lo.item<std::int64_t>() < INT32_MIN || hi.item<std::int64_t>() > INT32_MAX)
+        bad("a page table entry is outside the int32 range");
     }
+    held = t.to(at::kInt).contiguous();
+    const auto width = static_cast<std::int32_t>(held.size(1));
+    c.cu_pages.resize(batch + 1);
+    for (std::size_t b = 0; b <= batch; ++b)
+      c.cu_pages[b] = static_cast<std::int32_t>(b) * width;
+    c.page_table = {held.data_ptr<std::int32_t>(), static_cast<std::size_t>(held.numel())};
   }
 };
 
