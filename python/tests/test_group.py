@@ -2,6 +2,7 @@
 forward and backward against the float64 reference on the gathered sequence, plans kept per
 layout, and a refusal on one rank reaching every rank."""
 
+import faulthandler
 import gc
 import os
 import tempfile
@@ -21,6 +22,8 @@ from reference import (TOLERANCE, attention, inputs, max_logit, random_cu_seqlen
 def _worker(rank, ranks, store, body, errors):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
+    # A rank still running after 240 s prints where every thread of it is, before the kill.
+    faulthandler.dump_traceback_later(240, exit=False)
     try:
         os.environ["RINGATTN_TEST_STORE"] = store  # for a body that makes a second world
         dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
@@ -42,8 +45,9 @@ def run_ranks(ranks, body):
                  for r in range(ranks)]
         for p in procs:
             p.start()
+        deadline = time.monotonic() + 300
         for p in procs:
-            p.join(timeout=300)
+            p.join(timeout=max(0.0, deadline - time.monotonic()))
         for p in procs:
             if p.is_alive():
                 p.kill()
