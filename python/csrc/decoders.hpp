@@ -71,24 +71,7 @@ struct decode_calls {
       }
     });
   }
-
-  [[noreturn]] static void refuse(Decode& d, element_type type, bool in_step,
-                                  const std::string& reason) {
-    with_element(type, [&]<class T>(T) {
-      if constexpr (Device && std::is_same_v<T, float>)
-        d.template refuse<__nv_bfloat16>(in_step, Device, reason);
-      else
-        d.template refuse<T>(in_step, Device, reason);
-    });
-    throw ringattn::invalid_argument("ringattn: " + reason);
-  }
 };
-
-inline void check_shard_count(std::size_t got, int want) {
-  if (got != static_cast<std::size_t>(want))
-    throw ringattn::invalid_argument("ringattn: a step of this decoder takes the caches of " +
-                                     std::to_string(want) + " rank(s), got " + std::to_string(got));
-}
 
 //! One rank of an endpoint's communicator: one `sharded_attention`.
 template <class Communicator, bool Device>
@@ -108,7 +91,7 @@ public:
   int device() const override { return Device ? ep_->device() : -1; }
   std::uint64_t bytes_sent() const override { return ep_->bytes_sent(); }
   void plan(std::span<const std::int32_t> cu_new, std::span<const cache_shard> caches) override {
-    check_shard_count(caches.size(), 1);
+    check_io_count(caches.size(), 1, "the caches");
     calls::plan(decode_, cu_new, caches[0]);
   }
   std::size_t workspace_bytes(element_type type) const override {
@@ -121,7 +104,7 @@ public:
                 static_cast<cudaStream_t>(stream));
   }
   [[noreturn]] void refuse(element_type type, bool in_step, const std::string& reason) override {
-    calls::refuse(decode_, type, in_step, reason);
+    refuse_through<Device>(decode_, type, in_step, reason);
   }
 
 private:
@@ -162,7 +145,7 @@ public:
     return total;
   }
   void plan(std::span<const std::int32_t> cu_new, std::span<const cache_shard> caches) override {
-    check_shard_count(caches.size(), ranks_here());
+    check_io_count(caches.size(), ranks_here(), "the caches");
     streams_.each(ranks_here(), [&](int r) {
       calls::plan(*decoders_[static_cast<std::size_t>(r)], cu_new,
                   caches[static_cast<std::size_t>(r)]);

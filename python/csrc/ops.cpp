@@ -367,11 +367,12 @@ struct Decoder : torch::CustomClassHolder {
       cu = cu_seqlens_of(cu_new, "cu_new");
       if (cu.size() < 2) bad("cu_new must hold batch + 1 offsets");
       const std::size_t batch = cu.size() - 1;
-      count(k_cache.size(), n, "k_cache"), count(v_cache.size(), n, "v_cache");
-      count(lengths.size(), n * batch, "lengths");
-      if (!begins.empty()) count(begins.size(), n * batch, "begins");
+      count(k_cache.size(), n, "k_cache", "rank here");
+      count(v_cache.size(), n, "v_cache", "rank here");
+      count(lengths.size(), n * batch, "lengths", "sequence of each rank here");
+      if (!begins.empty()) count(begins.size(), n * batch, "begins", "sequence of each rank here");
       const bool paged = !page_tables.empty();
-      if (paged) count(page_tables.size(), n, "page_tables");
+      if (paged) count(page_tables.size(), n, "page_tables", "rank here");
       if (paged && !begins.empty()) bad("a paged cache takes page tables, not begins");
       for (std::size_t i = 0; i < n; ++i) {
         cache_shard& c = shards[i];
@@ -446,11 +447,11 @@ private:
       problem.erase(0, prefix.size());
     translated([&] { impl->refuse(type, in_step, problem); });
   }
-  static void count(std::size_t got, std::size_t want, const char* name) {
+  //! That `name` holds `want` entries, one per `each` ("rank here", "sequence of each rank here").
+  static void count(std::size_t got, std::size_t want, const char* name, const char* each) {
     if (got != want)
-      bad(std::string(name) + ": this decoder takes " + std::to_string(want) +
-          " here (its ranks here, times the sequences where per sequence), got " +
-          std::to_string(got));
+      bad(std::string(name) + " takes one entry per " + each + ": " + std::to_string(want) +
+          ", got " + std::to_string(got));
   }
   static std::vector<std::int32_t> int32s(const std::vector<std::int64_t>& all, std::size_t from,
                                           std::size_t n, const char* name) {

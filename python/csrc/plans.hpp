@@ -56,10 +56,26 @@ decltype(auto) with_element(element_type type, F&& f) {
   return f(float{});
 }
 
-inline void check_io_count(std::size_t got, int want) {
+//! That a call got one entry (`what`: "the tensors", "the caches") per rank it runs here.
+inline void check_io_count(std::size_t got, int want, const char* what = "the tensors") {
   if (got != static_cast<std::size_t>(want))
-    throw ringattn::invalid_argument("ringattn: a call of this plan takes the tensors of " +
+    throw ringattn::invalid_argument("ringattn: a call here takes " + std::string(what) + " of " +
                                      std::to_string(want) + " rank(s), got " + std::to_string(got));
+}
+
+//! Refuses a call through `owner.refuse<T>(in_step, Device, reason)` (a ring or a sharded
+//! decode), T the element type `type` names (bf16 for fp32 on the device, which refuses fp32
+//! anyway), so that the peers' call fails too; then throws `reason` here.
+template <bool Device, class Owner>
+[[noreturn]] void refuse_through(Owner& owner, element_type type, bool in_step,
+                                 const std::string& reason) {
+  with_element(type, [&]<class T>(T) {
+    if constexpr (Device && std::is_same_v<T, float>)
+      owner.template refuse<__nv_bfloat16>(in_step, Device, reason);
+    else
+      owner.template refuse<T>(in_step, Device, reason);
+  });
+  throw ringattn::invalid_argument("ringattn: " + reason);
 }
 
 //! Rethrows the most telling of the failures of a call's threads, lowest rank first: a rank's
@@ -426,13 +442,7 @@ public:
     });
   }
   [[noreturn]] void refuse(element_type type, bool backward, const std::string& reason) override {
-    with_element(type, [&]<class T>(T) {
-      if constexpr (Device && std::is_same_v<T, float>)
-        ring_.template refuse<__nv_bfloat16>(backward, Device, reason);
-      else
-        ring_.template refuse<T>(backward, Device, reason);
-    });
-    throw ringattn::invalid_argument("ringattn: " + reason);
+    refuse_through<Device>(ring_, type, backward, reason);
   }
 
 private:
