@@ -4,6 +4,7 @@ and over a gloo process group, slab, packed and paged caches, against the float6
 tokens to the owners' shards; refusals followed by a step that works."""
 
 import math
+import os
 
 import pytest
 import torch
@@ -222,6 +223,31 @@ def test_refusals_then_a_step():
                  [a[2] for a in args], page_table=[a[3]["page_table"] for a in args])
     outs, lses = step_all(dec, q, k, v, cu, shards)
     check_step(outs, lses, q, k, v, cu, shards, torch.float32)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="the platform has no fork()")
+def test_virtual_ranks_are_refused_in_a_forked_child_and_work_in_the_parent():
+    cu, (q, k, v), shards = make_case(13, 2, "packed", torch.float32, "cpu")
+    dec = ra.ShardedDecoder(4, 2, 64, ranks=2)
+    out, _ = step_all(dec, q, k, v, cu, shards, every_rank=False)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its decoder's rank threads stayed in the parent
+        message = b"the step ran"
+        try:
+            step_all(dec, q, k, v, cu, shards)
+        except ValueError as e:
+            message = str(e).encode()
+        finally:
+            os.write(write, message[:1000])
+            os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    with os.fdopen(read, "rb") as f:
+        told = f.read().decode()
+    assert "before a fork()" in told, told
+    again, _ = step_all(dec, q, k, v, cu, shards, every_rank=False)
+    assert torch.equal(again, out)
 
 
 def _group_steps(rank, ranks):
