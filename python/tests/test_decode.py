@@ -5,6 +5,8 @@ tokens to the owners' shards; refusals followed by a step that works."""
 
 import math
 import os
+import signal
+import time
 
 import pytest
 import torch
@@ -242,7 +244,13 @@ def test_virtual_ranks_are_refused_in_a_forked_child_and_work_in_the_parent():
             os.write(write, message[:1000])
             os._exit(0)
     os.close(write)
-    os.waitpid(pid, 0)
+    deadline = time.monotonic() + 60
+    while os.waitpid(pid, os.WNOHANG) == (0, 0):
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child's step did not return within 60 s")
+        time.sleep(0.01)
     with os.fdopen(read, "rb") as f:
         told = f.read().decode()
     assert "before a fork()" in told, told
