@@ -5,7 +5,9 @@ usage: torchrun --nproc-per-node 1 bench/torch_decode.py OUT.json
 
 bf16, 32 query heads over 8 kv heads, head_dim 128: 32 sequences of 32,768 cached tokens (1M in
 all) with 1 and with 8 new tokens each, and one sequence of 131,072 cached tokens with 1 new token.
-Each step, the median of 50 CUDA-event-timed calls after 3 warm-ups, of:
+Each step, the median of 50 CUDA-event-timed calls after 3 warm-ups, each from an idle GPU (the
+host work of the call in its time: `ms`), and the median of 5 runs of 10 calls back to back over
+10 (`back_to_back_ms`: the host work of a call overlaps the previous call's kernels), of:
 - `ShardedDecoder.step` over the NCCL group of one rank (the step plans itself: the host work is
   in the time), the cache packed (`slab`) and in pages of 16 tokens (`paged`, a shuffled pool);
 - `ShardedDecoder.step` over 8 virtual ranks on the GPU, each holding 1/8 of every sequence;
@@ -14,6 +16,7 @@ Each step, the median of 50 CUDA-event-timed calls after 3 warm-ups, of:
 K/V read rate: the cache's bytes (2 x tokens x 8 x 128 x 2) over the step's time. Writes JSON to
 OUT.json (the commit from RINGATTN_COMMIT, else git).
 """
+import datetime
 import json
 import os
 import subprocess
@@ -31,6 +34,20 @@ from sdpa_baseline import time_ms  # noqa: E402
 
 Q_HEADS, KV_HEADS, DIM, PAGE = 32, 8, 128, 16
 VIRTUAL_RANKS = 8
+
+
+def back_to_back_ms(fn, calls=10, runs=5):
+    times = []
+    for _ in range(runs):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        a.record()
+        for _ in range(calls):
+            fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) / calls)
+    return sorted(times)[len(times) // 2]
 
 
 def steps(batch, cache, new, group):
@@ -88,19 +105,22 @@ def main(path):
         cache_bytes = 2 * batch * cache * KV_HEADS * DIM * 2
         for name, fn in steps(batch, cache, new, dist.group.WORLD):
             ms = time_ms(fn, iters=50)
+            ahead = back_to_back_ms(fn)
             rec = dict(sequences=batch, cache_per_sequence=cache, new_per_sequence=new,
                        q_heads=Q_HEADS, kv_heads=KV_HEADS, head_dim=DIM, implementation=name,
-                       ms=ms, cache_tb_per_s=cache_bytes / ms / 1e9)
+                       ms=ms, cache_tb_per_s=cache_bytes / ms / 1e9, back_to_back_ms=ahead)
             records.append(rec)
             print(f"{name:32s} {batch} x {new} over {batch} x {cache}: {ms:7.3f} ms "
-                  f"({rec['cache_tb_per_s']:.2f} TB/s of K/V)", flush=True)
+                  f"({rec['cache_tb_per_s']:.2f} TB/s of K/V), back to back {ahead:7.3f} ms",
+                  flush=True)
         torch.cuda.empty_cache()
     commit = os.environ.get("RINGATTN_COMMIT") or subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     with open(path, "w") as f:
+        when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
         json.dump(dict(torch=torch.__version__, cudnn=torch.backends.cudnn.version(),
-                       device=torch.cuda.get_device_name(), commit=commit, results=records), f,
-                  indent=1)
+                       device=torch.cuda.get_device_name(), commit=commit, date=when,
+                       results=records), f, indent=1)
     dist.destroy_process_group()
 
 
