@@ -228,6 +228,7 @@ def test_refusals_then_a_step():
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="the platform has no fork()")
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
 def test_virtual_ranks_are_refused_in_a_forked_child_and_work_in_the_parent():
     cu, (q, k, v), shards = make_case(13, 2, "packed", torch.float32, "cpu")
     dec = ra.ShardedDecoder(4, 2, 64, ranks=2)
