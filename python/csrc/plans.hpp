@@ -108,19 +108,16 @@ inline void rethrow_most_telling(const std::vector<std::exception_ptr>& errors) 
 class rank_threads {
 public:
   explicit rank_threads(int n) : owner_(getpid()) {
-    threads_.reserve(static_cast<std::size_t>(std::max(n - 1, 0)));
-    for (int i = 1; i < n; ++i)
-      threads_.emplace_back([this, i] { serve(i); });
-  }
-  ~rank_threads() {
-    {
-      const std::lock_guard<std::mutex> lock(m_);
-      stop_ = true;
+    try {
+      threads_.reserve(static_cast<std::size_t>(std::max(n - 1, 0)));
+      for (int i = 1; i < n; ++i)
+        threads_.emplace_back([this, i] { serve(i); });
+    } catch (...) { // no thread to be had: end those started, then fail
+      stop();
+      throw;
     }
-    wake_.notify_all();
-    for (auto& t : threads_)
-      t.join();
   }
+  ~rank_threads() { stop(); }
   rank_threads(const rank_threads&) = delete;
   rank_threads& operator=(const rank_threads&) = delete;
 
@@ -135,6 +132,7 @@ public:
       throw ringattn::invalid_argument("ringattn: " + std::to_string(n) +
                                        " virtual ranks on a pool of " +
                                        std::to_string(threads_.size() + 1) + " threads");
+    if (n <= 0) return;
     const std::lock_guard<std::mutex> turn(turn_);
     std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
     auto one = [&](int i) {
@@ -153,7 +151,7 @@ public:
       ++generation_;
     }
     wake_.notify_all();
-    if (n > 0) one(0);
+    one(0);
     {
       std::unique_lock<std::mutex> lock(m_);
       done_.wait(lock, [&] { return pending_ == 0; });
@@ -163,6 +161,15 @@ public:
   }
 
 private:
+  void stop() noexcept {
+    {
+      const std::lock_guard<std::mutex> lock(m_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    for (auto& t : threads_)
+      t.join();
+  }
   void serve(int i) {
     std::uint64_t seen = 0;
     std::unique_lock<std::mutex> lock(m_);
