@@ -479,10 +479,10 @@ private:
             t.stride(1),
             t.stride(2)};
   }
-  //! Sequence b's pages: the first ceil(length / page_size) entries of row b.
   //! Sequence b's pages are row b of the table `[batch, width]`, read in place where it is a
-  //! contiguous int32 tensor (else through the int32 copy `held`, which the step keeps); entries
-  //! past a sequence's pages are not read. The library checks the pages a step reads.
+  //! contiguous int32 tensor (else through the int32 copy `held`, which the step keeps; int64
+  //! entries beyond int32 become its limits, outside any pool); entries past a sequence's pages
+  //! are not read. The library checks the pages a step reads.
   static void page_table_of(const at::Tensor& t, cache_shard& c, std::size_t batch,
                             at::Tensor& held) {
     if (!t.defined() || t.device() != at::Device(at::kCPU) || t.dim() != 2 ||
@@ -491,12 +491,9 @@ private:
       bad("a page table is an int32 or int64 CPU tensor [batch, pages per sequence] ([" +
           std::to_string(batch) + ", *])");
     if (t.numel() > INT32_MAX) bad("a page table of more than 2^31 entries");
-    if (t.scalar_type() == at::kLong && t.numel() > 0) {
-      const auto [lo, hi] = at::aminmax(t);
-      if (lo.item<std::int64_t>() < INT32_MIN || hi.item<std::int64_t>() > INT32_MAX)
-        bad("a page table entry is outside the int32 range");
-    }
-    held = t.to(at::kInt).contiguous();
+    held = (t.scalar_type() == at::kLong ? t.clamp(INT32_MIN, INT32_MAX) : t)
+               .to(at::kInt)
+               .contiguous();
     const auto width = static_cast<std::int32_t>(held.size(1));
     c.cu_pages.resize(batch + 1);
     for (std::size_t b = 0; b <= batch; ++b)

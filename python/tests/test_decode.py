@@ -227,6 +227,24 @@ def test_refusals_then_a_step():
     check_step(outs, lses, q, k, v, cu, shards, torch.float32)
 
 
+def test_int64_page_tables_hold_anything_past_a_sequences_pages():
+    cu, (q, k, v), shards = make_case(17, 2, "paged", torch.float32, "cpu")
+    dec = ra.ShardedDecoder(4, 2, 64, ranks=2)
+    args = [s.args() for s in shards]
+    tables = [a[3]["page_table"].long() for a in args]
+    run = lambda t: dec.step(q, k, v, [a[0] for a in args], [a[1] for a in args], cu,
+                             [a[2] for a in args], page_table=t)
+    want, _ = run([a[3]["page_table"] for a in args])
+    padded = [torch.where(t < 0, torch.full_like(t, 2**40), t) for t in tables]
+    got, _ = run(padded)
+    assert torch.equal(got, want)
+    # A page read that is beyond int32 is outside the pool, not wrapped into it.
+    bad = padded[0].clone()
+    bad[next(b for b, n in enumerate(args[0][2]) if n > 0), 0] = 2**32
+    with pytest.raises(ValueError, match="outside the pool"):
+        run([bad, padded[1]])
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="the platform has no fork()")
 @pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
 def test_virtual_ranks_are_refused_in_a_forked_child_and_work_in_the_parent():
