@@ -164,6 +164,20 @@ struct native_kernel : host_reference<Mask> {
     (void)a, (void)s, (void)fresh, (void)stream;
 #endif
   }
+  //! The split-K/V forward over an FP8 cache `k`, `v` (e4m3, dequantised by `scales`) in place
+  //! of `a.k` and `a.v`.
+  template <class T, kv_scales Scales>
+  static void device_split_forward(const block_forward_args<T>& a, thd_view<const fp8_e4m3> k,
+                                   thd_view<const fp8_e4m3> v, Scales scales,
+                                   const split_schedule& s, bool fresh, cudaStream_t stream) {
+#if defined(__CUDACC__)
+    s.forward(a, k, v, scales, fresh, stream);
+#else
+    static_assert(detail::dependent_false<T>,
+                  "ringattn: the native kernels' device path compiles only as CUDA (a .cu file)");
+    (void)a, (void)k, (void)v, (void)scales, (void)s, (void)fresh, (void)stream;
+#endif
+  }
   template <class T>
   static void device_backward(const block_backward_args<T>& a, const backward_schedule& s,
                               cudaStream_t stream) {

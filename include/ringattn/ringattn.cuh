@@ -16,6 +16,7 @@
 #include <ringattn/config.cuh>
 #include <ringattn/core/block.cuh>
 #include <ringattn/core/element.cuh>
+#include <ringattn/core/kv_scales.cuh>
 #include <ringattn/core/mask.cuh>
 #include <ringattn/core/segment.cuh>
 #include <ringattn/core/state.cuh>
@@ -29,6 +30,7 @@
 #include <ringattn/kernel/forward_args.cuh>
 #include <ringattn/kernel/host_backward.cuh>
 #include <ringattn/kernel/host_forward.cuh>
+#include <ringattn/kernel/kv_quantize.cuh>
 #include <ringattn/partition/balanced.cuh>
 #include <ringattn/partition/contiguous.cuh>
 #include <ringattn/partition/device_plan.cuh>

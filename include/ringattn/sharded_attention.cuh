@@ -40,6 +40,7 @@
 #include <ringattn/arguments.cuh>
 #include <ringattn/block_kernel.cuh>
 #include <ringattn/concepts.cuh>
+#include <ringattn/core/kv_scales.cuh>
 #include <ringattn/core/state.cuh>
 #include <ringattn/cuda_check.cuh>
 #include <ringattn/detail/device_tables.cuh>
@@ -365,6 +366,44 @@ public:
                     std::span<std::byte> workspace) {
     const validation ok =
         validate_forward<T>(q_new, k_new, v_new, k_cache, v_cache, out, lse, workspace);
+    host_step<T>(ok, q_new, k_new, v_new, out, lse, workspace, [&](const attention_state& state) {
+      for (const auto& round : cache_rounds())
+        if (!round.empty())
+          BlockKernel::host_forward(block_forward_args<T>{q_new, k_cache, v_cache, args_, state},
+                                    round);
+    });
+  }
+
+  //! One step on host memory over an FP8 cache shard: `k_cache` and `v_cache` hold e4m3
+  //! elements, each read as its value times its scale in `scales` (host memory: `head_scales`,
+  //! `[kv_heads]` each, or with a paged plan `page_scales`, `[pages, kv_heads]` each; see
+  //! `quantize_e4m3`). The new tokens' own K/V stay in T. Otherwise as above.
+  template <element T, kv_scales Scales>
+  void forward_host(std::type_identity_t<thd_view<const T>> q_new,
+                    std::type_identity_t<thd_view<const T>> k_new,
+                    std::type_identity_t<thd_view<const T>> v_new, thd_view<const fp8_e4m3> k_cache,
+                    thd_view<const fp8_e4m3> v_cache, Scales scales, thd_view<T> out, float* lse,
+                    std::span<std::byte> workspace) {
+    detail::ring_checks::region scale_regions[2];
+    const validation ok = check<T>(
+        q_new, k_new, v_new, k_cache, v_cache, out, lse, workspace, host_workspace_bytes<T>(),
+        [&](validation& r) { r.require(check_scales(scales, scale_regions)); }, scale_regions);
+    const int shift = paged_ ? std::countr_zero(static_cast<std::uint32_t>(pages_.page_size)) : 0;
+    host_step<T>(ok, q_new, k_new, v_new, out, lse, workspace, [&](const attention_state& state) {
+      for (const auto& round : cache_rounds())
+        if (!round.empty())
+          detail::host_block_forward_fp8(block_forward_args<T>{q_new, {}, {}, args_, state}, round,
+                                         k_cache, v_cache, scales, shift);
+    });
+  }
+
+private:
+  // The host step once validated (`ok`): this rank's partial (the new tokens' own block, then
+  // `cache_block(state)`), the exchange, the merge.
+  template <element T, class CacheBlock>
+  void host_step(const validation& ok, thd_view<const T> q_new, thd_view<const T> k_new,
+                 thd_view<const T> v_new, thd_view<T> out, float* lse,
+                 std::span<std::byte> workspace, CacheBlock&& cache_block) {
     gate_.run(ok, detail::call_kind::forward_host, dtype_of_v<T>, slot_bytes<T>(), [&] {
       const int p = comm_.size(), me = comm_.rank();
       const attention_state state = partial_state(reinterpret_cast<float*>(workspace.data()));
@@ -373,10 +412,7 @@ public:
       if (!new_groups_.empty())
         BlockKernel::host_forward(block_forward_args<T>{q_new, k_new, v_new, args_, state},
                                   new_groups_);
-      for (const auto& round : cache_rounds())
-        if (!round.empty())
-          BlockKernel::host_forward(block_forward_args<T>{q_new, k_cache, v_cache, args_, state},
-                                    round);
+      cache_block(state);
       finish_partial(state, slot_o<T>(slots, me), slot_lse<T>(slots, me));
       for (int k = 1; k < p; ++k)
         comm_.exchange(slots + me * slot_bytes<T>(), slot_bytes<T>(), (me + k) % p,
@@ -387,6 +423,7 @@ public:
     });
   }
 
+public:
   //! Device path, plan time: the communication stream and events on the current device (and the
   //! planned step's schedules, if any). Once per rank, before `forward`.
   void prepare_device() requires device_communicator_for<Communicator, cudaStream_t> {
@@ -414,35 +451,80 @@ public:
                std::type_identity_t<thd_view<const T>> k_cache,
                std::type_identity_t<thd_view<const T>> v_cache, thd_view<T> out, float* lse,
                void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
+    device_step<T>(q_new, k_new, v_new, k_cache, v_cache, no_scales{}, out, lse, workspace,
+                   workspace_bytes, stream);
+  }
+  //! One step on device memory over an FP8 cache shard (`k_cache`, `v_cache` of e4m3, `scales`
+  //! in device memory; see the host overload). The split-K/V kernel reads it, so the step must
+  //! be one it takes (head_dim 64 or 128 with v as wide, at most 64 query rows per kv head and
+  //! sequence: new tokens x query heads per kv head); else every rank throws `invalid_argument`.
+  //! Otherwise as above.
+  template <device_element T, kv_scales Scales>
+  void forward(std::type_identity_t<thd_view<const T>> q_new,
+               std::type_identity_t<thd_view<const T>> k_new,
+               std::type_identity_t<thd_view<const T>> v_new, thd_view<const fp8_e4m3> k_cache,
+               thd_view<const fp8_e4m3> v_cache, Scales scales, thd_view<T> out, float* lse,
+               void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
+    device_step<T>(q_new, k_new, v_new, k_cache, v_cache, scales, out, lse, workspace,
+                   workspace_bytes, stream);
+  }
+
+private:
+  template <device_element T, cache_element C, class Scales>
+  void device_step(thd_view<const T> q_new, thd_view<const T> k_new, thd_view<const T> v_new,
+                   thd_view<const C> k_cache, thd_view<const C> v_cache, Scales scales,
+                   thd_view<T> out, float* lse, void* workspace, std::size_t workspace_bytes,
+                   cudaStream_t stream) {
+    constexpr bool quantized = !std::same_as<C, T>;
     const std::span<std::byte> ws(static_cast<std::byte*>(workspace), workspace_bytes);
     using checks = detail::ring_checks;
-    const checks::named_buffer buffers[] = {{q_new.data, "q_new"},
-                                            {k_new.data, "k_new"},
-                                            {v_new.data, "v_new"},
-                                            {k_cache.data, "k_cache"},
-                                            {v_cache.data, "v_cache"},
-                                            {out.data, "out"},
-                                            {lse, "lse"},
-                                            {workspace, "the workspace"}};
+    checks::named_buffer buffers[] = {{q_new.data, "q_new"},
+                                      {k_new.data, "k_new"},
+                                      {v_new.data, "v_new"},
+                                      {k_cache.data, "k_cache"},
+                                      {v_cache.data, "v_cache"},
+                                      {out.data, "out"},
+                                      {lse, "lse"},
+                                      {workspace, "the workspace"},
+                                      {nullptr, "scales.k"},
+                                      {nullptr, "scales.v"}};
+    checks::region scale_regions[2];
     auto device = [&](validation& ok) {
+      if constexpr (quantized) {
+        ok.require(check_scales(scales, scale_regions));
+        buffers[8].data = scales.k, buffers[9].data = scales.v;
+        if (ok && device_ != nullptr)
+          ok.require(device_->now().split || cache_groups_.empty(),
+                     "an FP8 cache is read by the split-K/V kernel, which takes head_dim 64 or "
+                     "128 with v as wide and at most ",
+                     decode_max_rows,
+                     " query rows (new tokens x query heads per kv head) per sequence; this "
+                     "step's shapes go to the block forward, which reads fp16/bf16 caches only");
+      }
       ok.require(device_ != nullptr, "prepare_device() must run before the device forward");
       if (ok) ok.require(checks::placement(device_->comm.device(), stream, buffers, "forward"));
       ok.require(rows_aligned_to(q_new, 16),
                  "q_new must be 16-byte aligned with token and head strides that are multiples "
                  "of 8 elements (the kernels load 16-byte vectors)");
-      ok.require(rows_aligned_to(k_new, 16) && rows_aligned_to(v_new, 16) &&
-                     rows_aligned_to(k_cache, 16) && rows_aligned_to(v_cache, 16),
-                 "k_new, v_new, k_cache and v_cache must be 16-byte aligned with token and head "
-                 "strides that are multiples of 8 elements (the kernels read them in place)");
+      ok.require(rows_aligned_to(k_new, 16) && rows_aligned_to(v_new, 16),
+                 "k_new and v_new must be 16-byte aligned with token and head strides that are "
+                 "multiples of 8 elements (the kernels read them in place)");
+      ok.require(rows_aligned_to(k_cache, 16) && rows_aligned_to(v_cache, 16),
+                 "k_cache and v_cache must be 16-byte aligned with token and head strides that "
+                 "are multiples of 16 bytes (the kernels read them in place)");
       ok.require(rows_aligned_to(out, 4), "out must be 4-byte aligned with even strides");
     };
-    const validation ok = check<T>(q_new, k_new, v_new, k_cache, v_cache, out, lse, ws,
-                                   device_ ? device_workspace_bytes<T>() : 0, device);
+    const validation ok =
+        check<T>(q_new, k_new, v_new, k_cache, v_cache, out, lse, ws,
+                 device_ ? device_workspace_bytes<T>() : 0, device, scale_regions);
     gate_.run(ok, detail::call_kind::forward, dtype_of_v<T>, slot_bytes<T>(), [&] {
       if constexpr (has_device_path)
-        device_forward<T>(q_new, k_new, v_new, k_cache, v_cache, out, lse, ws.data(), stream);
+        device_forward<T>(q_new, k_new, v_new, k_cache, v_cache, scales, out, lse, ws.data(),
+                          stream);
     });
   }
+
+public:
 #endif
 
 private:
@@ -733,11 +815,11 @@ private:
             args_.v_dim()};
   }
 
-  template <element T, class Device>
+  template <element T, cache_element C, class Device>
   validation check(thd_view<const T> q, thd_view<const T> k, thd_view<const T> v,
-                   thd_view<const T> kc, thd_view<const T> vc, thd_view<T> out, const float* lse,
-                   std::span<const std::byte> workspace, std::size_t need,
-                   const Device& device) const {
+                   thd_view<const C> kc, thd_view<const C> vc, thd_view<T> out, const float* lse,
+                   std::span<const std::byte> workspace, std::size_t need, const Device& device,
+                   std::span<const detail::ring_checks::region> more_inputs = {}) const {
     using checks = detail::ring_checks;
     validation r = validation::ok();
     r.require(planned_, "call plan(cu_new, cu_cache) before the forward");
@@ -771,6 +853,31 @@ private:
         checks::region_of(q, "q_new"), checks::region_of(k, "k_new"), checks::region_of(v, "v_new"),
         checks::region_of(kc, "k_cache"), checks::region_of(vc, "v_cache")};
     checks::require_disjoint(r, outputs, inputs);
+    checks::require_disjoint(r, outputs, more_inputs);
+    return r;
+  }
+
+  // An FP8 cache's scales: present, of the layout the plan allows, and their regions (each of
+  // `Scales::entries` floats) for the overlap checks.
+  template <kv_scales Scales>
+  validation check_scales(const Scales& scales,
+                          std::span<detail::ring_checks::region, 2> regions) const {
+    validation r = validation::ok();
+    constexpr bool per_page = std::same_as<Scales, page_scales>;
+    if (per_page)
+      r.require(paged_, "page_scales need a step planned over a paged cache "
+                        "(plan(cu_new, paged_cache)); a slab or packed cache takes head_scales");
+    if (!r) return r;
+    const std::int64_t pages = paged_ ? cache_tokens_ / pages_.page_size : 0;
+    const auto bytes =
+        static_cast<std::size_t>(Scales::entries(pages, args_.kv_heads)) * sizeof(float);
+    r.require(cache_tokens_ == 0 || (scales.k != nullptr && scales.v != nullptr), "the ",
+              Scales::name, "' k or v is a null pointer (an FP8 cache of ", cache_tokens_,
+              " rows reads ", bytes / sizeof(float), " scales each)");
+    r.require(aligned_to(scales.k, alignof(float)) && aligned_to(scales.v, alignof(float)), "the ",
+              Scales::name, " must be aligned to 4 bytes (fp32)");
+    regions[0] = detail::ring_checks::region_of(scales.k, bytes, "scales.k");
+    regions[1] = detail::ring_checks::region_of(scales.v, bytes, "scales.v");
     return r;
   }
 
@@ -778,10 +885,10 @@ private:
   // This rank's partial state (the own block first on rank 0, covering every row; else the cache
   // block, which covers every row unless a sequence has no cached token here), its exchange on
   // the communication stream, and the merge once every partial has arrived.
-  template <class T>
+  template <class T, class C, class Scales>
   void device_forward(thd_view<const T> q_new, thd_view<const T> k_new, thd_view<const T> v_new,
-                      thd_view<const T> k_cache, thd_view<const T> v_cache, thd_view<T> out,
-                      float* lse, std::byte* workspace, cudaStream_t stream) {
+                      thd_view<const C> k_cache, thd_view<const C> v_cache, Scales scales,
+                      thd_view<T> out, float* lse, std::byte* workspace, cudaStream_t stream) {
     device_resources& d = *device_;
     auto& g = d.now();
     const int p = comm_.size(), me = comm_.rank();
@@ -800,13 +907,22 @@ private:
     if (!g.cache.empty() || g.split) {
       bool fresh = !written && cache_covers_;
       if (!written && !fresh) reset(state, stream);
-      const block_forward_args<T> cache{q_new, k_cache, v_cache, args_, state, scratch};
-      if constexpr (requires { BlockKernel::device_split_forward(cache, *g.split, fresh, stream); })
-        if (g.split) BlockKernel::device_split_forward(cache, *g.split, fresh, stream);
-      for (const auto& round : g.cache) { // the first round covers every sequence with a cache
-        BlockKernel::device_forward(fresh ? step_epilogue::fresh : step_epilogue::merge, cache,
-                                    round, out, nullptr, stream);
-        fresh = false;
+      if constexpr (!std::same_as<C, T>) { // an FP8 cache: the split kernel (checked)
+        const block_forward_args<T> cache{q_new, {}, {}, args_, state, scratch};
+        if (g.split)
+          BlockKernel::device_split_forward(cache, k_cache, v_cache, scales, *g.split, fresh,
+                                            stream);
+      } else {
+        const block_forward_args<T> cache{q_new, k_cache, v_cache, args_, state, scratch};
+        if constexpr (requires {
+                        BlockKernel::device_split_forward(cache, *g.split, fresh, stream);
+                      })
+          if (g.split) BlockKernel::device_split_forward(cache, *g.split, fresh, stream);
+        for (const auto& round : g.cache) { // the first round covers every sequence with a cache
+          BlockKernel::device_forward(fresh ? step_epilogue::fresh : step_epilogue::merge, cache,
+                                      round, out, nullptr, stream);
+          fresh = false;
+        }
       }
       written = true;
     }

@@ -26,7 +26,8 @@ namespace ringattn {
 
 //! A non-owning view of a `[tokens, heads, head_dim]` tensor, head_dim contiguous.
 //! Strides count elements, not bytes. Trivially copyable: pass it to kernels by value.
-template <element T>
+//! Elements: fp16, bf16, fp32, and `fp8_e4m3` for a quantised KV cache.
+template <cache_element T>
 struct thd_view {
   T* data = nullptr;
   std::int64_t tokens = 0;
@@ -109,7 +110,7 @@ std::int64_t view_bytes(const thd_view<T>& v) {
 //! Checks a view's shape and strides; `name` is used in the reason ("q", "k", ...).
 //! A view with tokens == 0 may have a null pointer. Size arithmetic is checked: strides whose
 //! products overflow are refused, never wrapped.
-template <element T>
+template <cache_element T>
 validation validate_view(const thd_view<T>& v, const char* name) {
   validation r = validation::ok();
   r.require(v.tokens >= 0, name, ".tokens is negative (", v.tokens, ")");

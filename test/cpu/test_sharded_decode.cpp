@@ -15,6 +15,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -161,6 +162,172 @@ TEST_CASE_TEMPLATE("sharded decode over a paged cache equals attention over the 
           CHECK(c.append(s) == s.tokens);
         }
       }
+}
+
+namespace {
+// One step of case `c` over each rank's cache quantised to FP8 with `Scales` (`page_size` 0: a
+// packed shard, else a paged pool of such pages), on the host; the oracle re-solved over the
+// dequantised values.
+template <class Scales, class P>
+std::vector<rank_result> run_fp8_step(test::decode_case<P, T>& c,
+                                      typename test::decode_case<P, T>::step& s, int page_size,
+                                      std::mt19937_64& rng) {
+  const attention_arguments a = c.args;
+  const int qh = a.q_heads, kvh = a.kv_heads, d = a.head_dim;
+  const std::int64_t n = s.tokens;
+  std::vector<typename test::decode_case<P, T>::shard> packed;
+  std::vector<test::paged_shard<T>> paged;
+  std::vector<test::fp8_shard> fp8;
+  for (int r = 0; r < c.ranks; ++r) {
+    packed.push_back(c.rank_shard(r));
+    if (page_size == 0) {
+      fp8.push_back(test::quantize_shard<Scales>(c, r, packed[r].k, packed[r].v, packed[r].tokens(),
+                                                 0, test::packed_owner(packed[r].cu)));
+    } else {
+      paged.push_back(test::page_out(c, packed[r], page_size, rng));
+      const int shift = std::countr_zero(static_cast<unsigned>(page_size));
+      fp8.push_back(test::quantize_shard<Scales>(c, r, paged[r].k, paged[r].v,
+                                                 paged[r].pages * page_size, shift,
+                                                 test::paged_owner(paged[r], page_size)));
+    }
+  }
+  c.solve(s);
+  std::vector<rank_result> res(c.ranks);
+  in_process_group g(c.ranks);
+  const auto errors = on_ranks(g, [&](int r, in_process_communicator& comm) {
+    decoder dec(comm, a);
+    std::int64_t rows = 0;
+    if (page_size == 0) {
+      dec.plan(s.cu_new, packed[r].cu);
+      rows = packed[r].tokens();
+    } else {
+      const test::paged_shard<T>& sh = paged[r];
+      dec.plan(s.cu_new, paged_cache{page_size, sh.pages, sh.cu_pages, sh.table, sh.length});
+      rows = sh.pages * page_size;
+    }
+    std::vector<std::byte> ws(dec.host_workspace_bytes<T>());
+    res[r].out.assign(n * qh * d, test::poison<T>());
+    res[r].lse.assign(n * qh, -7.0f);
+    dec.forward_host(thd_view<const T>(s.q.data(), n, qh, d),
+                     thd_view<const T>(s.k.data(), n, kvh, d),
+                     thd_view<const T>(s.v.data(), n, kvh, d),
+                     thd_view<const fp8_e4m3>(fp8[r].k.data(), rows, kvh, d),
+                     thd_view<const fp8_e4m3>(fp8[r].v.data(), rows, kvh, d),
+                     Scales{fp8[r].ks.data(), fp8[r].vs.data()},
+                     thd_view<T>(res[r].out.data(), n, qh, d), res[r].lse.data(), ws);
+  });
+  for (const auto& e : errors)
+    REQUIRE(message(e) == "");
+  return res;
+}
+} // namespace
+
+TEST_CASE_TEMPLATE("sharded decode over an FP8 cache equals attention over its dequantised values",
+                   P, contiguous, zigzag) {
+  const auto seed = test::fresh_seed();
+  CAPTURE(seed);
+  struct layout {
+    int page_size;
+    bool per_page;
+  };
+  for (const layout l : {layout{0, false}, layout{16, false}, layout{16, true}, layout{32, true}})
+    for (int group : {1, 4})
+      for (int ranks : {1, 2, 3}) {
+        CAPTURE(l.page_size);
+        CAPTURE(l.per_page);
+        CAPTURE(group);
+        CAPTURE(ranks);
+        std::mt19937_64 rng(seed + static_cast<std::uint64_t>(l.page_size * 100 + l.per_page * 50 +
+                                                              group * 10 + ranks));
+        const attention_arguments a{.q_heads = 8, .kv_heads = 8 / group, .head_dim = 64};
+        test::decode_case<P, T> c(test::random_cu_seqlens(3, 1, 150, rng), ranks, a, rng);
+        for (int step = 0; step < 2; ++step) {
+          CAPTURE(step);
+          auto s = c.draw(rng, 1, 4);
+          const auto res = l.per_page ? run_fp8_step<page_scales>(c, s, l.page_size, rng)
+                                      : run_fp8_step<head_scales>(c, s, l.page_size, rng);
+          // The oracle reads the dequantised cache: the bf16 cache's tolerances hold (output
+          // 4e-3 relative L2, LSE 1e-5).
+          const auto [err, lse_err] = c.error(s, res[0].out, res[0].lse);
+          CHECK(err < 4e-3);
+          CHECK(lse_err < 1e-5);
+          for (int r = 1; r < ranks; ++r)
+            CHECK(test::same_bits(res[r].out, res[r].lse, res[0].out, res[0].lse));
+          CHECK(c.append(s) == s.tokens);
+        }
+      }
+}
+
+TEST_CASE("sharded decode over an FP8 cache: NaN in a cached element reaches its sequence's rows") {
+  const auto seed = test::fresh_seed();
+  CAPTURE(seed);
+  std::mt19937_64 rng(seed);
+  const attention_arguments a{.q_heads = 8, .kv_heads = 2, .head_dim = 64};
+  test::decode_case<contiguous, T> c(test::random_cu_seqlens(3, 8, 60, rng), 2, a, rng);
+  c.plant_cache(1, 0, 0, /*key=*/false, 5, std::numeric_limits<float>::quiet_NaN());
+  auto s = c.draw(rng, 1, 3);
+  const auto res = run_fp8_step<head_scales>(c, s, 0, rng);
+  // Sequence 0's rows of kv head 0's query heads are NaN, every other row within tolerance.
+  CHECK(c.check_strict(s, res[0].out, res[0].lse, 4e-3, 1e-5) > 0);
+  CHECK(test::same_bits(res[1].out, res[1].lse, res[0].out, res[0].lse));
+}
+
+TEST_CASE("sharded decode over an FP8 cache: scales a step cannot read are refused on every rank, "
+          "and the next step runs") {
+  const attention_arguments a{4, 2, 64, 0.0f};
+  const int ranks = 2, qh = 4, kvh = 2, d = 64;
+  const std::vector<std::int32_t> cu_new{0, 1, 2}, cu_cache{0, 3, 5};
+  std::vector<T> q(2 * qh * d, from_float<T>(0.5f)), k(2 * kvh * d, from_float<T>(0.25f));
+  std::vector<fp8_e4m3> kc(5 * kvh * d, quantize_e4m3(0.5f, 1.0f));
+  const std::vector<float> scales(kvh, 0.25f); // every cached value reads 0.125
+  struct variant {
+    const char* says;
+    bool per_page;
+    bool null_v;
+  };
+  for (const variant x :
+       {variant{"page_scales need a step planned over a paged cache", true, false},
+        variant{"the head_scales' k or v is a null pointer (an FP8 cache of 5 rows reads 2 "
+                "scales each)",
+                false, true}}) {
+    CAPTURE(x.says);
+    std::vector<std::string> seen(ranks);
+    std::vector<double> after(ranks, 1.0);
+    in_process_group g(ranks);
+    const auto errors = on_ranks(g, [&](int r, in_process_communicator& comm) {
+      decoder dec(comm, a);
+      dec.plan(cu_new, cu_cache);
+      std::vector<T> out(2 * qh * d, test::poison<T>());
+      std::vector<float> lse(2 * qh);
+      std::vector<std::byte> ws(dec.host_workspace_bytes<T>());
+      auto run = [&](auto scales) {
+        dec.forward_host(
+            thd_view<const T>(q.data(), 2, qh, d), thd_view<const T>(k.data(), 2, kvh, d),
+            thd_view<const T>(k.data(), 2, kvh, d), thd_view<const fp8_e4m3>(kc.data(), 5, kvh, d),
+            thd_view<const fp8_e4m3>(kc.data(), 5, kvh, d), scales,
+            thd_view<T>(out.data(), 2, qh, d), lse.data(), ws);
+      };
+      try { // rank 1 alone passes the bad scales
+        if (r == 1 && x.per_page)
+          run(page_scales{scales.data(), scales.data()});
+        else
+          run(head_scales{scales.data(), r == 1 && x.null_v ? nullptr : scales.data()});
+      } catch (const invalid_argument& e) {
+        seen[r] = e.what();
+      }
+      run(head_scales{scales.data(), scales.data()});
+      after[r] = to_float(out[0]);
+    });
+    for (const auto& e : errors)
+      REQUIRE(message(e) == "");
+    for (int r = 0; r < ranks; ++r) {
+      CAPTURE(r);
+      CHECK(seen[r].find(r == 1 ? x.says : "rank 1 rejected call") != std::string::npos);
+      // Token 0 of sequence 0 sees its 3 cached values (0.125) and its own (0.25).
+      CHECK(after[r] > 0.125);
+      CHECK(after[r] < 0.25);
+    }
+  }
 }
 
 TEST_CASE("sharded decode over a paged cache: a bad page table is refused on every rank") {

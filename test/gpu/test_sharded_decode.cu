@@ -13,6 +13,7 @@
 #include "../support/ranks.hpp"
 
 #include <ringattn/comm/in_process.cuh>
+#include <ringattn/kernel/kv_quantize.cuh>
 #include <ringattn/partition/contiguous.cuh>
 #include <ringattn/partition/round_robin.cuh>
 #include <ringattn/partition/zigzag.cuh>
@@ -21,10 +22,12 @@
 #include <doctest/doctest.h>
 
 #include <barrier>
+#include <bit>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <limits>
+#include <numeric>
 
 using namespace ringattn;
 
@@ -40,13 +43,23 @@ struct rank_result {
   std::uint64_t sent = 0, expected = 0, allocations = 0, heap = 0;
 };
 
+// Rank r's paged pool of device_step (`page_seed` shuffles its pages).
+template <class P, class E>
+test::paged_shard<E> pool_of(const test::decode_case<P, E>& c, int r, int page_size,
+                             std::uint64_t page_seed) {
+  std::mt19937_64 page_rng(page_seed + static_cast<std::uint64_t>(r));
+  return test::page_out(c, c.rank_shard(r), page_size, page_rng);
+}
+
 // One step on every rank; `repeat`: the forward twice, the second counted (device allocations,
 // heap) and compared with the first. `page_size` > 0: each rank's shard in a paged pool
-// (test::page_out, pages shuffled by `page_seed`).
-template <class P, class E = T>
-std::vector<rank_result<E>>
-device_step(const test::decode_case<P, E>& c, const typename test::decode_case<P, E>::step& s,
-            bool repeat, int page_size = 0, std::uint64_t page_seed = 0) {
+// (`pool_of`). With `fp8` (Scales not no_scales), the cache each rank reads is its `fp8` entry:
+// its shard or pool quantised (test::quantize_shard).
+template <class P, class E = T, class Scales = no_scales>
+std::vector<rank_result<E>> device_step(const test::decode_case<P, E>& c,
+                                        const typename test::decode_case<P, E>::step& s,
+                                        bool repeat, int page_size = 0, std::uint64_t page_seed = 0,
+                                        const std::vector<test::fp8_shard>* fp8 = nullptr) {
   using T = E; // this step's element type
   const attention_arguments a = c.args;
   const int qh = a.q_heads, kvh = a.kv_heads, d = a.head_dim, dv = a.v_dim();
@@ -59,9 +72,7 @@ device_step(const test::decode_case<P, E>& c, const typename test::decode_case<P
     decoder dec(comm, a);
     dec.prepare_device();
     const auto sh = c.rank_shard(r);
-    std::mt19937_64 page_rng(page_seed + static_cast<std::uint64_t>(r));
-    const auto pool =
-        page_size ? test::page_out(c, sh, page_size, page_rng) : test::paged_shard<T>{};
+    const auto pool = page_size ? pool_of(c, r, page_size, page_seed) : test::paged_shard<T>{};
     std::int64_t m = sh.tokens();
     if (page_size) {
       dec.plan(s.cu_new,
@@ -70,8 +81,18 @@ device_step(const test::decode_case<P, E>& c, const typename test::decode_case<P
     } else {
       dec.plan(s.cu_new, sh.cu);
     }
-    test::device_buffer<T> q(s.q), k(s.k), v(s.v), kc(page_size ? pool.k : sh.k),
-        vc(page_size ? pool.v : sh.v);
+    constexpr bool quantized = !std::is_same_v<Scales, no_scales>;
+    test::device_buffer<T> q(s.q), k(s.k), v(s.v),
+        kc(quantized   ? std::vector<T>{}
+           : page_size ? pool.k
+                       : sh.k),
+        vc(quantized   ? std::vector<T>{}
+           : page_size ? pool.v
+                       : sh.v);
+    const test::fp8_shard none;
+    const test::fp8_shard& mine8 = quantized ? (*fp8)[r] : none;
+    test::device_buffer<fp8_e4m3> kc8(mine8.k), vc8(mine8.v);
+    test::device_buffer<float> ks(mine8.ks), vs(mine8.vs);
     test::device_buffer<T> out(std::vector<T>(n * qh * dv, test::poison<T>()));
     test::device_buffer<float> lse(std::vector<float>(n * qh, -7.0f));
     const std::size_t bytes = dec.device_workspace_bytes<T>();
@@ -80,10 +101,17 @@ device_step(const test::decode_case<P, E>& c, const typename test::decode_case<P
     RINGATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     rank_result<E>& mine = res[r];
     auto once = [&] {
-      dec.forward(thd_view<const T>(q.get(), n, qh, d), thd_view<const T>(k.get(), n, kvh, d),
-                  thd_view<const T>(v.get(), n, kvh, dv), thd_view<const T>(kc.get(), m, kvh, d),
-                  thd_view<const T>(vc.get(), m, kvh, dv), thd_view<T>(out.get(), n, qh, dv),
-                  lse.get(), ws.get(), bytes, stream);
+      if constexpr (quantized)
+        dec.forward(thd_view<const T>(q.get(), n, qh, d), thd_view<const T>(k.get(), n, kvh, d),
+                    thd_view<const T>(v.get(), n, kvh, dv),
+                    thd_view<const fp8_e4m3>(kc8.get(), m, kvh, d),
+                    thd_view<const fp8_e4m3>(vc8.get(), m, kvh, dv), Scales{ks.get(), vs.get()},
+                    thd_view<T>(out.get(), n, qh, dv), lse.get(), ws.get(), bytes, stream);
+      else
+        dec.forward(thd_view<const T>(q.get(), n, qh, d), thd_view<const T>(k.get(), n, kvh, d),
+                    thd_view<const T>(v.get(), n, kvh, dv), thd_view<const T>(kc.get(), m, kvh, d),
+                    thd_view<const T>(vc.get(), m, kvh, dv), thd_view<T>(out.get(), n, qh, dv),
+                    lse.get(), ws.get(), bytes, stream);
     };
     const std::uint64_t before = comm.bytes_sent();
     once();
@@ -289,6 +317,204 @@ TEST_CASE_TEMPLATE("device sharded decode over a paged cache: pages of 16-256 to
                    "split kernel's page table, or runs of pages through the block forward",
                    P, contiguous, zigzag) {
   check_paged<P>();
+}
+
+namespace {
+// One step over each rank's cache quantised to FP8 with `Scales` (`page_size` 0: its packed
+// shard, else its paged pool), the oracle re-solved over the dequantised values.
+template <class Scales, class P, class E>
+std::vector<rank_result<E>> fp8_step(test::decode_case<P, E>& c,
+                                     typename test::decode_case<P, E>::step& s, bool repeat,
+                                     int page_size, std::uint64_t page_seed) {
+  std::vector<test::fp8_shard> fp8;
+  for (int r = 0; r < c.ranks; ++r) {
+    if (page_size == 0) {
+      const auto sh = c.rank_shard(r);
+      fp8.push_back(test::quantize_shard<Scales>(c, r, sh.k, sh.v, sh.tokens(), 0,
+                                                 test::packed_owner(sh.cu)));
+    } else {
+      const auto pool = pool_of(c, r, page_size, page_seed);
+      fp8.push_back(test::quantize_shard<Scales>(c, r, pool.k, pool.v, pool.pages * page_size,
+                                                 std::countr_zero(static_cast<unsigned>(page_size)),
+                                                 test::paged_owner(pool, page_size)));
+    }
+  }
+  c.solve(s);
+  return device_step<P, E, Scales>(c, s, repeat, page_size, page_seed, &fp8);
+}
+
+// An FP8 cache (e4m3 with per-head or per-(page, head) scales) on the device, slab and paged
+// (pages of 16 and 64 tokens, rows no sequence owns NaN), 1..16 new tokens x GQA 1..8 (every
+// row-tile count), head_dim 128 and 64, bf16 and fp16: against the float64 oracle over the
+// dequantised cache with the bf16 cache's tolerances (8e-3 relative L2 on the output, 2e-3
+// absolute on the LSE); every rank the same bits; a repeated step the same bits with no
+// allocation.
+template <class P, class E>
+void check_fp8() {
+  const auto seed = test::fresh_seed();
+  CAPTURE(seed);
+  const bool small = std::getenv("RINGATTN_TEST_SMALL") != nullptr;
+  struct shape {
+    int kv_heads, head_dim, most_new, page_size;
+    bool per_page;
+  };
+  const shape shapes[] = {{2, 128, 16, 0, false},
+                          {8, 128, 4, 16, false},
+                          {2, 128, 16, 16, true},
+                          {1, 64, 8, 64, true},
+                          {4, 64, 2, 0, false}};
+  for (const shape sh : shapes)
+    for (int ranks : {1, 3}) {
+      CAPTURE(sh.kv_heads);
+      CAPTURE(sh.head_dim);
+      CAPTURE(sh.page_size);
+      CAPTURE(sh.per_page);
+      CAPTURE(ranks);
+      std::mt19937_64 rng(seed + static_cast<std::uint64_t>(sh.page_size * 100 + sh.head_dim +
+                                                            sh.kv_heads * 10 + ranks));
+      const attention_arguments a{.q_heads = 8, .kv_heads = sh.kv_heads, .head_dim = sh.head_dim};
+      test::decode_case<P, E> c(
+          test::random_cu_seqlens(3, small ? 200 : 1000, small ? 900 : 5000, rng), ranks, a, rng);
+      for (int step = 0; step < 2; ++step) {
+        CAPTURE(step);
+        auto s = c.draw(rng, step == 0 ? 1 : 0, sh.most_new);
+        const auto res = sh.per_page ? fp8_step<page_scales>(c, s, step == 0, sh.page_size, rng())
+                                     : fp8_step<head_scales>(c, s, step == 0, sh.page_size, rng());
+        const auto [err, lse_err] = c.error(s, res[0].out, res[0].lse);
+        CHECK(err < 8e-3);
+        CHECK(lse_err < 2e-3);
+        for (int r = 0; r < ranks; ++r) {
+          CAPTURE(r);
+          CHECK(test::same_bits(res[r].out, res[r].lse, res[0].out, res[0].lse));
+          CHECK(res[r].repeatable);
+          CHECK(res[r].heap == 0);
+          CHECK(res[r].allocations == 0);
+        }
+        CHECK(c.append(s) == s.tokens);
+      }
+    }
+}
+} // namespace
+
+TEST_CASE_TEMPLATE("device sharded decode over an FP8 cache: per-head and per-page scales, slab "
+                   "and paged, bf16 and fp16",
+                   P, contiguous, zigzag) {
+  check_fp8<P, __nv_bfloat16>();
+  check_fp8<P, __half>();
+}
+
+TEST_CASE_TEMPLATE("device sharded decode over an FP8 cache: queries of 1e-5 against keys of 1e5, "
+                   "values whose magnitude changes 10^4-fold from page to page",
+                   E, __nv_bfloat16, __half) {
+  // The fp16 products take bf16 queries far below fp16's normal range (each row scaled by a power
+  // of two), and per-page value scales 10^4 apart within a split (the weights meet them relative
+  // to the split's first key's). Tolerances as above.
+  const auto seed = test::fresh_seed();
+  CAPTURE(seed);
+  for (const bool per_page : {false, true}) {
+    CAPTURE(per_page);
+    std::mt19937_64 rng(seed + per_page);
+    const attention_arguments a{.q_heads = 8, .kv_heads = 2, .head_dim = 128};
+    test::decode_case<contiguous, E> c(test::random_cu_seqlens(3, 500, 2000, rng), 2, a, rng);
+    const bool tiny_queries = std::is_same_v<E, __nv_bfloat16>; // fp16 has no such queries
+    if (tiny_queries) c.rescale(true, [](std::int64_t) { return 1e5; });
+    c.rescale(false, [](std::int64_t pos) { return (pos / 64) % 2 ? 1e-2 : 1e2; });
+    auto s = c.draw(rng, 1, 4);
+    if (tiny_queries) {
+      for (auto& x : s.q)
+        x = from_float<E>(to_float(x) * 1e-5f);
+      for (auto& x : s.k)
+        x = from_float<E>(to_float(x) * 1e5f);
+    }
+    c.solve(s);
+    const auto res = per_page ? fp8_step<page_scales>(c, s, false, 16, rng())
+                              : fp8_step<head_scales>(c, s, false, 16, rng());
+    const auto [err, lse_err] = c.error(s, res[0].out, res[0].lse);
+    CHECK(err < 8e-3);
+    CHECK(lse_err < 2e-3);
+    CHECK(test::same_bits(res[1].out, res[1].lse, res[0].out, res[0].lse));
+  }
+}
+
+TEST_CASE("device sharded decode over an FP8 cache: NaN in a cached element or a scale reaches "
+          "the result") {
+  const auto seed = test::fresh_seed();
+  CAPTURE(seed);
+  for (int page_size : {0, 16}) {
+    CAPTURE(page_size);
+    std::mt19937_64 rng(seed + static_cast<std::uint64_t>(page_size));
+    const attention_arguments a{.q_heads = 8, .kv_heads = 2, .head_dim = 128};
+    test::decode_case<contiguous, T> c(test::random_cu_seqlens(3, 100, 400, rng), 2, a, rng);
+    c.plant_cache(1, 0, 0, /*key=*/true, 5, std::numeric_limits<float>::quiet_NaN());
+    auto s = c.draw(rng, 1, 3);
+    const auto res = page_size ? fp8_step<page_scales>(c, s, false, page_size, rng())
+                               : fp8_step<head_scales>(c, s, false, 0, 0);
+    CHECK(c.check_strict(s, res[0].out, res[0].lse, 8e-3, 2e-3) > 0);
+    CHECK(test::same_bits(res[1].out, res[1].lse, res[0].out, res[0].lse));
+  }
+}
+
+TEST_CASE("device sharded decode over an FP8 cache: a step the split kernel does not take, or "
+          "host scales, fail on every rank; the next step runs") {
+  // 9 new tokens x 8 query heads of one kv head (72 rows) go to the block forward, which reads
+  // no FP8 cache.
+  for (const bool wide : {true, false}) {
+    CAPTURE(wide);
+    const int ranks = 2, qh = 8, kvh = wide ? 1 : 2, d = 128, per = wide ? 9 : 1, n = 2 * per,
+              m = 40;
+    const attention_arguments a{qh, kvh, d, 0.0f};
+    std::vector<std::string> why(ranks);
+    std::vector<float> after(ranks, 0.0f);
+    in_process_group group(ranks, std::chrono::seconds(60));
+    const std::vector<float> host_scales(kvh, 0.25f);
+    const auto errors = test::on_ranks(group, [&](int r, in_process_communicator& comm) {
+      RINGATTN_CUDA_CHECK(cudaSetDevice(0));
+      decoder dec(comm, a);
+      dec.prepare_device();
+      const std::vector<std::int32_t> cu_new{0, per, n}, cu_cache{0, 25, m};
+      dec.plan(cu_new, cu_cache);
+      test::device_buffer<T> q(std::vector<T>(n * qh * d, from_float<T>(0.5f)));
+      test::device_buffer<T> k(std::vector<T>(n * kvh * d, from_float<T>(0.25f)));
+      test::device_buffer<fp8_e4m3> kc(std::vector<fp8_e4m3>(m * kvh * d, quantize_e4m3(0.5f, 1)));
+      test::device_buffer<float> scales(host_scales);
+      test::device_buffer<T> out(std::vector<T>(n * qh * d, test::poison<T>()));
+      test::device_buffer<float> lse(std::vector<float>(n * qh, -7.0f));
+      const std::size_t bytes = dec.device_workspace_bytes<T>();
+      test::device_buffer<std::byte> ws(bytes);
+      auto run = [&](const float* ks) {
+        dec.forward(thd_view<const T>(q.get(), n, qh, d), thd_view<const T>(k.get(), n, kvh, d),
+                    thd_view<const T>(k.get(), n, kvh, d),
+                    thd_view<const fp8_e4m3>(kc.get(), m, kvh, d),
+                    thd_view<const fp8_e4m3>(kc.get(), m, kvh, d), head_scales{ks, scales.get()},
+                    thd_view<T>(out.get(), n, qh, d), lse.get(), ws.get(), bytes, nullptr);
+      };
+      try { // rank 1 alone passes host scales (where the shapes would run)
+        run(r == 1 && !wide ? host_scales.data() : scales.get());
+      } catch (const invalid_argument& e) {
+        why[r] = e.what();
+      }
+      if (!wide) {
+        run(scales.get());
+        RINGATTN_CUDA_CHECK(cudaDeviceSynchronize());
+        after[r] = to_float(out.download()[0]);
+      }
+    });
+    for (const auto& e : errors)
+      REQUIRE(test::message(e) == "");
+    for (int r = 0; r < ranks; ++r) {
+      CAPTURE(r);
+      if (wide) {
+        CHECK(why[r].find("an FP8 cache is read by the split-K/V kernel, which takes head_dim 64 "
+                          "or 128") != std::string::npos);
+      } else {
+        CHECK(why[r].find(r == 1 ? "scales.k is host memory" : "rank 1 rejected call") !=
+              std::string::npos);
+        // Token 0 sees its 25 cached values (0.125) and its own (0.25).
+        CHECK(after[r] > 0.125f);
+        CHECK(after[r] < 0.25f);
+      }
+    }
+  }
 }
 
 TEST_CASE("device sharded decode: host memory on one rank fails on every rank; the next step "
@@ -504,4 +730,56 @@ TEST_CASE("device sharded decode: a step captured in a CUDA graph replays with t
       CHECK(test::same_bits(replayed[2 * i + replay].out, replayed[2 * i + replay].lse,
                             direct[i].out, direct[i].lse));
   }
+}
+
+TEST_CASE("quantize_into_cache: the device writes the host's bits, through a row list and page "
+          "scales; NaN and inf become NaN, large values saturate") {
+  const auto seed = test::fresh_seed();
+  CAPTURE(seed);
+  std::mt19937_64 rng(seed);
+  const int kvh = 2, d = 64, n = 37, rows = 64, page_size = 16;
+  auto src = test::random_buffer<T>(static_cast<std::size_t>(n) * kvh * d, rng);
+  src[3] = from_float<T>(std::numeric_limits<float>::quiet_NaN());
+  src[4] = from_float<T>(std::numeric_limits<float>::infinity());
+  src[5] = from_float<T>(1e6f);
+  std::vector<std::int64_t> to(rows);
+  std::iota(to.begin(), to.end(), 0);
+  std::shuffle(to.begin(), to.end(), rng);
+  to.resize(n);
+  std::vector<float> scales(rows / page_size * kvh);
+  for (float& s : scales)
+    s = 0.001f + static_cast<float>(rng() % 1000) / 100000.0f;
+  for (const bool per_page : {false, true}) {
+    CAPTURE(per_page);
+    std::vector<fp8_e4m3> host(static_cast<std::size_t>(rows) * kvh * d, quantize_e4m3(0, 1));
+    const thd_view<const T> sv(src.data(), n, kvh, d);
+    test::device_buffer<T> dsrc(src);
+    test::device_buffer<std::int64_t> drows(to);
+    test::device_buffer<float> dscales(scales);
+    test::device_buffer<fp8_e4m3> dev(host);
+    const thd_view<fp8_e4m3> hv(host.data(), rows, kvh, d), dv(dev.get(), rows, kvh, d);
+    const thd_view<const T> dsv(dsrc.get(), n, kvh, d);
+    if (per_page) {
+      quantize_into_cache_host(sv, to, hv, page_scales{nullptr, scales.data()}, false, page_size);
+      quantize_into_cache(dsv, drows.get(), dv, page_scales{nullptr, dscales.get()}, false,
+                          page_size, nullptr);
+    } else {
+      quantize_into_cache_host(sv, to, hv, head_scales{scales.data(), nullptr}, true);
+      quantize_into_cache(dsv, drows.get(), dv, head_scales{dscales.get(), nullptr}, true, 1,
+                          nullptr);
+    }
+    RINGATTN_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto got = dev.download();
+    CHECK(std::memcmp(got.data(), host.data(), host.size()) == 0);
+    const std::int64_t row = to[0];
+    CHECK(std::isnan(to_float(host[(row * kvh) * d + 3])));
+    CHECK(std::isnan(to_float(host[(row * kvh) * d + 4])));
+    CHECK(std::abs(to_float(host[(row * kvh) * d + 5])) == 448.0f);
+  }
+  // A row outside the cache is refused on the host, writing nothing.
+  std::vector<fp8_e4m3> small(static_cast<std::size_t>(8) * kvh * d);
+  CHECK_THROWS_WITH_AS(quantize_into_cache_host(thd_view<const T>(src.data(), n, kvh, d), to,
+                                                thd_view<fp8_e4m3>(small.data(), 8, kvh, d),
+                                                head_scales{scales.data(), scales.data()}, true),
+                       doctest::Contains("outside the cache's 8"), invalid_argument);
 }

@@ -61,8 +61,11 @@ struct decode_case {
   attention_arguments args;
   int ranks;
   int batch;
-  std::vector<std::vector<T>> whole_q, whole_k, whole_v;     // per sequence, every position so far
-  std::vector<std::vector<std::vector<T>>> cache_k, cache_v; // [rank][sequence]
+  std::vector<std::vector<T>> whole_q, whole_k, whole_v; // per sequence, every position so far
+  // The oracle's keys and values: those of whole_k and whole_v, or the values a quantised cache
+  // reads (`set_cached`).
+  std::vector<std::vector<double>> exact_k, exact_v;
+  std::vector<std::vector<std::vector<T>>> cache_k, cache_v;    // [rank][sequence]
   std::vector<std::vector<std::vector<std::int64_t>>> cache_at; // [rank][sequence]: positions
 
   decode_case(const std::vector<std::int32_t>& prefill, int ranks_, attention_arguments a,
@@ -77,6 +80,16 @@ struct decode_case {
       whole_k[b].assign(k.begin() + prefill[b] * row, k.begin() + prefill[b + 1] * row);
       whole_v[b].assign(v.begin() + prefill[b] * vrow, v.begin() + prefill[b + 1] * vrow);
       whole_q[b].resize(whole_k[b].size() / a.kv_heads * a.q_heads); // prefill queries: unused
+    }
+    auto exact = [](const std::vector<T>& x) {
+      std::vector<double> r;
+      for (const T& e : x)
+        r.push_back(to_float(e));
+      return r;
+    };
+    for (int b = 0; b < batch; ++b) {
+      exact_k.push_back(exact(whole_k[b]));
+      exact_v.push_back(exact(whole_v[b]));
     }
     cache_k.assign(ranks, std::vector<std::vector<T>>(batch));
     cache_v = cache_k;
@@ -127,28 +140,34 @@ struct decode_case {
   // The oracle of step `s` (again, after its inputs were changed).
   void solve(step& s) const {
     std::vector<std::int32_t> cu_whole{0};
-    std::vector<T> q_all, k_all, v_all;
+    std::vector<T> q_all;
+    std::vector<double> k_all, v_all;
     std::vector<std::int64_t> rows;
     for (int b = 0; b < batch; ++b) {
       const std::int64_t cached = length(b), nb = s.cu_new[b + 1] - s.cu_new[b];
-      auto append = [&](std::vector<T>& to, const std::vector<T>& old, const std::vector<T>& now,
-                        std::size_t row) {
+      auto append = [&](auto& to, const auto& old, const std::vector<T>& now, std::size_t row) {
         to.insert(to.end(), old.begin(), old.end());
-        to.insert(to.end(), now.begin() + s.cu_new[b] * row, now.begin() + s.cu_new[b + 1] * row);
+        for (auto x = now.begin() + s.cu_new[b] * row; x != now.begin() + s.cu_new[b + 1] * row;
+             ++x)
+          if constexpr (std::is_same_v<typename std::decay_t<decltype(to)>::value_type, T>)
+            to.push_back(*x);
+          else
+            to.push_back(to_float(*x));
       };
       append(q_all, whole_q[b], s.q, q_row());
-      append(k_all, whole_k[b], s.k, kv_row());
-      append(v_all, whole_v[b], s.v, v_row());
+      append(k_all, exact_k[b], s.k, kv_row());
+      append(v_all, exact_v[b], s.v, v_row());
       for (std::int64_t i = 0; i < nb; ++i)
         rows.push_back(cu_whole.back() + cached + i);
       cu_whole.push_back(cu_whole.back() + static_cast<std::int32_t>(cached + nb));
     }
     const std::int64_t total = cu_whole.back();
     const int qh = args.q_heads, kvh = args.kv_heads, d = args.head_dim;
+    reference::tensor k_t(total, kvh, d), v_t(total, kvh, args.v_dim());
+    k_t.data = std::move(k_all);
+    v_t.data = std::move(v_all);
     s.oracle = reference::attention_forward_rows(
-        reference::to_tensor(thd_view<const T>(q_all.data(), total, qh, d)),
-        reference::to_tensor(thd_view<const T>(k_all.data(), total, kvh, d)),
-        reference::to_tensor(thd_view<const T>(v_all.data(), total, kvh, args.v_dim())), cu_whole,
+        reference::to_tensor(thd_view<const T>(q_all.data(), total, qh, d)), k_t, v_t, cu_whole,
         args, position_window::of(mask_kind::causal), rows);
   }
 
@@ -159,6 +178,38 @@ struct decode_case {
     const std::int64_t pos = cache_at[r][b][static_cast<std::size_t>(i)];
     (key ? cache_k : cache_v)[r][b][i * row + elem] = from_float<T>(value);
     (key ? whole_k : whole_v)[b][pos * row + elem] = from_float<T>(value);
+    (key ? exact_k : exact_v)[b][pos * row + elem] = to_float(from_float<T>(value));
+  }
+
+  // Every element of the K (`key`) or V held so far times `factor(position)`, rounded to T (the
+  // cache, the whole sequences and the oracle's values).
+  template <class Factor>
+  void rescale(bool key, Factor factor) {
+    const std::size_t row = key ? kv_row() : v_row();
+    auto times = [&](T& x, std::int64_t pos) {
+      x = from_float<T>(static_cast<float>(to_float(x) * factor(pos)));
+    };
+    for (int r = 0; r < ranks; ++r)
+      for (int b = 0; b < batch; ++b)
+        for (std::size_t i = 0; i < cache_at[r][b].size(); ++i)
+          for (std::size_t e = 0; e < row; ++e)
+            times((key ? cache_k : cache_v)[r][b][i * row + e], cache_at[r][b][i]);
+    for (int b = 0; b < batch; ++b) {
+      auto& whole = (key ? whole_k : whole_v)[b];
+      auto& exact = (key ? exact_k : exact_v)[b];
+      for (std::size_t i = 0; i < whole.size(); ++i) {
+        times(whole[i], static_cast<std::int64_t>(i / row));
+        exact[i] = to_float(whole[i]);
+      }
+    }
+  }
+
+  // The oracle reads `value` for element `elem` of row `i` of rank r's cached K (`key`) or V of
+  // sequence b (what a quantised copy of the cache holds there); the cache itself is unchanged.
+  void set_cached(int r, int b, std::int64_t i, bool key, std::size_t elem, double value) {
+    const std::size_t row = key ? kv_row() : v_row();
+    const std::int64_t pos = cache_at[r][b][static_cast<std::size_t>(i)];
+    (key ? exact_k : exact_v)[b][pos * row + elem] = value;
   }
 
   // Relative L2 error of `out` and the largest absolute error of `lse` against the oracle.
@@ -230,6 +281,11 @@ struct decode_case {
       grow(whole_k[b], s.k, row);
       grow(whole_v[b], s.v, v_row());
       grow(whole_q[b], s.q, q_row());
+      for (auto x = s.k.begin() + s.cu_new[b] * row; x != s.k.begin() + s.cu_new[b + 1] * row; ++x)
+        exact_k[b].push_back(to_float(*x));
+      for (auto x = s.v.begin() + s.cu_new[b] * v_row();
+           x != s.v.begin() + s.cu_new[b + 1] * v_row(); ++x)
+        exact_v[b].push_back(to_float(*x));
     }
     return kept;
   }
@@ -310,6 +366,79 @@ paged_shard<T> page_out(const decode_case<P, T>& c, const typename decode_case<P
     }
   }
   return out;
+}
+
+//! A rank's cache rows in FP8: e4m3 K and V, and their scales of layout `Scales`.
+struct fp8_shard {
+  std::vector<fp8_e4m3> k, v;
+  std::vector<float> ks, vs;
+};
+
+//! Rank r's cache rows `k`, `v` (`rows` rows of case `c`'s widths: a packed shard, or a paged
+//! pool of pages of 2^page_shift rows) quantised to e4m3 with `Scales` (`head_scales`: one per kv
+//! head; `page_scales`: one per (page, kv head)), each scale the largest finite magnitude of the
+//! elements it scales / 448 (1 where none is above 0), as a serving system quantises on append.
+//! Elements that are not finite (rows no sequence holds) become NaN. The case's oracle reads the
+//! dequantised values (fp32 products) of the rows `owner(row)` names (sequence b, row i of it on
+//! this rank; b < 0: no sequence).
+template <kv_scales Scales, class P, class T, class Owner>
+fp8_shard quantize_shard(decode_case<P, T>& c, int r, const std::vector<T>& k,
+                         const std::vector<T>& v, std::int64_t rows, int page_shift, Owner owner) {
+  const int kvh = c.args.kv_heads, d = c.args.head_dim, dv = c.args.v_dim();
+  const std::int64_t entries = Scales::entries(rows >> page_shift, kvh);
+  fp8_shard out;
+  auto one = [&](const std::vector<T>& x, int width, std::vector<fp8_e4m3>& q,
+                 std::vector<float>& scale, bool key) {
+    std::vector<float> amax(static_cast<std::size_t>(entries), 0.0f);
+    for (std::int64_t row = 0; row < rows; ++row)
+      for (int h = 0; h < kvh; ++h)
+        for (int e = 0; e < width; ++e) {
+          const float a = std::abs(to_float(x[(row * kvh + h) * width + e]));
+          float& m = amax[static_cast<std::size_t>(Scales::index(row, page_shift, h, kvh))];
+          if (std::isfinite(a)) m = std::max(m, a);
+        }
+    for (const float a : amax)
+      scale.push_back(a > 0.0f ? a / 448.0f : 1.0f);
+    q.resize(x.size());
+    for (std::int64_t row = 0; row < rows; ++row) {
+      const auto [b, i] = owner(row);
+      for (int h = 0; h < kvh; ++h) {
+        const float sc = scale[static_cast<std::size_t>(Scales::index(row, page_shift, h, kvh))];
+        for (int e = 0; e < width; ++e) {
+          const std::size_t at = static_cast<std::size_t>((row * kvh + h) * width + e);
+          q[at] = quantize_e4m3(to_float(x[at]), sc);
+          if (b >= 0)
+            c.set_cached(r, b, i, key, static_cast<std::size_t>(h * width + e),
+                         static_cast<double>(to_float(q[at]) * sc));
+        }
+      }
+    }
+  };
+  one(k, d, out.k, out.ks, true);
+  one(v, dv, out.v, out.vs, false);
+  return out;
+}
+
+//! `owner` of `quantize_shard` for a packed shard (`cu`: its sequences' offsets).
+inline auto packed_owner(const std::vector<std::int32_t>& cu) {
+  return [&cu](std::int64_t row) {
+    const auto b = static_cast<int>(
+        std::upper_bound(cu.begin(), cu.end(), static_cast<std::int32_t>(row)) - cu.begin() - 1);
+    return std::pair<int, std::int64_t>{b, row - cu[b]};
+  };
+}
+
+//! `owner` of `quantize_shard` for a paged pool (`page_out`'s), rows no sequence holds b = -1.
+template <class T>
+auto paged_owner(const paged_shard<T>& sh, int page_size) {
+  std::vector<std::pair<int, std::int64_t>> of(static_cast<std::size_t>(sh.pages * page_size),
+                                               {-1, 0});
+  for (std::size_t b = 0; b + 1 < sh.cu_pages.size(); ++b)
+    for (std::int64_t j = 0; j < sh.length[b]; ++j)
+      of[static_cast<std::size_t>(
+          std::int64_t{sh.table[sh.cu_pages[b] + j / page_size]} * page_size + j % page_size)] = {
+          static_cast<int>(b), j};
+  return [of = std::move(of)](std::int64_t row) { return of[static_cast<std::size_t>(row)]; };
 }
 
 } // namespace ringattn::test

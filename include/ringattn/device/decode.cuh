@@ -6,20 +6,30 @@
 //! of the split is read once. The block is bound by reading K and V: everything serves keeping
 //! the memory busy.
 //!
-//! `decode_split_kernel<T, HeadDim, RowTiles, KeyRows>`: 4 warps; the query rows padded to
-//! `RowTiles` tiles of 16 (zero rows), and the warps laid out as RowTiles x (4 / RowTiles): a warp
-//! takes one row tile and its share of each stage's keys. K and V stream through `decode_stages`
-//! shared buffers of `decode_stage_keys` keys by cp.async (two stages in flight while one is
-//! computed; keys past the split are zero-filled and masked; `KeyRows` says where a key row lives:
-//! in place, or through a page table). Scores and P V on tensor cores (mma.sync m16n8k16, fp32
-//! accumulation), an online softmax in base 2 per warp; the warps' states meet in shared memory,
-//! and the split's unnormalised output, maximum (log2 units) and weight sum go to the scratch.
+//! `decode_split_kernel<T, Cache, HeadDim, RowTiles, KeyRows, Scales>`: 4 warps; the query rows
+//! padded to `RowTiles` tiles of 16 (zero rows), and the warps laid out as RowTiles x (4 /
+//! RowTiles): a warp takes one row tile and its share of each stage's keys. K and V stream through
+//! `decode_stages` shared buffers of `decode_stage_keys` keys by cp.async (two stages in flight
+//! while one is computed; keys past the split are zero-filled and masked; `KeyRows` says where a
+//! key row lives: in place, or through a page table). Scores and P V on tensor cores (mma.sync
+//! m16n8k16, fp32 accumulation), an online softmax in base 2 per warp; the warps' states meet in
+//! shared memory, and the split's unnormalised output, maximum (log2 units) and weight sum go to
+//! the scratch.
+//!
+//! An FP8 cache (`Cache` = `fp8_e4m3`) streams its stages as bytes, half the traffic; each stage
+//! is converted, exactly and one instruction per element pair, into one shared fp16 tile per K
+//! and V before its products, which run as above in fp16 (bf16 queries are scaled into fp16 row
+//! by row by a power of two, exact at every magnitude that reaches a score). Its scales
+//! (`Scales`) are applied in fp32: a key's to its scores before the softmax, a value's to the
+//! output (`head_scales`: once, at the split's end) or, relative to the largest of the split's, to
+//! the weights it is multiplied with (`page_scales`: per key, the stage's scales loaded with it).
 //! `decode_combine_kernel`: per row, the splits in order, then the block merges into the fp32 state
 //! (core/state.cuh) as a `fresh` or a `merge` epilogue.
 
 #include <ringattn/config.cuh>
 #include <ringattn/core/block.cuh>
 #include <ringattn/core/element.cuh>
+#include <ringattn/core/kv_scales.cuh>
 #include <ringattn/core/state.cuh>
 #include <ringattn/device/primitives.cuh>
 
@@ -53,7 +63,7 @@ struct packed_key_rows {
 struct paged_key_rows {
   static constexpr bool paged = true;
   const std::int32_t* table = nullptr;
-  int shift = 0;
+  int shift = 0; //!< log2 of the page size
   __host__ __device__ std::int64_t operator()(std::int64_t at) const {
     return (static_cast<std::int64_t>(table[at >> shift]) << shift) |
            (at & ((std::int64_t{1} << shift) - 1));
@@ -67,11 +77,19 @@ __host__ __device__ constexpr std::int64_t decode_partial_floats(int head_dim, i
 }
 
 //! Shared memory of the split kernel: the K and V stages (the query tile borrows the last
-//! stage's K buffer until the queries are in registers). 96 KiB at head_dim 128: within the
-//! 99 KiB a thread block may take on every sm_80+ device.
-template <class T>
+//! stage's K buffer until the queries are in registers); for an FP8 cache, byte stages, one
+//! converted tile of T per K and V (the query tile borrows K's) and the stages' per-key scales.
+//! 96 KiB at head_dim 128 (82 KiB with an FP8 cache): within the 99 KiB a thread block may take
+//! on every sm_80+ device.
+template <class T, class Cache = T>
 constexpr int decode_smem_bytes(int head_dim) {
-  return 2 * decode_stage_keys * decode_stages * head_dim * static_cast<int>(sizeof(T));
+  constexpr int keys = decode_stage_keys, stages = decode_stages;
+  const int stage_bytes = 2 * keys * stages * head_dim * static_cast<int>(sizeof(Cache));
+  if constexpr (std::is_same_v<Cache, T>)
+    return stage_bytes;
+  else
+    return stage_bytes + 2 * keys * head_dim * static_cast<int>(sizeof(T)) +
+           (2 * stages * keys + decode_max_rows) * static_cast<int>(sizeof(float));
 }
 
 } // namespace ringattn
@@ -81,26 +99,48 @@ constexpr int decode_smem_bytes(int head_dim) {
 RINGATTN_ABI_BEGIN
 namespace kernels {
 
-template <class T, int HeadDim, int RowTiles, class KeyRows>
+template <class T, class Cache, int HeadDim, int RowTiles, class KeyRows, class Scales>
 __global__ void __launch_bounds__(128, 2)
     decode_split_kernel(const T* q, std::int64_t q_token_stride, std::int64_t q_head_stride,
-                        const T* k, std::int64_t k_token_stride, std::int64_t k_head_stride,
-                        const T* v, std::int64_t v_token_stride, std::int64_t v_head_stride,
-                        KeyRows key_rows, const block_group* groups, const decode_item* items,
-                        int group_size, float scale_log2, float* scratch) {
+                        const Cache* k, std::int64_t k_token_stride, std::int64_t k_head_stride,
+                        const Cache* v, std::int64_t v_token_stride, std::int64_t v_head_stride,
+                        KeyRows key_rows, Scales scales, const block_group* groups,
+                        const decode_item* items, int group_size, float scale_log2,
+                        float* scratch) {
   static_assert(RowTiles == 1 || RowTiles == 2 || RowTiles == 4);
   static_assert(16 * RowTiles <= decode_stage_keys, "the query tile fits a stage's K buffer");
+  constexpr bool quantized = !std::is_same_v<Cache, T>;
+  constexpr bool per_key = std::is_same_v<Scales, page_scales>; // a scale per key of a stage
+  // The products' element type: an FP8 cache's tiles are fp16 (one conversion per element pair;
+  // bf16 queries are scaled into fp16 row by row, a power of two each).
+  using M = std::conditional_t<quantized, __half, T>;
+  constexpr bool scaled_q = quantized && !std::is_same_v<T, __half>;
+  static_assert(!quantized || std::is_same_v<Cache, fp8_e4m3>);
+  static_assert(quantized == !std::is_same_v<Scales, no_scales>);
+  static_assert(!per_key || KeyRows::paged, "page scales come with a paged cache");
   constexpr int D = HeadDim, Rows = 16 * RowTiles, KeyWarps = 4 / RowTiles;
   constexpr int BK = decode_stage_keys, S = decode_stages;
+  static_assert(2 * BK == 128, "a thread loads one key's K or V scale of a stage");
   constexpr int KW = BK / KeyWarps; // keys of a stage one warp takes
   constexpr int NT = KW / 8;        // its score tiles of 8 keys
   constexpr int KSteps = D / 16, DTiles = D / 8, chunks = D / 8;
+  constexpr int bytes_chunks = D * static_cast<int>(sizeof(Cache)) / 16; // 16-byte chunks a row
   constexpr std::uint32_t elem = sizeof(T);
   constexpr float neg_inf = -__builtin_huge_valf();
   extern __shared__ __align__(128) unsigned char decode_smem[];
-  T* sK = reinterpret_cast<T*>(decode_smem);
-  T* sV = sK + S * BK * D;
-  T* sQ = sK + (S - 1) * BK * D; // the last stage's K buffer, first filled at t = 0
+  // The stages (of Cache), then for an FP8 cache the converted tiles (of T) and the scales.
+  Cache* sK = reinterpret_cast<Cache*>(decode_smem);
+  Cache* sV = sK + S * BK * D;
+  M* tK = reinterpret_cast<M*>(sV + S * BK * D);
+  M* tV = tK + BK * D;
+  float* kscale_s = reinterpret_cast<float*>(tV + BK * D); // [S][BK], then V's
+  float* qscale_s = kscale_s + 2 * S * BK;                 // [Rows]: 2^e of each query row
+  // The query tile: the last stage's K buffer, first filled at t = 0; an FP8 cache's K tile,
+  // first written at t = 0 once the queries are in registers.
+  T* sQ = quantized ? reinterpret_cast<T*>(tK) : reinterpret_cast<T*>(sK + (S - 1) * BK * D);
+  static_assert(!quantized || (KeyWarps * Rows * (D + 2)) * 4 <=
+                                  2 * S * BK * D * static_cast<int>(sizeof(Cache)),
+                "the warps' states meet in the FP8 stages");
 
   const decode_item item = items[blockIdx.x];
   const block_group g = groups[item.group];
@@ -116,7 +156,32 @@ __global__ void __launch_bounds__(128, 2)
     const std::int64_t at = first + static_cast<std::int64_t>(t) * BK,
                        left = keys - static_cast<std::int64_t>(t) * BK;
     const int valid = left < BK ? static_cast<int>(left) : BK;
-    if constexpr (KeyRows::paged) {
+    if constexpr (quantized) {
+      // Byte stages, row-major (each thread reads back the chunks it copied: no swizzle).
+      const Cache* k_head = k + kvh * k_head_stride;
+      const Cache* v_head = v + kvh * v_head_stride;
+      const std::int64_t base = KeyRows::paged ? 0 : key_rows(at);
+#pragma unroll
+      for (int c = static_cast<int>(threadIdx.x); c < BK * bytes_chunks; c += 128) {
+        const int r = c / bytes_chunks, ch = c % bytes_chunks;
+        const bool ok = r < valid;
+        std::int64_t row = 0;
+        if (ok) row = KeyRows::paged ? key_rows(at + r) : base + r;
+        cp_async_16(sK + buf * BK * D + r * D + ch * 16,
+                    ok ? k_head + row * k_token_stride + ch * 16 : k, ok);
+        cp_async_16(sV + buf * BK * D + r * D + ch * 16,
+                    ok ? v_head + row * v_token_stride + ch * 16 : v, ok);
+      }
+      if constexpr (per_key) {
+        // Thread i < BK: key i's K scale; thread BK + i: its V scale (0 past the split).
+        const int r = static_cast<int>(threadIdx.x) % BK;
+        const bool is_v = static_cast<int>(threadIdx.x) >= BK, ok = r < valid;
+        const float* from = is_v ? scales.v : scales.k;
+        const std::int64_t at_scale =
+            ok ? Scales::index(key_rows(at + r), key_rows.shift, kvh, kv_heads) : 0;
+        cp_async_4(kscale_s + (is_v ? S * BK : 0) + buf * BK + r, from + at_scale, ok);
+      }
+    } else if constexpr (KeyRows::paged) {
       // Each 16-byte chunk's row through the page table (a row's K and V share the lookup).
       const T* k_head = k + kvh * k_head_stride;
       const T* v_head = v + kvh * v_head_stride;
@@ -157,18 +222,77 @@ __global__ void __launch_bounds__(128, 2)
     cp_async_commit();
   }
 
-  const std::uint32_t aQ = smem_address(sQ), aK = smem_address(sK), aV = smem_address(sV);
+  const std::uint32_t aQ = smem_address(sQ);
+  const std::uint32_t aK = smem_address(quantized ? static_cast<void*>(tK) : sK),
+                      aV = smem_address(quantized ? static_cast<void*>(tV) : sV);
+  // The head's scales (an FP8 cache with a scale per kv head). With a scale per page, the
+  // weights meet each value's scale over the largest finite one of the split's pages (`v_scale`;
+  // 1 where none is above 0), which the output then takes: the fp16 weights stay at most 1.
+  float k_scale = 1.0f, v_scale = 1.0f, v_over = 1.0f;
+  if constexpr (std::is_same_v<Scales, head_scales>)
+    k_scale = scales.k[kvh], v_scale = scales.v[kvh];
+  if constexpr (per_key) {
+    float top = 0.0f;
+    if (keys > 0)
+      for (std::int64_t page = (first >> key_rows.shift) + threadIdx.x;
+           page <= (first + keys - 1) >> key_rows.shift; page += 128) {
+        const float x = scales.v[static_cast<std::int64_t>(key_rows.table[page]) * kv_heads + kvh];
+        if (x < __builtin_huge_valf()) top = fmaxf(top, x); // NaN and inf left to the products
+      }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+      top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, o));
+    if (lane == 0) qscale_s[warp] = top; // free until the first stage is in
+    __syncthreads();
+    top = fmaxf(fmaxf(qscale_s[0], qscale_s[1]), fmaxf(qscale_s[2], qscale_s[3]));
+    if (top > 0.0f) v_scale = top, v_over = 1.0f / top;
+  }
   std::uint32_t qf[KSteps][4];
   float acc[DTiles][4];
 #pragma unroll
   for (int t = 0; t < DTiles; ++t)
     acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
   float m[2] = {neg_inf, neg_inf}, l[2] = {0.0f, 0.0f};
+  // Each score's factor for this thread's two rows: the key scale of a head, and for bf16
+  // queries in fp16 their row's power of two.
+  float row_scale[2] = {k_scale, k_scale};
 
   for (int t = 0; t < tiles; ++t) {
     cp_async_wait<S - 2>();
     __syncthreads(); // stage t landed; every warp is done with the buffer refilled below
     if (t == 0) {
+      if constexpr (scaled_q) {
+        // bf16 queries to fp16 in place, each row times 2^-e with its largest finite magnitude
+        // in [2^14, 2^15): exact but for elements below 2^-28 of it (each then within 2^-39 of it).
+        // Two threads a row, half the row each.
+        const int r = static_cast<int>(threadIdx.x) >> 1, half = static_cast<int>(threadIdx.x) & 1;
+        float top = 0.0f;
+        if (r < Rows)
+          for (int ch = half * chunks / 2; ch < (half + 1) * chunks / 2; ++ch) {
+            const uint4 x = *reinterpret_cast<const uint4*>(sQ + swizzle<D>(r, ch));
+            const std::uint32_t w[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+              top = fmaxf(top, fmaxf(fabsf(unpack1<T>(w[i], 0)), fabsf(unpack1<T>(w[i], 1))));
+          }
+        top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 1));
+        const int e = top > 0.0f && top < __builtin_huge_valf() ? max(ilogbf(top) - 14, -100) : 0;
+        const float down = ldexpf(1.0f, -e);
+        if (r < Rows) {
+          for (int ch = half * chunks / 2; ch < (half + 1) * chunks / 2; ++ch) {
+            uint4* at = reinterpret_cast<uint4*>(sQ + swizzle<D>(r, ch));
+            const uint4 x = *at;
+            auto half2 = [&](std::uint32_t w) {
+              return pack2<M>(unpack1<T>(w, 0) * down, unpack1<T>(w, 1) * down);
+            };
+            *at = uint4{half2(x.x), half2(x.y), half2(x.z), half2(x.w)};
+          }
+          if (half == 0) qscale_s[r] = ldexpf(1.0f, e);
+        }
+        __syncthreads();
+        row_scale[0] *= qscale_s[wr * 16 + (lane >> 2)];
+        row_scale[1] *= qscale_s[wr * 16 + (lane >> 2) + 8];
+      }
       // The queries to registers before stage S - 1 overwrites them.
 #pragma unroll
       for (int kk = 0; kk < KSteps; ++kk)
@@ -177,8 +301,41 @@ __global__ void __launch_bounds__(128, 2)
     }
     if (t + S - 1 < tiles) load_stage(t + S - 1);
     cp_async_commit();
-    const std::uint32_t cK = aK + (t % S) * (BK * D * elem);
-    const std::uint32_t cV = aV + (t % S) * (BK * D * elem);
+    if constexpr (quantized) {
+      // Stage t's bytes to the fp16 tiles (the warps are done with them: the barrier above). A
+      // thread converts 16 elements to two swizzled chunks, storing first the one that spreads
+      // a quarter warp over distinct banks. With one row tile each warp converts the keys it
+      // alone reads (a warp's barrier); else the block converts the stage.
+      const Cache* fK = sK + (t % S) * BK * D;
+      const Cache* fV = sV + (t % S) * BK * D;
+      auto convert = [&](int c) {
+        const int r = c / bytes_chunks, ch = c % bytes_chunks, a = (ch >> 2) & 1;
+        auto one = [&](const Cache* from, M* to) {
+          const uint4 x = *reinterpret_cast<const uint4*>(from + r * D + ch * 16);
+          const uint4 lo{e4m3x2_to<M>(x.x), e4m3x2_to<M>(x.x >> 16), e4m3x2_to<M>(x.y),
+                         e4m3x2_to<M>(x.y >> 16)};
+          const uint4 hi{e4m3x2_to<M>(x.z), e4m3x2_to<M>(x.z >> 16), e4m3x2_to<M>(x.w),
+                         e4m3x2_to<M>(x.w >> 16)};
+          *reinterpret_cast<uint4*>(to + swizzle<D>(r, 2 * ch + a)) = a ? hi : lo;
+          *reinterpret_cast<uint4*>(to + swizzle<D>(r, 2 * ch + 1 - a)) = a ? lo : hi;
+        };
+        one(fK, tK);
+        one(fV, tV);
+      };
+      if constexpr (KeyWarps == 4) {
+#pragma unroll
+        for (int c = lane; c < KW * bytes_chunks; c += 32)
+          convert(wk * KW * bytes_chunks + c);
+        __syncwarp();
+      } else {
+#pragma unroll
+        for (int c = static_cast<int>(threadIdx.x); c < BK * bytes_chunks; c += 128)
+          convert(c);
+        __syncthreads();
+      }
+    }
+    const std::uint32_t cK = quantized ? aK : aK + (t % S) * (BK * D * elem);
+    const std::uint32_t cV = quantized ? aV : aV + (t % S) * (BK * D * elem);
 
     // S = Q K^T for this warp's row tile and its KW keys of the stage.
     float s[NT][4];
@@ -192,9 +349,21 @@ __global__ void __launch_bounds__(128, 2)
         std::uint32_t kb[4];
         const int krow = wk * KW + np * 16 + ((lane >> 4) << 3) + (lane & 7);
         ldmatrix_x4(kb, cK + elem * swizzle<D>(krow, kk * 2 + ((lane >> 3) & 1)));
-        mma_16816<T>(s[2 * np], qf[kk], kb[0], kb[1]);
-        mma_16816<T>(s[2 * np + 1], qf[kk], kb[2], kb[3]);
+        mma_16816<M>(s[2 * np], qf[kk], kb[0], kb[1]);
+        mma_16816<M>(s[2 * np + 1], qf[kk], kb[2], kb[3]);
       }
+    // An FP8 cache's key scales, each score by its key's (NaN and inf carried as they come).
+    const float* kscale_t = kscale_s + (t % S) * BK;
+    const float* vscale_t = kscale_t + S * BK;
+    if constexpr (quantized) {
+#pragma unroll
+      for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          s[n][e] *= per_key
+                         ? row_scale[e >> 1] * kscale_t[wk * KW + n * 8 + 2 * (lane & 3) + (e & 1)]
+                         : row_scale[e >> 1];
+    }
     // Keys past the split (the last stage only) see nothing.
     const std::int64_t left = keys - static_cast<std::int64_t>(t) * BK;
     if (left < BK) {
@@ -233,8 +402,16 @@ __global__ void __launch_bounds__(128, 2)
       const float p3 = fast_exp2(fmaf(s[n][3], scale_log2, -base[1]));
       l[0] += p0 + p1;
       l[1] += p2 + p3;
-      pa[n / 2][(n & 1) * 2] = pack2<T>(p0, p1);
-      pa[n / 2][(n & 1) * 2 + 1] = pack2<T>(p2, p3);
+      if constexpr (per_key) {
+        // Each weight times its value's scale, the sum of weights unscaled.
+        const int col = wk * KW + n * 8 + 2 * (lane & 3);
+        const float s0 = vscale_t[col] * v_over, s1 = vscale_t[col + 1] * v_over;
+        pa[n / 2][(n & 1) * 2] = pack2<M>(p0 * s0, p1 * s1);
+        pa[n / 2][(n & 1) * 2 + 1] = pack2<M>(p2 * s0, p3 * s1);
+      } else {
+        pa[n / 2][(n & 1) * 2] = pack2<M>(p0, p1);
+        pa[n / 2][(n & 1) * 2 + 1] = pack2<M>(p2, p3);
+      }
     }
 #pragma unroll
     for (int d = 0; d < DTiles; ++d) {
@@ -252,12 +429,19 @@ __global__ void __launch_bounds__(128, 2)
         std::uint32_t vb[4];
         const int vrow = wk * KW + kk * 16 + (((lane >> 3) & 1) << 3) + (lane & 7);
         ldmatrix_x4_trans(vb, cV + elem * swizzle<D>(vrow, dp * 2 + (lane >> 4)));
-        mma_16816<T>(acc[2 * dp], pa[kk], vb[0], vb[1]);
-        mma_16816<T>(acc[2 * dp + 1], pa[kk], vb[2], vb[3]);
+        mma_16816<M>(acc[2 * dp], pa[kk], vb[0], vb[1]);
+        mma_16816<M>(acc[2 * dp + 1], pa[kk], vb[2], vb[3]);
       }
   }
   cp_async_wait_all();
   __syncthreads(); // the stage buffers are free: the warps' states meet there
+  if constexpr (quantized) {
+#pragma unroll
+    for (int d = 0; d < DTiles; ++d)
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        acc[d][e] *= v_scale;
+  }
 
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -279,9 +463,9 @@ __global__ void __launch_bounds__(128, 2)
       if ((lane & 3) == 0) out[Rows * D + row] = m[r], out[Rows * (D + 1) + row] = l[r];
     }
   } else {
-    float* o_s = reinterpret_cast<float*>(sK); // [KeyWarps][Rows][D]
-    float* m_s = o_s + KeyWarps * Rows * D;    // [KeyWarps][Rows]
-    float* l_s = m_s + KeyWarps * Rows;        // [KeyWarps][Rows]
+    float* o_s = reinterpret_cast<float*>(decode_smem); // [KeyWarps][Rows][D]
+    float* m_s = o_s + KeyWarps * Rows * D;             // [KeyWarps][Rows]
+    float* l_s = m_s + KeyWarps * Rows;                 // [KeyWarps][Rows]
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int row = wr * 16 + (lane >> 2) + r * 8;

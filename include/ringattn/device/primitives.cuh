@@ -1,13 +1,14 @@
 #pragma once
 //! \file
 //! PTX wrappers and tile copies shared by every kernel: shared-memory addresses, cp.async,
-//! ldmatrix, mma.sync m16n8k16, exp2, 16-bit packing, the swizzled [rows, D] tile, the max
-//! logit's NaN-aware atomic maximum. Device code only.
+//! ldmatrix, mma.sync m16n8k16, exp2, 16-bit packing, e4m3 pairs to 16-bit pairs, the swizzled
+//! [rows, D] tile, the max logit's NaN-aware atomic maximum. Device code only.
 
 #include <ringattn/config.cuh>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <cstdint>
 #include <type_traits>
@@ -29,6 +30,11 @@ __device__ __forceinline__ std::uint32_t smem_address(const void* p) {
 __device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(dst)), "l"(src),
                "r"(valid ? 16 : 0));
+}
+//! 4 bytes (zero-filled where not `valid`), through L1.
+__device__ __forceinline__ void cp_async_4(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_address(dst)), "l"(src),
+               "r"(valid ? 4 : 0));
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n"); }
@@ -86,6 +92,20 @@ __device__ __forceinline__ std::uint32_t pack2(float lo, float hi) {
   } else {
     __half2 v = __floats2half2_rn(lo, hi);
     return *reinterpret_cast<std::uint32_t*>(&v);
+  }
+}
+
+//! Two e4m3 elements (the low byte first) as one register of two 16-bit T elements (exact: every
+//! e4m3 value, NaN included, is an fp16 and a bf16 value).
+template <class T>
+__device__ __forceinline__ std::uint32_t e4m3x2_to(std::uint32_t pair) {
+  const __half2_raw h =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair & 0xffffu), __NV_E4M3);
+  if constexpr (std::is_same_v<T, __half>) {
+    return static_cast<std::uint32_t>(h.x) | (static_cast<std::uint32_t>(h.y) << 16);
+  } else {
+    const float2 f = __half22float2(__half2(h));
+    return pack2<T>(f.x, f.y);
   }
 }
 

@@ -123,6 +123,24 @@ public:
   //! with `a.scratch` holding `scratch_bytes()`.
   template <class T>
   void forward(const block_forward_args<T>& a, bool fresh, cudaStream_t stream) const {
+    run<T>(a, a.k, a.v, no_scales{}, fresh, stream);
+  }
+  //! The same with an FP8 cache: `k` and `v` in place of `a.k` and `a.v` (which are not read),
+  //! dequantised by `scales` (`page_scales` only where the schedule reads through a page table).
+  template <class T, kv_scales Scales>
+  void forward(const block_forward_args<T>& a, thd_view<const fp8_e4m3> k,
+               thd_view<const fp8_e4m3> v, Scales scales, bool fresh, cudaStream_t stream) const {
+    run<T>(a, k, v, scales, fresh, stream);
+  }
+  //! Whether the key rows are read through a page table.
+  bool paged() const noexcept { return page_shift_ >= 0; }
+#endif
+
+private:
+#if defined(__CUDACC__)
+  template <class T, class Cache, class Scales>
+  void run(const block_forward_args<T>& a, thd_view<const Cache> k, thd_view<const Cache> v,
+           Scales scales, bool fresh, cudaStream_t stream) const {
     if (items_ == 0) return;
     const float scale_log2 = static_cast<float>(a.args.scale() * 1.4426950408889634);
     auto* scratch = reinterpret_cast<float*>(a.scratch);
@@ -131,12 +149,12 @@ public:
     const block_group* groups = tables_.at<block_group>(0);
     const decode_item* items = tables_.at<decode_item>(1);
     const std::int32_t* first = tables_.at<std::int32_t>(2);
-    const int smem = decode_smem_bytes<T>(head_dim_);
+    const int smem = decode_smem_bytes<T, Cache>(head_dim_);
     auto launch = [&](auto split, auto key_rows, auto merge) {
       detail::allow_dynamic_smem(reinterpret_cast<const void*>(split), smem);
-      split<<<grid, 128, smem, stream>>>(a.q.data, a.q.token_stride, a.q.head_stride, a.k.data,
-                                         a.k.token_stride, a.k.head_stride, a.v.data,
-                                         a.v.token_stride, a.v.head_stride, key_rows, groups, items,
+      split<<<grid, 128, smem, stream>>>(a.q.data, a.q.token_stride, a.q.head_stride, k.data,
+                                         k.token_stride, k.head_stride, v.data, v.token_stride,
+                                         v.head_stride, key_rows, scales, groups, items,
                                          group_size_, scale_log2, scratch);
       RINGATTN_CUDA_CHECK_LAUNCH();
       merge<<<combine, 256, 0, stream>>>(groups, first, group_size_, 16 * row_tiles_, scratch,
@@ -148,23 +166,34 @@ public:
     auto with_rows = [&]<int D, class R>(std::integral_constant<int, D>, R key_rows) {
       using kernels::decode_split_kernel, kernels::decode_combine_kernel;
       switch (row_tiles_) {
-      case 1: return launch(decode_split_kernel<T, D, 1, R>, key_rows, decode_combine_kernel<D>);
-      case 2: return launch(decode_split_kernel<T, D, 2, R>, key_rows, decode_combine_kernel<D>);
-      default: return launch(decode_split_kernel<T, D, 4, R>, key_rows, decode_combine_kernel<D>);
+      case 1:
+        return launch(decode_split_kernel<T, Cache, D, 1, R, Scales>, key_rows,
+                      decode_combine_kernel<D>);
+      case 2:
+        return launch(decode_split_kernel<T, Cache, D, 2, R, Scales>, key_rows,
+                      decode_combine_kernel<D>);
+      default:
+        return launch(decode_split_kernel<T, Cache, D, 4, R, Scales>, key_rows,
+                      decode_combine_kernel<D>);
       }
     };
     auto with_dim = [&](auto key_rows) {
       head_dim_ == 64 ? with_rows(std::integral_constant<int, 64>{}, key_rows)
                       : with_rows(std::integral_constant<int, 128>{}, key_rows);
     };
-    if (page_shift_ < 0)
-      with_dim(packed_key_rows{});
-    else
+    if constexpr (std::is_same_v<Scales, page_scales>) {
+      if (page_shift_ < 0)
+        throw invalid_argument("ringattn: page_scales need a paged cache (a slab or packed "
+                               "cache's scales are head_scales)");
       with_dim(paged_key_rows{tables_.at<std::int32_t>(3), page_shift_});
+    } else if (page_shift_ < 0) {
+      with_dim(packed_key_rows{});
+    } else {
+      with_dim(paged_key_rows{tables_.at<std::int32_t>(3), page_shift_});
+    }
   }
 #endif
 
-private:
   // Stages per split. A launch takes about its waves (thread blocks over `slots`, those that run
   // at once) times its longest block (its stages plus about two for filling the pipeline and
   // writing the partial): the split length that minimises that, among those that cut the

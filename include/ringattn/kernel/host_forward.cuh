@@ -10,6 +10,7 @@
 //! ringattn::finalize(state, out);                          // o / sum -> out, the lse
 //! \endcode
 
+#include <ringattn/core/kv_scales.cuh>
 #include <ringattn/kernel/forward_args.cuh>
 
 #include <algorithm>
@@ -29,10 +30,13 @@ inline void reset(const attention_state& s) {
 
 namespace detail {
 //! The host block forward on arguments validated by the caller (the ring validates its groups
-//! once, at plan time). Allocates nothing: each (row, head) runs an online softmax in fp64 with
+//! once, at plan time), with `a.q`, `a.args` and `a.state`; key and value elements are
+//! `key(row, kv head, e)` and `value(row, kv head, e)` as floats (`a.k` and `a.v` are read
+//! through them only). Allocates nothing: each (row, head) runs an online softmax in fp64 with
 //! its output row on the stack.
-template <element T>
-void host_block_forward_rows(const block_forward_args<T>& a, std::span<const block_group> groups) {
+template <element T, class Key, class Value>
+void host_block_forward_rows(const block_forward_args<T>& a, std::span<const block_group> groups,
+                             Key key, Value value) {
   const double scale = a.args.scale();
   const int group_size = a.args.group_size(), d = a.args.qk_dim(), dv = a.args.v_dim();
   std::array<double, max_head_dim> o;
@@ -50,7 +54,7 @@ void host_block_forward_rows(const block_forward_args<T>& a, std::span<const blo
             const std::int64_t col = kb.kv_begin + j;
             double dot = 0.0;
             for (int e = 0; e < d; ++e)
-              dot += static_cast<double>(to_float(a.q(row, h, e))) * to_float(a.k(col, kvh, e));
+              dot += static_cast<double>(to_float(a.q(row, h, e))) * key(col, kvh, e);
             const double x = dot * scale;
             if (x > m) { // a new maximum: rescale what was summed so far
               const double s = std::exp(m - x);
@@ -62,7 +66,7 @@ void host_block_forward_rows(const block_forward_args<T>& a, std::span<const blo
             const double p = std::exp(x - m);
             sum += p;
             for (int e = 0; e < dv; ++e)
-              o[static_cast<std::size_t>(e)] += p * to_float(a.v(col, kvh, e));
+              o[static_cast<std::size_t>(e)] += p * value(col, kvh, e);
           }
         }
         if (a.state.max_logit != nullptr)
@@ -85,6 +89,35 @@ void host_block_forward_rows(const block_forward_args<T>& a, std::span<const blo
         ref = w.new_ref;
       }
     }
+}
+//! The same with the keys and values of `a.k` and `a.v`.
+template <element T>
+void host_block_forward_rows(const block_forward_args<T>& a, std::span<const block_group> groups) {
+  host_block_forward_rows(
+      a, groups,
+      [&](std::int64_t row, int h, int e) { return static_cast<double>(to_float(a.k(row, h, e))); },
+      [&](std::int64_t row, int h, int e) {
+        return static_cast<double>(to_float(a.v(row, h, e)));
+      });
+}
+//! The host block forward over an FP8 cache `k`, `v` (the rows `groups` name), each element read
+//! as `float(x) * scale` in fp32 (the dequantised value; `page_shift`: log2 of a paged cache's
+//! page size, the pool row's page choosing a `page_scales` entry).
+template <element T, kv_scales Scales>
+void host_block_forward_fp8(const block_forward_args<T>& a, std::span<const block_group> groups,
+                            thd_view<const fp8_e4m3> k, thd_view<const fp8_e4m3> v, Scales scales,
+                            int page_shift) {
+  const int kv_heads = a.args.kv_heads;
+  host_block_forward_rows(
+      a, groups,
+      [&](std::int64_t row, int h, int e) {
+        return static_cast<double>(to_float(k(row, h, e)) *
+                                   scales.k[Scales::index(row, page_shift, h, kv_heads)]);
+      },
+      [&](std::int64_t row, int h, int e) {
+        return static_cast<double>(to_float(v(row, h, e)) *
+                                   scales.v[Scales::index(row, page_shift, h, kv_heads)]);
+      });
 }
 } // namespace detail
 
