@@ -14,11 +14,13 @@
 // bytes read per second (`cache_bytes_per_second`). bench/baselines/sdpa_baseline.py --decode
 // times PyTorch SDPA over the whole cache at the same shape.
 // Variants: the cache paged (pages of 16 tokens, each rank's pages in a seeded shuffled order of
-// its pool, the page table copied to the device by `plan`), and one sequence of 131072 cached
-// tokens instead of 32 of 32768.
+// its pool, the page table copied to the device by `plan`); one sequence of 131072 cached
+// tokens instead of 32 of 32768; the cache in FP8 (e4m3, quantised from the bf16 cache with a
+// scale per kv head, or per page and kv head; `cache_bytes_per_second` then counts its bytes).
 #include "harness.cuh"
 
 #include <ringattn/comm/in_process.cuh>
+#include <ringattn/kernel/kv_quantize.cuh>
 #include <ringattn/sharded_attention.cuh>
 #if defined(RINGATTN_BENCH_CUDNN)
 #include <ringattn/cudnn.cuh>
@@ -79,7 +81,8 @@ private:
 
 // range(0): ranks; range(1): 1 times the plan alone, 0 the step; range(2): new tokens per
 // sequence; range(3): 1 pages the cache; range(4): 1 for one sequence of 131072 cached tokens,
-// 0 for 32 of 32768.
+// 0 for 32 of 32768; range(5): the cache's elements, 0 bf16, 1 FP8 with head scales, 2 FP8 with
+// page scales.
 template <class Kernel>
 void decode_step(benchmark::State& state) {
   if (!ringattn::bench::require_gpu(state)) return;
@@ -89,6 +92,7 @@ void decode_step(benchmark::State& state) {
   const bool paged = state.range(3) != 0;
   const int sequences = state.range(4) != 0 ? 1 : 32;
   const std::int32_t cache_per_sequence = state.range(4) != 0 ? 131072 : 32768;
+  const int fp8 = static_cast<int>(state.range(5)); // 0 bf16, 1 head scales, 2 page scales
   const ringattn::attention_arguments args{q_heads, kv_heads, head_dim, 0.0f};
   using decoder = ringattn::sharded_attention<ringattn::in_process_communicator, Kernel>;
   ringattn::in_process_group group(ranks, std::chrono::seconds(120));
@@ -99,7 +103,8 @@ void decode_step(benchmark::State& state) {
     std::vector<std::int32_t> cu_pages, table, length; // paged: the page table
     std::int64_t pages = 0;
     T *q = nullptr, *k = nullptr, *v = nullptr, *kc = nullptr, *vc = nullptr, *out = nullptr;
-    float* lse = nullptr;
+    ringattn::fp8_e4m3 *kc8 = nullptr, *vc8 = nullptr;
+    float *lse = nullptr, *scales = nullptr;
     void* ws = nullptr;
     cudaEvent_t start = nullptr, stop = nullptr;
     std::size_t ws_bytes = 0;
@@ -159,6 +164,33 @@ void decode_step(benchmark::State& state) {
       s.v = ringattn::bench::device_uniform<T>(n * kv_heads * head_dim, 3);
       s.kc = ringattn::bench::device_uniform<T>(kv, 4 + static_cast<std::uint64_t>(r));
       s.vc = ringattn::bench::device_uniform<T>(kv, 40 + static_cast<std::uint64_t>(r));
+      if (fp8) {
+        // The cache quantised (the values are uniform in [-1, 1]: every scale 1/448), then the
+        // bf16 copy freed.
+        const std::int64_t entries = fp8 == 2 ? s.cached / page_size * kv_heads : kv_heads;
+        const std::vector<float> scale(static_cast<std::size_t>(entries), 1.0f / 448.0f);
+        RINGATTN_CUDA_CHECK(cudaMalloc(&s.scales, sizeof(float) * scale.size()));
+        RINGATTN_CUDA_CHECK(cudaMemcpy(s.scales, scale.data(), sizeof(float) * scale.size(),
+                                       cudaMemcpyHostToDevice));
+        RINGATTN_CUDA_CHECK(cudaMalloc(&s.kc8, kv));
+        RINGATTN_CUDA_CHECK(cudaMalloc(&s.vc8, kv));
+        auto quantize = [&](const T* from, ringattn::fp8_e4m3* to, bool key) {
+          const ringattn::thd_view<const T> src(from, s.cached, kv_heads, head_dim);
+          const ringattn::thd_view<ringattn::fp8_e4m3> dst(to, s.cached, kv_heads, head_dim);
+          if (fp8 == 2)
+            ringattn::quantize_into_cache(src, nullptr, dst,
+                                          ringattn::page_scales{s.scales, s.scales}, key, page_size,
+                                          nullptr);
+          else
+            ringattn::quantize_into_cache(
+                src, nullptr, dst, ringattn::head_scales{s.scales, s.scales}, key, 1, nullptr);
+        };
+        quantize(s.kc, s.kc8, true);
+        quantize(s.vc, s.vc8, false);
+        RINGATTN_CUDA_CHECK(cudaDeviceSynchronize());
+        cudaFree(s.kc), cudaFree(s.vc);
+        s.kc = s.vc = nullptr;
+      }
       RINGATTN_CUDA_CHECK(cudaMalloc(&s.out, sizeof(T) * n * q_heads * head_dim));
       RINGATTN_CUDA_CHECK(cudaMalloc(&s.lse, sizeof(float) * n * q_heads));
       s.ws_bytes = s.dec->template device_workspace_bytes<T>();
@@ -184,14 +216,24 @@ void decode_step(benchmark::State& state) {
         return;
       }
       const std::int64_t m = s.cached;
+      const ringattn::thd_view<const T> q(s.q, n, q_heads, head_dim), k(s.k, n, kv_heads, head_dim),
+          v(s.v, n, kv_heads, head_dim);
+      const ringattn::thd_view<T> out(s.out, n, q_heads, head_dim);
       RINGATTN_CUDA_CHECK(cudaEventRecord(s.start, s.stream));
-      s.dec->forward(ringattn::thd_view<const T>(s.q, n, q_heads, head_dim),
-                     ringattn::thd_view<const T>(s.k, n, kv_heads, head_dim),
-                     ringattn::thd_view<const T>(s.v, n, kv_heads, head_dim),
-                     ringattn::thd_view<const T>(s.kc, m, kv_heads, head_dim),
-                     ringattn::thd_view<const T>(s.vc, m, kv_heads, head_dim),
-                     ringattn::thd_view<T>(s.out, n, q_heads, head_dim), s.lse, s.ws, s.ws_bytes,
-                     s.stream);
+      if constexpr (std::is_same_v<Kernel, ringattn::causal>) {
+        const ringattn::thd_view<const ringattn::fp8_e4m3> kc8(s.kc8, m, kv_heads, head_dim),
+            vc8(s.vc8, m, kv_heads, head_dim);
+        if (fp8 == 1)
+          s.dec->forward(q, k, v, kc8, vc8, ringattn::head_scales{s.scales, s.scales}, out, s.lse,
+                         s.ws, s.ws_bytes, s.stream);
+        if (fp8 == 2)
+          s.dec->forward(q, k, v, kc8, vc8, ringattn::page_scales{s.scales, s.scales}, out, s.lse,
+                         s.ws, s.ws_bytes, s.stream);
+      }
+      if (!fp8)
+        s.dec->forward(q, k, v, ringattn::thd_view<const T>(s.kc, m, kv_heads, head_dim),
+                       ringattn::thd_view<const T>(s.vc, m, kv_heads, head_dim), out, s.lse, s.ws,
+                       s.ws_bytes, s.stream);
       RINGATTN_CUDA_CHECK(cudaEventRecord(s.stop, s.stream));
       RINGATTN_CUDA_CHECK(cudaStreamSynchronize(s.stream));
     };
@@ -215,8 +257,8 @@ void decode_step(benchmark::State& state) {
       state.SetIterationTime(plan_only ? *std::max_element(plan_seconds.begin(), plan_seconds.end())
                                        : span_seconds());
     }
-    const double cache_bytes =
-        2.0 * sequences * cache_per_sequence * kv_heads * head_dim * sizeof(T);
+    const double cache_bytes = 2.0 * sequences * cache_per_sequence * kv_heads * head_dim *
+                               (fp8 ? sizeof(ringattn::fp8_e4m3) : sizeof(T));
     state.counters["bytes_per_rank"] = static_cast<double>(rs[0].dec->template step_bytes<T>());
     state.counters["cache_tokens"] = static_cast<double>(sequences) * cache_per_sequence;
     if (!plan_only)
@@ -226,12 +268,16 @@ void decode_step(benchmark::State& state) {
     std::string label = std::string(plan_only ? "plan, " : "step, ") + std::to_string(fresh) +
                         " new, " + std::to_string(ranks) + (ranks == 1 ? " rank" : " ranks") +
                         (std::is_same_v<Kernel, ringattn::causal> ? ", native" : ", cuDNN") +
-                        (paged ? ", pages of 16" : "") + (sequences == 1 ? ", 1 x 128K" : "");
+                        (paged ? ", pages of 16" : "") + (sequences == 1 ? ", 1 x 128K" : "") +
+                        (fp8 == 1   ? ", FP8 head scales"
+                         : fp8 == 2 ? ", FP8 page scales"
+                                    : "");
     state.SetLabel(label);
   }
   for (auto& s : rs) {
     cudaFree(s.q), cudaFree(s.k), cudaFree(s.v), cudaFree(s.kc), cudaFree(s.vc);
     cudaFree(s.out), cudaFree(s.lse), cudaFree(s.ws);
+    cudaFree(s.kc8), cudaFree(s.vc8), cudaFree(s.scales);
     if (s.stream) cudaStreamDestroy(s.stream);
     if (s.start) cudaEventDestroy(s.start);
     if (s.stop) cudaEventDestroy(s.stop);
@@ -244,16 +290,19 @@ void decode_step(benchmark::State& state) {
 
 BENCHMARK(decode_step<ringattn::causal>)
     ->Name("decode/native")
-    ->ArgsProduct({{1, 8}, {0, 1}, {1, 8}, {0}, {0}})
-    ->ArgsProduct({{1, 8}, {0, 1}, {1}, {1}, {0}})
-    ->Args({1, 0, 1, 0, 1})
+    ->ArgsProduct({{1, 8}, {0, 1}, {1, 8}, {0}, {0}, {0}})
+    ->ArgsProduct({{1, 8}, {0, 1}, {1}, {1}, {0}, {0}})
+    ->Args({1, 0, 1, 0, 1, 0})
+    ->ArgsProduct({{1, 8}, {0}, {1, 8}, {0}, {0}, {1}})
+    ->ArgsProduct({{1, 8}, {0}, {1}, {1}, {0}, {1, 2}})
+    ->Args({1, 0, 1, 0, 1, 1})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond)
     ->MinTime(0.5);
 #if defined(RINGATTN_BENCH_CUDNN)
 BENCHMARK(decode_step<ringattn::cudnn_kernel<ringattn::causal_mask, T>>)
     ->Name("decode/cudnn")
-    ->ArgsProduct({{1, 8}, {0, 1}, {1, 8}, {0}, {0}})
+    ->ArgsProduct({{1, 8}, {0, 1}, {1, 8}, {0}, {0}, {0}})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond)
     ->MinTime(0.5);
