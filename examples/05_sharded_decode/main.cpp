@@ -9,14 +9,18 @@
 // brings one new token per sequence (the same Q, K, V on every rank, as after a model's
 // projections); sharded_attention attends them to every rank's cache and gives every rank the same
 // output; then each new token's K/V is appended, in place, to the cache of its owner (position mod
-// P; into the sequence's last page, or a fresh one from the pool when that is full). The prefill's
-// sample rows and every step's outputs are checked against the float64 oracle over the whole
-// sequences. Where there is a GPU (and nvcc compiled the example) the ranks run the device path,
-// all on one GPU or spread over several; --device cpu forces the host path.
+// P; into the sequence's last page, or a fresh one from the pool when that is full). With
+// --cache fp8 the pages hold FP8 (e4m3) K/V with a scale per page and kv head, set when the page
+// is taken; the prefill's rows and every appended one are quantised into them
+// (quantize_into_cache). The prefill's sample rows and every step's outputs are checked against
+// the float64 oracle over the whole sequences (as the cache holds them: an FP8 cache's
+// dequantised values). Where there is a GPU (and nvcc compiled the example) the ranks run the
+// device path, all on one GPU or spread over several; --device cpu forces the host path.
 //
 //   sharded_decode [--ranks P] [--tokens N] [--steps S] [--partitioner zigzag|round_robin|
-//                  contiguous|balanced] [--cache slab|paged] [--device auto|cpu|gpu]
+//                  contiguous|balanced] [--cache slab|paged|fp8] [--device auto|cpu|gpu]
 #include <ringattn/comm/in_process.cuh>
+#include <ringattn/kernel/kv_quantize.cuh>
 #include <ringattn/ring_attention.cuh>
 #include <ringattn/ringattn.cuh>
 #include <ringattn/sharded_attention.cuh>
@@ -106,6 +110,7 @@ public:
 #endif
   }
   void copy(void* to, const void* from, std::size_t n) const {
+    if (n == 0) return;
     if (!gpu_) {
       std::memcpy(to, from, n);
       return;
@@ -132,8 +137,11 @@ struct shared_state {
   std::vector<std::int32_t> cu_prefill;
   std::vector<T> q, k, v;                          // the prefill batch
   std::vector<std::vector<T>> seq_q, seq_k, seq_v; // per sequence, every position so far
-  std::vector<std::vector<T>> prefill_out;         // per rank: its shard's prefill output
-  std::vector<std::vector<T>> step_out;            // per rank: this step's decode output
+  // Per sequence, room for every position: the K/V values the caches hold (an FP8 cache's
+  // dequantised ones), written by the rank that keeps the position.
+  std::vector<std::vector<double>> held_k, held_v;
+  std::vector<std::vector<T>> prefill_out; // per rank: its shard's prefill output
+  std::vector<std::vector<T>> step_out;    // per rank: this step's decode output
   std::vector<std::vector<float>> step_lse;
   std::vector<std::uint64_t> step_bytes;
 };
@@ -151,6 +159,20 @@ ringattn::reference::forward_result oracle(const std::vector<std::int32_t>& cu,
       ringattn::position_window::of(ringattn::mask_kind::causal), rows);
 }
 
+// The same over keys and values given as float64 (`k`, `v`: [cu.back(), kv_heads, d]).
+ringattn::reference::forward_result oracle(const std::vector<std::int32_t>& cu,
+                                           const std::vector<T>& q, std::vector<double> k,
+                                           std::vector<double> v,
+                                           const std::vector<std::int64_t>& rows) {
+  const std::int64_t n = cu.back();
+  ringattn::reference::tensor kt(n, kvh, d), vt(n, kvh, d);
+  kt.data = std::move(k);
+  vt.data = std::move(v);
+  return ringattn::reference::attention_forward_rows(
+      ringattn::reference::to_tensor(ringattn::thd_view<const T>(q.data(), n, qh, d)), kt, vt, cu,
+      args, ringattn::position_window::of(ringattn::mask_kind::causal), rows);
+}
+
 // Relative L2 error of `out` ([rows, q_heads, d]) against the oracle's rows.
 double error_of(const std::vector<T>& out, const ringattn::reference::forward_result& ref) {
   std::vector<double> got(out.size());
@@ -160,7 +182,7 @@ double error_of(const std::vector<T>& out, const ringattn::reference::forward_re
 }
 
 template <class P>
-int run(int ranks, int tokens, int steps, bool gpu, bool paged) {
+int run(int ranks, int tokens, int steps, bool gpu, bool paged, bool fp8) {
   shared_state st;
   st.cu_prefill = example::packed_batch(tokens, 3);
   const int batch = static_cast<int>(st.cu_prefill.size()) - 1;
@@ -176,6 +198,9 @@ int run(int ranks, int tokens, int steps, bool gpu, bool paged) {
     st.seq_q.push_back(part(st.q, q_row));
     st.seq_k.push_back(part(st.k, kv_row));
     st.seq_v.push_back(part(st.v, kv_row));
+    const std::size_t room = (st.seq_k.back().size() / kv_row + steps) * kv_row;
+    st.held_k.emplace_back(room);
+    st.held_v.emplace_back(room);
   }
   // Every step's new tokens, drawn up front (the same on every rank).
   std::vector<std::int32_t> cu_new{0};
@@ -193,6 +218,7 @@ int run(int ranks, int tokens, int steps, bool gpu, bool paged) {
   st.step_lse.resize(ranks);
   st.step_bytes.resize(ranks);
   std::vector<std::vector<double>> step_errors(steps);
+  std::vector<double> unquantised_errors(steps);
   bool same_everywhere = true;
   double prefill_error = 0.0;
   std::barrier sync(ranks);
@@ -261,12 +287,90 @@ int run(int ranks, int tokens, int steps, bool gpu, bool paged) {
     for (std::int32_t i = 0; i < pool.pages; ++i)
       pool.free.push_back(i);
     std::shuffle(pool.free.begin(), pool.free.end(), std::mt19937(1234u + r));
-    auto* kc = static_cast<T*>(mem.make(capacity * kv_row * sizeof(T)));
-    auto* vc = static_cast<T*>(mem.make(capacity * kv_row * sizeof(T)));
+    const std::size_t element = fp8 ? sizeof(ringattn::fp8_e4m3) : sizeof(T);
+    auto* kc = static_cast<std::byte*>(mem.make(capacity * kv_row * element));
+    auto* vc = static_cast<std::byte*>(mem.make(capacity * kv_row * element));
+    // An FP8 cache's scales, one per (page, kv head) and K or V: a page's are set when it is
+    // taken, from the largest magnitude of the rank's prefill rows of that head (a page the
+    // prefill fills: of its own rows), and kept. Host values and their device copy.
+    std::vector<float> k_scales(static_cast<std::size_t>(pool.pages) * kvh, 1.0f),
+        v_scales = k_scales;
+    auto* k_scales_at = static_cast<float*>(mem.make(k_scales.size() * sizeof(float)));
+    auto* v_scales_at = static_cast<float*>(mem.make(v_scales.size() * sizeof(float)));
+    auto largest = [&](const std::vector<T>& x, std::size_t first, std::size_t rows, int h) {
+      float m = 0.0f;
+      for (std::size_t i = first; i < first + rows; ++i)
+        for (int e = 0; e < d; ++e)
+          m = std::max(m, std::abs(ringattn::to_float(x[i * kv_row + h * d + e])));
+      return m > 0.0f ? m / 448.0f : 1.0f;
+    };
+    auto set_scales = [&](std::int64_t page, const std::vector<T>& kr, const std::vector<T>& vr,
+                          std::size_t first, std::size_t rows) {
+      for (int h = 0; h < kvh; ++h) {
+        const auto at = static_cast<std::size_t>(page * kvh + h);
+        k_scales[at] = largest(kr, first, rows, h);
+        v_scales[at] = largest(vr, first, rows, h);
+      }
+      mem.copy(k_scales_at + page * kvh, k_scales.data() + page * kvh, kvh * sizeof(float));
+      mem.copy(v_scales_at + page * kvh, v_scales.data() + page * kvh, kvh * sizeof(float));
+    };
+    // `count` rows at `src_k`, `src_v` (this rank's memory) become cache rows `at`.. of sequence
+    // b, row i at position `position(i)`: copied, or quantised with their pages' scales; the
+    // values the cache now holds are recorded for the oracle.
+    auto store = [&](const T* src_k, const T* src_v, std::int64_t at, std::int64_t count, int b,
+                     auto position) {
+      if (count == 0) return;
+      if (!fp8) {
+        mem.copy(kc + at * kv_row * element, src_k, count * kv_row * sizeof(T));
+        mem.copy(vc + at * kv_row * element, src_v, count * kv_row * sizeof(T));
+      } else {
+        std::vector<std::int64_t> to(static_cast<std::size_t>(count));
+        for (std::int64_t i = 0; i < count; ++i)
+          to[static_cast<std::size_t>(i)] = at + i;
+        const ringattn::thd_view<ringattn::fp8_e4m3> kd(reinterpret_cast<ringattn::fp8_e4m3*>(kc),
+                                                        capacity, kvh, d),
+            vd(reinterpret_cast<ringattn::fp8_e4m3*>(vc), capacity, kvh, d);
+        const ringattn::thd_view<const T> ks_(src_k, count, kvh, d), vs_(src_v, count, kvh, d);
+        const ringattn::page_scales scales{k_scales_at, v_scales_at};
+        if (gpu) {
+#if defined(__CUDACC__)
+          auto* rows_at = static_cast<std::int64_t*>(mem.make(to.size() * 8, to.data()));
+          ringattn::quantize_into_cache(ks_, rows_at, kd, scales, true, page_size, stream);
+          ringattn::quantize_into_cache(vs_, rows_at, vd, scales, false, page_size, stream);
+          RINGATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
+#endif
+        } else {
+          ringattn::quantize_into_cache_host(ks_, to, kd, scales, true, page_size);
+          ringattn::quantize_into_cache_host(vs_, to, vd, scales, false, page_size);
+        }
+      }
+      const auto kh = mem.read(kc + at * kv_row * element, count * kv_row * element);
+      const auto vh = mem.read(vc + at * kv_row * element, count * kv_row * element);
+      for (std::int64_t i = 0; i < count; ++i)
+        for (int h = 0; h < kvh; ++h)
+          for (int e = 0; e < d; ++e) {
+            const std::size_t x = static_cast<std::size_t>(i * kv_row + h * d + e);
+            const std::size_t y = static_cast<std::size_t>(position(i) * kv_row + h * d + e);
+            if (fp8) {
+              const std::size_t sc = static_cast<std::size_t>(((at + i) / page_size) * kvh + h);
+              st.held_k[b][y] =
+                  ringattn::to_float(reinterpret_cast<const ringattn::fp8_e4m3*>(kh.data())[x]) *
+                  k_scales[sc];
+              st.held_v[b][y] =
+                  ringattn::to_float(reinterpret_cast<const ringattn::fp8_e4m3*>(vh.data())[x]) *
+                  v_scales[sc];
+            } else {
+              st.held_k[b][y] = ringattn::to_float(reinterpret_cast<const T*>(kh.data())[x]);
+              st.held_v[b][y] = ringattn::to_float(reinterpret_cast<const T*>(vh.data())[x]);
+            }
+          }
+    };
     // Sequence b's token j of this rank's prefill shard goes to cache row `at`.
     auto keep = [&](int b, std::int64_t j, std::int64_t at, std::int64_t count) {
-      mem.copy(kc + at * kv_row, k + (local[b] + j) * kv_row, count * kv_row * sizeof(T));
-      mem.copy(vc + at * kv_row, v + (local[b] + j) * kv_row, count * kv_row * sizeof(T));
+      store(k + (local[b] + j) * kv_row, v + (local[b] + j) * kv_row, at, count, b,
+            [&](std::int64_t i) {
+              return plan.global_token(r, local[b] + j + i) - st.cu_prefill[b];
+            });
     };
     for (int b = 0; b < batch; ++b) {
       if (!paged) {
@@ -276,6 +380,7 @@ int run(int ranks, int tokens, int steps, bool gpu, bool paged) {
       for (std::int32_t j = 0; j < length[b]; j += page_size) {
         pool.make_room(b);
         const std::int32_t count = std::min(page_size, length[b] - j);
+        if (fp8) set_scales(pool.table[b].back(), ks, vs, local[b] + j, count);
         keep(b, j, pool.row(b, j), count);
         pool.length[b] = j + count;
       }
@@ -304,20 +409,31 @@ int run(int ranks, int tokens, int steps, bool gpu, bool paged) {
       else
         decode.plan(cu_new, begin, length, capacity);
       const ringattn::thd_view<const T> nq(dq, batch, qh, d), nk(dk, batch, kvh, d),
-          nv(dv, batch, kvh, d), ck(kc, capacity, kvh, d), cv(vc, capacity, kvh, d);
+          nv(dv, batch, kvh, d), ck(reinterpret_cast<const T*>(kc), capacity, kvh, d),
+          cv(reinterpret_cast<const T*>(vc), capacity, kvh, d);
+      const ringattn::thd_view<const ringattn::fp8_e4m3> ck8(
+          reinterpret_cast<const ringattn::fp8_e4m3*>(kc), capacity, kvh, d),
+          cv8(reinterpret_cast<const ringattn::fp8_e4m3*>(vc), capacity, kvh, d);
+      const ringattn::page_scales scales{k_scales_at, v_scales_at};
       const ringattn::thd_view<T> o(dout, batch, qh, d);
       const std::uint64_t before = comm.bytes_sent();
       if (gpu) {
 #if defined(__CUDACC__)
         const std::size_t bytes = decode.template device_workspace_bytes<T>();
         void* ws = mem.make(bytes); // a serving loop keeps one of the largest step's size
-        decode.forward(nq, nk, nv, ck, cv, o, dlse, ws, bytes, stream);
+        if (fp8)
+          decode.forward(nq, nk, nv, ck8, cv8, scales, o, dlse, ws, bytes, stream);
+        else
+          decode.forward(nq, nk, nv, ck, cv, o, dlse, ws, bytes, stream);
         RINGATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
 #endif
       } else {
         const std::size_t bytes = decode.template host_workspace_bytes<T>();
         auto* ws = static_cast<std::byte*>(mem.make(bytes));
-        decode.forward_host(nq, nk, nv, ck, cv, o, dlse, {ws, bytes});
+        if (fp8)
+          decode.forward_host(nq, nk, nv, ck8, cv8, scales, o, dlse, {ws, bytes});
+        else
+          decode.forward_host(nq, nk, nv, ck, cv, o, dlse, {ws, bytes});
       }
       st.step_bytes[r] = comm.bytes_sent() - before;
       st.step_out[r] = mem.read(dout, batch * q_row);
@@ -329,18 +445,25 @@ int run(int ranks, int tokens, int steps, bool gpu, bool paged) {
       sync.arrive_and_wait(); // every rank has read the sequence lengths before rank 0 grows them
       for (const std::int64_t t : ringattn::owned_new_rows(r, ranks, cu_new, lengths)) {
         const auto b = static_cast<int>(t); // one new token per sequence: row t is sequence t
-        if (paged) pool.make_room(b);
+        if (paged) {
+          const std::size_t had = pool.table[b].size();
+          pool.make_room(b);
+          if (fp8 && pool.table[b].size() != had) // a fresh page: the head's prefill scales
+            set_scales(pool.table[b].back(), ks, vs, 0, static_cast<std::size_t>(n));
+        }
         const std::int64_t at = paged ? pool.row(b, pool.length[b]) : begin[b] + length[b];
-        mem.copy(kc + at * kv_row, dk + t * kv_row, kv_row * sizeof(T));
-        mem.copy(vc + at * kv_row, dv + t * kv_row, kv_row * sizeof(T));
+        store(dk + t * kv_row, dv + t * kv_row, at, 1, b, [&](std::int64_t) { return lengths[b]; });
         ++(paged ? pool.length[b] : length[b]);
       }
       if (r == 0) {
         // The whole sequences, for the oracle: each new token joins its sequence.
+        // The oracle: the cached positions as the caches hold them, the new token as given.
         std::vector<std::int32_t> cu{0};
         std::vector<T> aq, ak, av;
+        std::vector<double> hk, hv;
         std::vector<std::int64_t> rows;
         for (int b = 0; b < batch; ++b) {
+          const std::size_t cached = st.seq_k[b].size();
           auto grow = [&](std::vector<T>& seq, const std::vector<T>& now, std::size_t row) {
             seq.insert(seq.end(), now.begin() + b * row, now.begin() + (b + 1) * row);
           };
@@ -350,6 +473,12 @@ int run(int ranks, int tokens, int steps, bool gpu, bool paged) {
           aq.insert(aq.end(), st.seq_q[b].begin(), st.seq_q[b].end());
           ak.insert(ak.end(), st.seq_k[b].begin(), st.seq_k[b].end());
           av.insert(av.end(), st.seq_v[b].begin(), st.seq_v[b].end());
+          hk.insert(hk.end(), st.held_k[b].begin(), st.held_k[b].begin() + cached);
+          hv.insert(hv.end(), st.held_v[b].begin(), st.held_v[b].begin() + cached);
+          for (std::size_t e = cached; e < st.seq_k[b].size(); ++e) {
+            hk.push_back(ringattn::to_float(st.seq_k[b][e]));
+            hv.push_back(ringattn::to_float(st.seq_v[b][e]));
+          }
           cu.push_back(cu.back() + static_cast<std::int32_t>(st.seq_k[b].size() / kv_row));
           rows.push_back(cu.back() - 1); // the new token: the sequence's last position
         }
@@ -359,8 +488,9 @@ int run(int ranks, int tokens, int steps, bool gpu, bool paged) {
                                         st.step_out[0].size() * sizeof(T)) == 0 &&
                             std::memcmp(st.step_lse[other].data(), st.step_lse[0].data(),
                                         st.step_lse[0].size() * sizeof(float)) == 0;
-        step_errors[s] = {error_of(st.step_out[0], oracle(cu, aq, ak, av, rows)),
+        step_errors[s] = {error_of(st.step_out[0], oracle(cu, aq, hk, hv, rows)),
                           static_cast<double>(st.step_bytes[0])};
+        unquantised_errors[s] = error_of(st.step_out[0], oracle(cu, aq, ak, av, rows));
       }
       sync.arrive_and_wait();
     }
@@ -396,7 +526,9 @@ int run(int ranks, int tokens, int steps, bool gpu, bool paged) {
   std::printf("sharded decode: %s prefill with the all-gather schedule, %d ranks (%s), %d tokens "
               "in %d sequences, %d:%d heads x %d, %s\n",
               P::name, ranks, gpu ? "device path" : "host path", tokens, batch, qh, kvh, d,
-              paged ? "cache in pages of 16 tokens" : "cache in slabs");
+              fp8     ? "FP8 cache in pages of 16 tokens, a scale per page and kv head"
+              : paged ? "cache in pages of 16 tokens"
+                      : "cache in slabs");
   std::printf("  prefill: %zu sample rows against the float64 oracle: relative L2 %.2e\n",
               rows.size(), prefill_error);
   bool ok = prefill_error < 1e-2;
@@ -404,6 +536,9 @@ int run(int ranks, int tokens, int steps, bool gpu, bool paged) {
     std::printf("  decode step %d: %d new tokens, relative L2 %.2e against the oracle over the "
                 "whole cache, %.0f bytes sent per rank\n",
                 s + 1, batch, step_errors[s][0], step_errors[s][1]);
+    if (fp8)
+      std::printf("    (the oracle over the dequantised cache; over the unquantised K/V: %.2e)\n",
+                  unquantised_errors[s]);
     ok = ok && step_errors[s][0] < 1e-2;
   }
   std::printf("  every rank's decode output bitwise equal: %s\n", same_everywhere ? "yes" : "no");
@@ -426,16 +561,19 @@ int main(int argc, char** argv) try {
       .add("steps", steps, "decode steps (one new token per sequence each)")
       .add("partitioner", partitioner, {"round_robin", "zigzag", "contiguous", "balanced"},
            "the prefill's layout, which the cache keeps")
-      .add("cache", cache, {"slab", "paged"},
-           "a slab per sequence, or pages of 16 tokens with a page table per sequence")
+      .add("cache", cache, {"slab", "paged", "fp8"},
+           "a slab per sequence, pages of 16 tokens with a page table per sequence, or such "
+           "pages holding FP8 (e4m3) K/V with a scale per page and kv head")
       .add("device", device, {"auto", "cpu", "gpu"}, "auto: the GPU where there is one")
       .parse(argc, argv);
-  const bool gpu = example::gpu_count(device) > 0, paged = cache == "paged";
-  if (partitioner == "zigzag") return run<ringattn::zigzag>(ranks, tokens, steps, gpu, paged);
+  const bool gpu = example::gpu_count(device) > 0, fp8 = cache == "fp8",
+             paged = cache == "paged" || fp8;
+  if (partitioner == "zigzag") return run<ringattn::zigzag>(ranks, tokens, steps, gpu, paged, fp8);
   if (partitioner == "contiguous")
-    return run<ringattn::contiguous>(ranks, tokens, steps, gpu, paged);
-  if (partitioner == "balanced") return run<ringattn::balanced>(ranks, tokens, steps, gpu, paged);
-  return run<ringattn::round_robin>(ranks, tokens, steps, gpu, paged);
+    return run<ringattn::contiguous>(ranks, tokens, steps, gpu, paged, fp8);
+  if (partitioner == "balanced")
+    return run<ringattn::balanced>(ranks, tokens, steps, gpu, paged, fp8);
+  return run<ringattn::round_robin>(ranks, tokens, steps, gpu, paged, fp8);
 } catch (const example::help_requested& h) {
   std::printf("%s", h.text.c_str());
   return 0;
