@@ -48,7 +48,7 @@ def table(decode, sdpa):
               f"{base.get(('cudnn', new, sequences), float('nan')) / ms:.2f} | "
               f"{'' if not fp8 else f'{versus:.2f}'} | "
               f"{step['cache_bytes_per_second'] / 1e12:.2f} | {step['bytes_per_rank'] / 1e6:.2f} MB | "
-              f"{plan['real_time'] if plan else float('nan'):.3f} |")
+              f"{format(plan['real_time'], '.3f') if plan else ''} |")
     for (name, new, sequences), ms in sorted(base.items(), key=lambda x: (-x[0][2], x[0][1], x[0][0])):
         print(f"\nPyTorch SDPA ({name}) over the whole cache, {sequences} x {new} new: {ms:.3f} ms")
 
