@@ -123,6 +123,15 @@ struct split_schedule_of<BlockKernel> {
   using type = typename BlockKernel::split_schedule;
 };
 
+//! A device BlockKernel whose split-K/V forward reads an FP8 cache (`fp8_e4m3` with `Scales`)
+//! for steps of element type T.
+template <class K, class T, class Scales>
+concept reads_fp8_cache = split_kv_block_kernel_for<K, cudaStream_t> &&
+    requires(const block_forward_args<T>& a, thd_view<const fp8_e4m3> c, Scales s,
+             const typename K::split_schedule& ss, cudaStream_t stream) {
+  K::device_split_forward(a, c, c, s, ss, true, stream);
+};
+
 //! The device side of a `sharded_attention`: the communication stream, two events, and the
 //! BlockKernel's schedules of the planned step (the cache block, the new tokens' own block).
 //! Schedules alternate between two generations, each with its own table pool: planning a step
@@ -465,6 +474,10 @@ public:
                std::type_identity_t<thd_view<const T>> v_new, thd_view<const fp8_e4m3> k_cache,
                thd_view<const fp8_e4m3> v_cache, Scales scales, thd_view<T> out, float* lse,
                void* workspace, std::size_t workspace_bytes, cudaStream_t stream) {
+    static_assert(detail::reads_fp8_cache<BlockKernel, T, Scales>,
+                  "ringattn::sharded_attention::forward: an FP8 cache is read by a BlockKernel's "
+                  "split-K/V forward over FP8 caches, which this BlockKernel does not have (take "
+                  "ringattn::causal)");
     device_step<T>(q_new, k_new, v_new, k_cache, v_cache, scales, out, lse, workspace,
                    workspace_bytes, stream);
   }
