@@ -140,18 +140,20 @@ struct native_kernel : host_reference<Mask> {
   static bool takes_split(std::span<const block_group> groups, const attention_arguments& args) {
     return split_schedule::takes(groups, args);
   }
+  //! `launch`: fitted to the step, or `fixed` for steps replayed from a CUDA graph.
   static split_schedule make_split_schedule(std::span<const block_group> groups,
                                             std::int64_t q_tokens, std::int64_t kv_tokens,
-                                            const attention_arguments& args) {
-    return split_schedule(groups, q_tokens, kv_tokens, args);
+                                            const attention_arguments& args,
+                                            split_launch launch = split_launch::fitted) {
+    return split_schedule(groups, q_tokens, kv_tokens, args, {}, launch);
   }
   //! The same over key rows counted through a page table (`key_pages`; `kv_tokens` is the
   //! table's size times the page size).
   static split_schedule make_split_schedule(std::span<const block_group> groups,
                                             std::int64_t q_tokens, std::int64_t kv_tokens,
-                                            const attention_arguments& args,
-                                            const key_pages& pages) {
-    return split_schedule(groups, q_tokens, kv_tokens, args, pages);
+                                            const attention_arguments& args, const key_pages& pages,
+                                            split_launch launch = split_launch::fitted) {
+    return split_schedule(groups, q_tokens, kv_tokens, args, pages, launch);
   }
   template <class T>
   static void device_split_forward(const block_forward_args<T>& a, const split_schedule& s,

@@ -68,6 +68,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -137,7 +138,11 @@ concept reads_fp8_cache = split_kv_block_kernel_for<K, cudaStream_t> &&
 //! Schedules alternate between two generations, each with its own table pool: planning a step
 //! reuses the tables of the step planned two before, once that step's last forward has finished
 //! on the device (a host wait only while the device is more than a step behind), so a plan that
-//! repeats makes no device allocation.
+//! repeats makes no device allocation. Their copies run on the pool's stream; a forward waits
+//! for them on the device (`generation::pool.uploaded()`).
+//! Fixed to the steps' stream (`fix`), one generation serves every plan: its tables keep their
+//! addresses and are copied on that stream, in order with the steps, and the split schedule's
+//! launch is `split_launch::fixed`, so that a step captured in a CUDA graph replays later plans.
 template <class BlockKernel>
 class decode_device_resources {
   static constexpr bool has_split = split_kv_block_kernel_for<BlockKernel, cudaStream_t>;
@@ -150,6 +155,14 @@ class decode_device_resources {
   };
 
 public:
+  //! Whether the BlockKernel plans split schedules of a fixed launch (`fix`).
+  static constexpr bool has_fixed_split =
+      has_paged_split && requires(std::span<const block_group> groups,
+                                  const attention_arguments& args, const key_pages& pages) {
+    BlockKernel::make_split_schedule(groups, 0, 0, args, split_launch::fixed);
+    BlockKernel::make_split_schedule(groups, 0, 0, args, pages, split_launch::fixed);
+  };
+
   struct generation {
     table_pool pool;     // before the schedules: they give their tables back to it
     ordering_event done; // recorded after each forward on these schedules
@@ -158,35 +171,58 @@ public:
     std::optional<typename split_schedule_of<BlockKernel>::type> split; // the cache block, split
   };
 
+  //! Plans from now on copy their tables on `stream` into fixed places (see the class notes).
+  //! Before the first plan.
+  void fix(cudaStream_t stream) {
+    fixed_ = stream;
+    generations_[0].pool.fix(stream);
+    current_ = 0;
+  }
+  //! The stream given to `fix`, or null.
+  std::optional<cudaStream_t> fixed() const noexcept { return fixed_; }
+
   //! The step's schedules, on the device the resources live on. The cache block goes to the
   //! BlockKernel's split-K/V forward where it has one and takes the block (few query rows per
   //! sequence: decoding): `split_groups` over the cache rows, or over the rows of `pages` (a
   //! paged cache) where the kernel reads through a page table. Otherwise the block forward runs
   //! the rounds `cache_rounds()` returns one after the other (a paged cache: runs of consecutive
-  //! pool rows).
+  //! pool rows). Fixed (`fix`), the split forward must take the block (the caller checks).
   template <class Rounds>
   void schedule(Rounds&& cache_rounds, std::span<const block_group> split_groups,
                 const key_pages* pages, std::span<const block_group> new_groups,
                 std::int64_t new_tokens, std::int64_t cache_tokens,
                 const attention_arguments& args) {
-    current_ ^= 1;
+    if (!fixed_) current_ ^= 1;
     generation& g = generations_[current_];
-    RINGATTN_CUDA_CHECK(cudaEventSynchronize(g.done));
+    if (!fixed_) RINGATTN_CUDA_CHECK(cudaEventSynchronize(g.done));
     g.cache.clear();
     g.own.reset();
     g.split.reset();
+    g.pool.begin();
     const table_pool::use from(g.pool);
+    const split_launch launch = fixed_ ? split_launch::fixed : split_launch::fitted;
     if (!split_groups.empty()) {
       if constexpr (has_paged_split) {
-        if (pages && BlockKernel::takes_split(split_groups, args))
-          g.split.emplace(BlockKernel::make_split_schedule(
-              split_groups, new_tokens,
-              static_cast<std::int64_t>(pages->table.size()) * pages->page_size, args, *pages));
+        if (pages && BlockKernel::takes_split(split_groups, args)) {
+          const std::int64_t rows =
+              static_cast<std::int64_t>(pages->table.size()) * pages->page_size;
+          if constexpr (has_fixed_split)
+            g.split.emplace(BlockKernel::make_split_schedule(split_groups, new_tokens, rows, args,
+                                                             *pages, launch));
+          else
+            g.split.emplace(
+                BlockKernel::make_split_schedule(split_groups, new_tokens, rows, args, *pages));
+        }
       }
       if constexpr (has_split) {
-        if (!pages && BlockKernel::takes_split(split_groups, args))
-          g.split.emplace(
-              BlockKernel::make_split_schedule(split_groups, new_tokens, cache_tokens, args));
+        if (!pages && BlockKernel::takes_split(split_groups, args)) {
+          if constexpr (has_fixed_split)
+            g.split.emplace(BlockKernel::make_split_schedule(split_groups, new_tokens, cache_tokens,
+                                                             args, launch));
+          else
+            g.split.emplace(
+                BlockKernel::make_split_schedule(split_groups, new_tokens, cache_tokens, args));
+        }
       }
     }
     if (!g.split && !split_groups.empty()) {
@@ -199,10 +235,12 @@ public:
     }
     if (!new_groups.empty())
       g.own.emplace(BlockKernel::make_forward_schedule(new_groups, new_tokens, new_tokens, args));
-    // The tables' copies, enqueued as each schedule was made, waited for once. (A schedule that
-    // throws leaves its predecessors' copies pending: the staging they read is not reused before
-    // the next `finish`, and a block they fill is refilled only by a copy queued after them.)
+    // The tables' copies, enqueued as each schedule was made: a forward waits for them on the
+    // device. (A schedule that throws leaves its predecessors' copies pending: the staging they
+    // read is reused only after the next plan's `begin` has waited for them.)
     g.pool.finish();
+    if (!g.pool.fits()) // the caller keeps a fixed step's shapes: its tables keep their sizes
+      throw std::logic_error("ringattn: a fixed decode step's tables outgrew their places");
   }
   //! The planned step's schedules.
   generation& now() noexcept { return generations_[current_]; }
@@ -229,6 +267,7 @@ public:
 private:
   generation generations_[2];
   int current_ = 0;
+  std::optional<cudaStream_t> fixed_;
 };
 
 } // namespace detail
@@ -246,6 +285,12 @@ struct paged_cache {
   std::span<const std::int32_t> cu_pages;     //!< batch + 1 offsets into page_table
   std::span<const std::int32_t> page_table;   //!< pool pages of each sequence, in token order
   std::span<const std::int32_t> cache_length; //!< cached tokens of each sequence on this rank
+};
+
+//! `sharded_attention::prepare_device(graph_steps{stream})`: every step runs on `stream`, and a
+//! step captured there in a CUDA graph replays the steps planned after it (see `prepare_device`).
+struct graph_steps {
+  cudaStream_t stream = nullptr;
 };
 
 template <class Communicator, class BlockKernel>
@@ -447,6 +492,35 @@ public:
       device_ = std::move(d);
     }
   }
+  //! Device path, plan time, for steps replayed from a CUDA graph: as above, and every step runs
+  //! on `steps.stream`, where each plan copies its tables (in order with the steps, without
+  //! waiting on the host) into the same device memory plan after plan, and the split-K/V
+  //! kernel's launch does not depend on the lengths (`split_launch::fixed`). A step captured on
+  //! that stream (`cudaStreamBeginCapture` around `forward`) then replays every later plan's
+  //! step: plan, replay, plan, replay. Each plan must keep the first plan's launch (every rank
+  //! throws `invalid_argument` naming what changed, before anything is enqueued): the same
+  //! `cu_new`, the same cache rows (a slab or paged cache of fixed size; a packed cache grows),
+  //! the same page size, and a step the split kernel takes (head_dim 64 or 128 with v as wide,
+  //! at most 64 query rows per kv head and sequence). The exchange between ranks must be
+  //! capturable (NCCL's is; the in-process communicator's is not: capture one rank). Once per
+  //! rank, before the first plan.
+  void
+  prepare_device(graph_steps steps) requires device_communicator_for<Communicator, cudaStream_t> {
+    static_assert(has_graph_steps,
+                  "ringattn::sharded_attention::prepare_device(graph_steps): steps replayed "
+                  "from a CUDA graph run the split-K/V kernel with a fixed launch, which this "
+                  "BlockKernel does not have (take ringattn::causal)");
+    if constexpr (has_graph_steps) {
+      validation v = validation::ok();
+      v.require(!device_ && !planned_, "prepare_device(graph_steps) comes once, before the "
+                                       "first plan and instead of prepare_device()");
+      v.throw_if_invalid();
+      comm_.prepare_device();
+      auto d = std::make_unique<device_resources>();
+      d->fix(steps.stream);
+      device_ = std::move(d);
+    }
+  }
 
 #if defined(__CUDACC__)
   //! One step on device memory, asynchronous on `stream`: the arguments of `forward_host` as
@@ -516,6 +590,11 @@ private:
       }
       ok.require(device_ != nullptr, "prepare_device() must run before the device forward");
       if (ok) ok.require(checks::placement(device_->comm.device(), stream, buffers, "forward"));
+      if constexpr (has_graph_steps)
+        if (ok && device_->fixed())
+          ok.require(*device_->fixed() == stream,
+                     "the steps run on the stream given to prepare_device(graph_steps), where "
+                     "the plans copy their tables; this forward names another");
       ok.require(rows_aligned_to(q_new, 16),
                  "q_new must be 16-byte aligned with token and head strides that are multiples "
                  "of 8 elements (the kernels load 16-byte vectors)");
@@ -545,6 +624,19 @@ private:
   using device_resources =
       std::conditional_t<has_device_path, detail::decode_device_resources<BlockKernel>,
                          detail::no_device_resources>;
+  static constexpr bool has_graph_steps = [] {
+    if constexpr (has_device_path)
+      return detail::decode_device_resources<BlockKernel>::has_fixed_split;
+    else
+      return false;
+  }();
+  // Whether the steps are fixed for replays from a CUDA graph (`prepare_device(graph_steps)`).
+  bool graph_fixed() const noexcept {
+    if constexpr (has_graph_steps)
+      return device_ && device_->fixed().has_value();
+    else
+      return false;
+  }
 
   static std::uint64_t agree(Communicator& comm, const attention_arguments& args) {
     const validation own = args.validate(BlockKernel::mask);
@@ -596,11 +688,15 @@ private:
     // fails into `own`, so that every rank throws together.
     // A paged cache's groups count their key rows through the page table (`key_pages`).
     std::vector<block_group> cache_groups, new_groups;
+    const bool fixed = graph_fixed();
+    const std::int64_t cache_rows =
+        paged ? static_cast<std::int64_t>(paged->page_table.size()) * paged->page_size
+              : cache_tokens;
     if (own) {
       for (std::size_t b = 0; b + 1 < cu_new.size(); ++b) {
         const std::int64_t n = cu_new[b + 1] - cu_new[b], m = cache_length[b];
         if (n == 0) continue;
-        if (m > 0) {
+        if (m > 0 || fixed) { // fixed steps keep a group per sequence (a split launch's size)
           block_group g{cu_new[b], n, 1, {}};
           g.kv[0] = {paged ? std::int64_t{paged->cu_pages[b]} * paged->page_size : cache_begin[b],
                      m, band{-unbounded, unbounded}};
@@ -612,11 +708,9 @@ private:
           new_groups.push_back(g);
         }
       }
-      own.require(validate_groups(cache_groups, cu_new.back(),
-                                  paged ? static_cast<std::int64_t>(paged->page_table.size()) *
-                                              paged->page_size
-                                        : cache_tokens));
+      own.require(validate_groups(cache_groups, cu_new.back(), cache_rows));
       if (own) own.require(validate_groups(new_groups, cu_new.back(), cu_new.back()));
+      if (own && fixed) own.require(check_fixed(cu_new, cache_groups, cache_rows, paged));
     }
     struct step_fingerprint {
       std::int32_t valid, batch;
@@ -640,6 +734,9 @@ private:
                 all[r].batch, " sequences, ", all[r].new_tokens, " tokens vs ", all[0].batch, ", ",
                 all[0].new_tokens, ")");
     v.throw_if_invalid();
+    if (fixed && !fixed_launch_)
+      fixed_launch_ =
+          launch_key{cu_new.back(), mine.cu_new_hash, cache_rows, paged ? paged->page_size : 0};
     new_tokens_ = cu_new.back();
     cache_tokens_ = cache_tokens;
     cache_groups_ = std::move(cache_groups);
@@ -708,6 +805,36 @@ private:
       g.kv[g.count++] = {row, count, band{-unbounded, unbounded}};
       j += count;
     }
+  }
+
+  // A step fixed for replays from a CUDA graph: one the split kernel takes, with the launch of
+  // the first such plan (`fixed_launch_`, once there is one).
+  validation check_fixed(std::span<const std::int32_t> cu_new,
+                         std::span<const block_group> cache_groups, std::int64_t cache_rows,
+                         const paged_cache* paged) const {
+    validation v = validation::ok();
+    if constexpr (has_graph_steps)
+      v.require(cache_groups.empty() || BlockKernel::takes_split(cache_groups, args_),
+                "a step replayed from a CUDA graph runs the split-K/V kernel, which takes "
+                "head_dim 64 or 128 with v as wide and at most ",
+                decode_max_rows, " query rows (new tokens x query heads per kv head) per sequence");
+    if (!v || !fixed_launch_) return v;
+    const launch_key& first = *fixed_launch_;
+    v.require(cu_new.back() == first.new_tokens &&
+                  detail::fnv1a(cu_new.data(), cu_new.size_bytes()) == first.cu_new_hash,
+              "a step replayed from a CUDA graph keeps the first plan's cu_new (its ",
+              first.new_tokens, " new tokens, sequence by sequence; this plan has ", cu_new.back(),
+              ")");
+    v.require(cache_rows == first.cache_rows,
+              "a step replayed from a CUDA graph keeps the first plan's cache of ",
+              first.cache_rows, " rows (a slab or paged cache of fixed size); this plan's has ",
+              cache_rows);
+    v.require((paged ? paged->page_size : 0) == first.page_size,
+              "a step replayed from a CUDA graph keeps the first plan's cache layout (",
+              first.page_size ? "pages of " + std::to_string(first.page_size) + " tokens"
+                              : std::string("slab"),
+              ")");
+    return v;
   }
 
   static validation validate_new(std::span<const std::int32_t> cu_new) {
@@ -910,6 +1037,15 @@ private:
     std::byte* scratch =
         workspace +
         ring_workspace::align(state_bytes() + static_cast<std::size_t>(p) * slot_bytes<T>());
+    // The tables' copies: on this stream already where the steps are fixed to it; else waited
+    // for on the device (an external wait node under stream capture: a replay waits for the
+    // copies of this plan, long done).
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    RINGATTN_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
+    const bool captured = capturing != cudaStreamCaptureStatusNone;
+    if (!d.fixed() && g.pool.uploaded())
+      RINGATTN_CUDA_CHECK(
+          cudaStreamWaitEvent(stream, g.pool.uploaded(), captured ? cudaEventWaitExternal : 0));
     bool written = false;
     if (g.own) {
       BlockKernel::device_forward(step_epilogue::fresh,
@@ -953,13 +1089,11 @@ private:
     }
     merge_finished_partials<T>(slot_o<T>(slots, 0), slot_stride<T, T>(), slot_lse<T>(slots, 0),
                                slot_stride<T, float>(), p, out, lse, stream);
-    // The schedules' tables are reused two plans on, after this (their last reader) completes.
-    // An event recorded under stream capture cannot be waited on from the host: a captured step
-    // is the caller's to order before that plan.
-    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-    RINGATTN_CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
-    if (capturing == cudaStreamCaptureStatusNone)
-      RINGATTN_CUDA_CHECK(cudaEventRecord(g.done, stream));
+    // The schedules' tables are reused two plans on, after this (their last reader) completes
+    // (fixed steps: by the next plan's copies on this stream). An event recorded under stream
+    // capture cannot be waited on from the host: a captured step is the caller's to order before
+    // that plan.
+    if (!captured && !d.fixed()) RINGATTN_CUDA_CHECK(cudaEventRecord(g.done, stream));
   }
 #endif
 
@@ -982,6 +1116,14 @@ private:
   bool rounds_built_ = false;
   bool cache_covers_ = false;
   bool planned_ = false;
+  // The launch of the first plan of steps fixed for CUDA graphs (`prepare_device(graph_steps)`).
+  struct launch_key {
+    std::int64_t new_tokens;
+    std::uint64_t cu_new_hash;
+    std::int64_t cache_rows;
+    std::int32_t page_size;
+  };
+  std::optional<launch_key> fixed_launch_;
   std::unique_ptr<device_resources> device_;
 };
 

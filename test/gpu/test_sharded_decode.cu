@@ -6,7 +6,7 @@
 // on every rank before anything is enqueued, and the next step runs; steps planned back to back
 // (no wait between them) reuse their tables and allocate nothing once warm; caches of thousands
 // of tokens with up to 16 new tokens per sequence (many splits, every row-tile count); paged
-// caches.
+// caches; FP8 caches; one CUDA graph capture replaying the steps of growing caches.
 #include "../support/allocation_counter.hpp"
 #include "../support/decode_case.hpp"
 #include "../support/device_buffer.cuh"
@@ -28,6 +28,7 @@
 #include <deque>
 #include <limits>
 #include <numeric>
+#include <optional>
 
 using namespace ringattn;
 
@@ -729,6 +730,164 @@ TEST_CASE("device sharded decode: a step captured in a CUDA graph replays with t
     for (int replay = 0; replay < 2; ++replay)
       CHECK(test::same_bits(replayed[2 * i + replay].out, replayed[2 * i + replay].lse,
                             direct[i].out, direct[i].lse));
+  }
+}
+
+TEST_CASE("device sharded decode fixed for CUDA graphs: one capture replays the steps of "
+          "growing slab and paged caches, allocating nothing after the first plan") {
+  // One rank (the in-process exchange is not capturable), 3 sequences (one with no cached token
+  // at first) of 1-3 new tokens each step, over a slab of fixed capacity and over a paged pool
+  // with a fixed-width page table (pages of 16, shuffled): the first plan's step captured once,
+  // then 5 steps each planned with their new lengths and replayed from the graph (outputs
+  // poisoned before each), against the oracle (the device block kernel's bf16 tolerances) and
+  // bitwise against the same plan's step run directly. Then plans that change the launch are
+  // refused with a sentence, as is a forward on another stream, and the next step replays.
+  const auto seed = test::fresh_seed();
+  CAPTURE(seed);
+  for (const int page_size : {0, 16}) {
+    CAPTURE(page_size);
+    std::mt19937_64 rng(seed + static_cast<std::uint64_t>(page_size));
+    const attention_arguments a{8, 2, 128, 0.0f};
+    const int qh = a.q_heads, kvh = a.kv_heads, d = a.head_dim, steps = 6, batch = 3;
+    const auto l1 = static_cast<std::int32_t>(300 + rng() % 1500),
+               l2 = static_cast<std::int32_t>(1000 + rng() % 2000);
+    test::decode_case<contiguous, T> c({0, 0, l1, l1 + l2}, 1, a, rng);
+    const std::vector<std::int32_t> cu_new{0, 2, 3, 6};
+    const std::int32_t capacity = 3200, width = capacity / 16; // rows / pages per sequence
+    const std::size_t row = c.kv_row();
+    // The fixed layout of the current cache: the rows (NaN where no token is) and its plan.
+    std::vector<std::int32_t> perm(static_cast<std::size_t>(batch * width));
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    const std::vector<std::int32_t> cu_pages{0, width, 2 * width, 3 * width};
+    const std::vector<std::int32_t> begin{0, capacity, 2 * capacity};
+    auto layout = [&](std::vector<T>& k, std::vector<T>& v, std::vector<std::int32_t>& length) {
+      const auto sh = c.rank_shard(0);
+      k.assign(batch * capacity * row, from_float<T>(std::numeric_limits<float>::quiet_NaN()));
+      v = k;
+      length.clear();
+      for (int b = 0; b < batch; ++b) {
+        length.push_back(sh.cu[b + 1] - sh.cu[b]);
+        REQUIRE(length.back() <= capacity);
+        for (std::int32_t j = 0; j < length.back(); ++j) {
+          const std::int64_t at =
+              page_size ? std::int64_t{perm[b * width + j / 16]} * 16 + j % 16 : begin[b] + j;
+          std::copy_n(sh.k.begin() + (sh.cu[b] + j) * row, row, k.begin() + at * row);
+          std::copy_n(sh.v.begin() + (sh.cu[b] + j) * row, row, v.begin() + at * row);
+        }
+      }
+    };
+    std::vector<rank_result<>> replayed(steps), direct(steps);
+    std::vector<test::decode_case<contiguous, T>::step> s;
+    std::uint64_t allocated = 0;
+    std::vector<std::string> refusals;
+    in_process_group group(1, std::chrono::seconds(60));
+    const auto errors = test::on_ranks(group, [&](int, in_process_communicator& comm) {
+      RINGATTN_CUDA_CHECK(cudaSetDevice(0));
+      cudaStream_t stream, other;
+      RINGATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+      RINGATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
+      decoder dec(comm, a);
+      dec.prepare_device(graph_steps{stream});
+      const std::int64_t n = cu_new.back(), m = std::int64_t{batch} * capacity;
+      auto sized = [](std::int64_t x) { return static_cast<std::size_t>(x); };
+      test::device_buffer<T> q(sized(n * qh * d)), k(sized(n * kvh * d)), v(sized(n * kvh * d)),
+          kc(sized(m * kvh * d)), vc(sized(m * kvh * d)), out(sized(n * qh * d));
+      test::device_buffer<float> lse(sized(n * qh));
+      std::size_t ws_bytes = 0;
+      std::optional<test::device_buffer<std::byte>> ws;
+      std::vector<T> hk, hv;
+      std::vector<std::int32_t> length;
+      auto plan = [&] {
+        if (page_size)
+          dec.plan(cu_new, paged_cache{16, batch * width, cu_pages, perm, length});
+        else
+          dec.plan(cu_new, begin, length, m);
+      };
+      auto forward = [&](cudaStream_t on) {
+        dec.forward(thd_view<const T>(q.get(), n, qh, d), thd_view<const T>(k.get(), n, kvh, d),
+                    thd_view<const T>(v.get(), n, kvh, d), thd_view<const T>(kc.get(), m, kvh, d),
+                    thd_view<const T>(vc.get(), m, kvh, d), thd_view<T>(out.get(), n, qh, d),
+                    lse.get(), ws->get(), ws_bytes, on);
+      };
+      auto poison = [&] {
+        out.upload(std::vector<T>(n * qh * d, test::poison<T>()));
+        lse.upload(std::vector<float>(n * qh, -7.0f));
+      };
+      cudaGraphExec_t exec = nullptr;
+      for (int i = 0; i < steps; ++i) {
+        s.push_back(c.draw(rng, cu_new));
+        layout(hk, hv, length);
+        q.upload(s[i].q), k.upload(s[i].k), v.upload(s[i].v), kc.upload(hk), vc.upload(hv);
+        plan();
+        if (i == 0) { // the workspace of the fixed launch, then the capture
+          ws_bytes = dec.device_workspace_bytes<T>();
+          ws.emplace(ws_bytes);
+          cudaGraph_t graph;
+          RINGATTN_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+          forward(stream);
+          RINGATTN_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+          RINGATTN_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+          RINGATTN_CUDA_CHECK(cudaGraphDestroy(graph));
+          allocated = detail::device_allocations.load();
+        }
+        CHECK(dec.device_workspace_bytes<T>() == ws_bytes);
+        poison();
+        RINGATTN_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+        RINGATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
+        replayed[i].out = out.download(), replayed[i].lse = lse.download();
+        poison();
+        forward(stream);
+        RINGATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
+        direct[i].out = out.download(), direct[i].lse = lse.download();
+        c.append(s[i]);
+      }
+      allocated = detail::device_allocations.load() - allocated;
+      // Plans that change the launch, and a forward on another stream: refused, then a step.
+      auto refused = [&](auto&& call) {
+        try {
+          call();
+          refusals.push_back("");
+        } catch (const invalid_argument& e) {
+          refusals.push_back(e.what());
+        }
+      };
+      layout(hk, hv, length);
+      kc.upload(hk), vc.upload(hv);
+      const std::vector<std::int32_t> other_new{0, 1, 3, 6};
+      refused([&] { dec.plan(other_new, begin, length, m); });
+      refused([&] { dec.plan(cu_new, begin, length, m - 1); });
+      refused([&] { dec.plan(cu_new, c.rank_shard(0).cu); });
+      plan();
+      refused([&] { forward(other); });
+      s.push_back(c.draw(rng, cu_new));
+      q.upload(s.back().q), k.upload(s.back().k), v.upload(s.back().v);
+      plan();
+      poison();
+      RINGATTN_CUDA_CHECK(cudaGraphLaunch(exec, stream));
+      RINGATTN_CUDA_CHECK(cudaStreamSynchronize(stream));
+      replayed.push_back({out.download(), lse.download()});
+      RINGATTN_CUDA_CHECK(cudaGraphExecDestroy(exec));
+      RINGATTN_CUDA_CHECK(cudaStreamDestroy(stream));
+      RINGATTN_CUDA_CHECK(cudaStreamDestroy(other));
+    });
+    for (const auto& e : errors)
+      REQUIRE(test::message(e) == "");
+    CHECK(allocated == 0);
+    for (int i = 0; i <= steps; ++i) {
+      CAPTURE(i);
+      const auto [err, lse_err] = c.error(s[i], replayed[i].out, replayed[i].lse);
+      CHECK(err < 8e-3);
+      CHECK(lse_err < 2e-3);
+      if (i < steps)
+        CHECK(test::same_bits(replayed[i].out, replayed[i].lse, direct[i].out, direct[i].lse));
+    }
+    REQUIRE(refusals.size() == 4);
+    CHECK(refusals[0].find("keeps the first plan's cu_new") != std::string::npos);
+    CHECK(refusals[1].find("keeps the first plan's cache of") != std::string::npos);
+    CHECK(refusals[2].find("keeps the first plan's cache of") != std::string::npos);
+    CHECK(refusals[3].find("the steps run on the stream given to prepare_device(graph_steps)") !=
+          std::string::npos);
   }
 }
 

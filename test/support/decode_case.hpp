@@ -126,9 +126,15 @@ struct decode_case {
 
   // New tokens: `lo`..`hi` per sequence (0 allowed), and the oracle over the whole sequences.
   step draw(std::mt19937_64& rng, int lo, int hi) const {
-    step s;
+    std::vector<std::int32_t> cu_new{0};
     for (int b = 0; b < batch; ++b)
-      s.cu_new.push_back(s.cu_new.back() + lo + static_cast<std::int32_t>(rng() % (hi - lo + 1)));
+      cu_new.push_back(cu_new.back() + lo + static_cast<std::int32_t>(rng() % (hi - lo + 1)));
+    return draw(rng, cu_new);
+  }
+  // New tokens packed as `cu_new` (batch + 1 offsets).
+  step draw(std::mt19937_64& rng, const std::vector<std::int32_t>& cu_new) const {
+    step s;
+    s.cu_new = cu_new;
     s.tokens = s.cu_new.back();
     s.q = random_buffer<T>(s.tokens * q_row(), rng);
     s.k = random_buffer<T>(s.tokens * kv_row(), rng);

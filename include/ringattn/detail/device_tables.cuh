@@ -3,10 +3,10 @@
 //! Host arrays packed into one device allocation at plan time (one allocation, one copy), each
 //! starting 16-byte aligned: the tables of the kernels' schedules and of device partition plans.
 //! While a `table_pool::use` scope is active on a thread, the tables made there draw their device
-//! memory from that pool and give it back when destroyed, and copy through its pinned staging
-//! on a stream of its own, all together: the pool's `finish` waits for the copies (once for all
-//! the tables of a plan). Once the pool has grown to a step's size, planning the step again
-//! allocates nothing.
+//! memory from that pool and give it back when destroyed, and copy through its pinned staging,
+//! without waiting: on the pool's own stream, whose event `uploaded()` a launch that reads them
+//! waits on, or on the steps' stream (`fix`), in order with the launches. Once the pool has grown
+//! to a step's size, planning the step again allocates nothing.
 
 #include <ringattn/cuda_check.cuh>
 
@@ -25,17 +25,24 @@ namespace ringattn::detail {
 //! Device blocks for `device_tables` to reuse, a pinned staging buffer and a stream to copy on.
 //! The owner releases a table's block back only once no launch can still read it: a pool serves
 //! one generation of a plan's tables, and its owner waits for that generation's last step before
-//! destroying the tables it holds (`decode_device_resources`). The copies are asynchronous until
-//! `finish`, which the owner calls after making the tables and before any launch reads them.
+//! destroying the tables it holds (`decode_device_resources`). The owner brackets a plan's tables
+//! with `begin` and `finish`; the copies stay asynchronous.
 class table_pool {
 public:
   table_pool() = default;
   ~table_pool() { // after every table drawn from it; nothing useful to report from a destructor
-    if (upload_) cudaStreamSynchronize(upload_); // copies still reading the staging
+    // copies still reading the staging
+    if (upload_ && !fixed_stream_)
+      cudaStreamSynchronize(upload_);
+    else if (uploaded_)
+      cudaEventSynchronize(uploaded_);
     for (const block& b : free_)
       cudaFree(b.memory);
+    for (const block& b : fixed_)
+      cudaFree(b.memory);
     if (staging_) cudaFreeHost(staging_);
-    if (upload_) cudaStreamDestroy(upload_);
+    if (uploaded_) cudaEventDestroy(uploaded_);
+    if (upload_ && !fixed_stream_) cudaStreamDestroy(upload_);
   }
   table_pool(const table_pool&) = delete;
   table_pool& operator=(const table_pool&) = delete;
@@ -52,12 +59,31 @@ public:
     table_pool* previous_;
   };
 
-  //! Waits for the copies of the tables made since the last `finish` (those copies alone: other
-  //! streams' work keeps running); the staging is free again.
-  void finish() {
-    if (upload_) RINGATTN_CUDA_CHECK(cudaStreamSynchronize(upload_));
-    used_ = 0;
+  //! From now on the copies go on `stream` (the steps' stream: each after the launches enqueued
+  //! there before it, which may still read the tables it overwrites) and the tables of a plan
+  //! take the blocks the first plan after this call took, in the order they were made: the same
+  //! addresses plan after plan, as long as each table fits the block (`fits`). Before any table.
+  void fix(cudaStream_t stream) {
+    fixed_stream_ = true;
+    upload_ = stream;
   }
+  //! Whether the last plan's tables each fitted the block of their place (always without `fix`).
+  bool fits() const noexcept { return fits_; }
+  //! A plan's tables follow: the staging is reused once the previous plan's copies have read it
+  //! (a host wait only while the device has not reached them).
+  void begin() {
+    if (uploaded_) RINGATTN_CUDA_CHECK(cudaEventSynchronize(uploaded_));
+    used_ = 0, next_ = 0, fits_ = true;
+  }
+  //! The plan's tables are made: `uploaded()` completes once their copies have.
+  void finish() {
+    if (!upload_) return;
+    if (!uploaded_)
+      RINGATTN_CUDA_CHECK(cudaEventCreateWithFlags(&uploaded_, cudaEventDisableTiming));
+    RINGATTN_CUDA_CHECK(cudaEventRecord(uploaded_, upload_));
+  }
+  //! Completes once the tables of the last plan are on the device (null before any copy).
+  cudaEvent_t uploaded() const noexcept { return uploaded_; }
 
 private:
   friend class device_tables;
@@ -80,18 +106,22 @@ private:
     return b;
   }
   void release(block b) noexcept {
+    if (fixed_stream_) return; // the block stays in its place
     try {
       free_.push_back(b);
     } catch (...) { // no room to remember it: give it back to the device instead
       cudaFree(b.memory);
     }
   }
-  // `bytes` of pinned staging after what was staged since the last `finish` (kept until then:
+  // `bytes` of pinned staging after what was staged since `begin` (kept until the next `begin`:
   // the copies read it later). Growing waits for the pending copies, then replaces the buffer.
   unsigned char* stage(std::size_t bytes) {
     bytes = (bytes + 15) / 16 * 16;
     if (used_ + bytes > staging_bytes_) {
-      if (upload_) RINGATTN_CUDA_CHECK(cudaStreamSynchronize(upload_));
+      if (upload_ && used_ > 0) { // this plan's copies so far read the old staging
+        finish();
+        RINGATTN_CUDA_CHECK(cudaEventSynchronize(uploaded_));
+      }
       const std::size_t grown =
           std::bit_ceil(std::max({used_ + bytes, 2 * staging_bytes_, std::size_t{4096}}));
       unsigned char* fresh = nullptr;
@@ -103,7 +133,7 @@ private:
     used_ += bytes;
     return at;
   }
-  // Copies `bytes` staged at `from` to `device` on the pool's own stream, without waiting.
+  // Copies `bytes` staged at `from` to `device` on the pool's stream, without waiting.
   void upload(void* device, const unsigned char* from, std::size_t bytes) {
     if (!upload_) RINGATTN_CUDA_CHECK(cudaStreamCreateWithFlags(&upload_, cudaStreamNonBlocking));
     RINGATTN_CUDA_CHECK(cudaMemcpyAsync(device, from, bytes, cudaMemcpyHostToDevice, upload_));
@@ -111,9 +141,13 @@ private:
 
   inline static thread_local table_pool* current_ = nullptr;
   std::vector<block> free_;
+  std::vector<block> fixed_; // with `fix`: the blocks of a plan's tables, in the order made
+  std::size_t next_ = 0;     // the next table's place in `fixed_`
+  bool fixed_stream_ = false, fits_ = true;
   unsigned char* staging_ = nullptr;
   std::size_t staging_bytes_ = 0, used_ = 0;
   cudaStream_t upload_ = nullptr;
+  cudaEvent_t uploaded_ = nullptr;
 };
 
 class device_tables {
@@ -122,7 +156,7 @@ public:
   //! Copies every span to the current device (synchronously outside a pool); `at<T>(i)` is where
   //! span i landed.
   //! Inside a `table_pool::use` scope the memory comes from that pool and returns to it, and the
-  //! copy is enqueued on the pool's stream: on the device once the pool's `finish` returns.
+  //! copy is enqueued on the pool's stream (see `table_pool::uploaded`).
   template <class... T>
   explicit device_tables(std::span<const T>... parts) {
     const std::size_t sizes[] = {parts.size_bytes()...};

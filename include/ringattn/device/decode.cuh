@@ -143,6 +143,7 @@ __global__ void __launch_bounds__(128, 2)
                 "the warps' states meet in the FP8 stages");
 
   const decode_item item = items[blockIdx.x];
+  if (item.kv_hi <= item.kv_lo) return; // an empty unit of a fixed launch
   const block_group g = groups[item.group];
   const int kvh = static_cast<int>(blockIdx.y), kv_heads = static_cast<int>(gridDim.y);
   const int rows = static_cast<int>(g.q_count) * group_size;

@@ -28,10 +28,18 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <vector>
 
 namespace ringattn {
+
+//! How a split-K/V schedule sizes its launch: `fitted` to the step's lengths, or `fixed`: the
+//! same launch for every step of the same groups (query rows per group, head shapes) on the same
+//! device whatever their key counts, groups without keys kept (their rows see nothing in this
+//! block) and units past the step's left empty, so that a launch captured in a CUDA graph serves
+//! later steps of other lengths. At most one wave of thread blocks then, or a unit per group.
+enum class split_launch { fitted, fixed };
 
 class device_decode_schedule {
 public:
@@ -53,7 +61,7 @@ public:
   //! the page table (`key_pages`): `kv_tokens` is then the table's size times the page size.
   device_decode_schedule(std::span<const block_group> groups, std::int64_t q_tokens,
                          std::int64_t kv_tokens, const attention_arguments& args,
-                         const key_pages& pages = {})
+                         const key_pages& pages = {}, split_launch launch = split_launch::fitted)
       : q_tokens_(q_tokens), head_dim_(args.head_dim), group_size_(args.q_heads / args.kv_heads),
         kv_heads_(args.kv_heads) {
     validation v = validate_groups(groups, q_tokens, kv_tokens);
@@ -81,16 +89,25 @@ public:
     const int block_smem = decode_smem_bytes<std::uint16_t>(head_dim_) + 1024;
     const std::int64_t slots =
         static_cast<std::int64_t>(sms) * std::clamp(smem_per_sm / block_smem, 1, 2);
-    const std::int64_t stage = decode_stage_keys, per_split = split_stages(groups, slots);
+    const bool fixed = launch == split_launch::fixed;
+    // A fixed launch: one wave of thread blocks, or a unit per group where the groups are more.
+    const std::int64_t most_items =
+        fixed ? std::max<std::int64_t>(static_cast<std::int64_t>(groups.size()),
+                                       (slots + kv_heads_ - 1) / kv_heads_)
+              : std::numeric_limits<std::int64_t>::max();
+    const std::int64_t stage = decode_stage_keys,
+                       per_split = split_stages(groups, slots, most_items);
     std::vector<block_group> kept;
     std::vector<decode_item> items;
     std::vector<std::int32_t> first{0};
     for (const block_group& g : groups) {
       const std::int64_t keys = g.kv[0].kv_count;
-      if (g.q_count == 0 || keys == 0) continue; // rows that see no key: the state is unchanged
+      // rows that see no key: the state is unchanged (a fixed launch keeps the group: its
+      // combine finds no unit)
+      if (g.q_count == 0 || (keys == 0 && !fixed)) continue;
       const std::int64_t own = (keys + stage - 1) / stage;
       const std::int64_t splits = (own + per_split - 1) / per_split;
-      const std::int64_t step = (own + splits - 1) / splits * stage;
+      const std::int64_t step = splits == 0 ? 0 : (own + splits - 1) / splits * stage;
       for (std::int64_t lo = 0; lo < keys; lo += step)
         items.push_back({static_cast<std::int32_t>(kept.size()),
                          static_cast<std::int32_t>(items.size()), lo, std::min(keys, lo + step)});
@@ -98,6 +115,8 @@ public:
       first.push_back(static_cast<std::int32_t>(items.size()));
       rows_ += g.q_count;
     }
+    if (fixed && !kept.empty()) // empty units (no keys) up to the launch's size
+      items.resize(static_cast<std::size_t>(most_items), decode_item{0, 0, 0, 0});
     groups_ = static_cast<std::int64_t>(kept.size());
     items_ = static_cast<std::int64_t>(items.size());
     tables_ = detail::device_tables(std::span<const block_group>(kept),
@@ -197,9 +216,11 @@ private:
   // Stages per split. A launch takes about its waves (thread blocks over `slots`, those that run
   // at once) times its longest block (its stages plus about two for filling the pipeline and
   // writing the partial): the split length that minimises that, among those that cut the
-  // longest group into 1..64 equal splits of at least eight stages (fewer splits on a tie). In
+  // longest group into 1..64 equal splits of at least eight stages (fewer splits on a tie), of at
+  // most `most_items` units in all (one unit per group always counts as fitting). In
   // 32-bit arithmetic (a group's stages fit: its keys are int32), each length tried once.
-  std::int64_t split_stages(std::span<const block_group> groups, std::int64_t slots) const {
+  std::int64_t split_stages(std::span<const block_group> groups, std::int64_t slots,
+                            std::int64_t most_items) const {
     constexpr std::uint32_t stage = decode_stage_keys, least = 8, overhead = 2, most_splits = 64;
     std::vector<std::uint32_t> own;
     own.reserve(groups.size());
@@ -223,6 +244,7 @@ private:
         blocks += n;
         widest = std::max(widest, (o + n - 1) / n);
       }
+      if (splits > 1 && blocks > static_cast<std::uint64_t>(most_items)) break;
       blocks *= static_cast<std::uint64_t>(kv_heads_);
       const std::uint64_t waves =
           (blocks + static_cast<std::uint64_t>(slots) - 1) / static_cast<std::uint64_t>(slots);
