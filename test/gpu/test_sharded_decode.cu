@@ -736,9 +736,9 @@ TEST_CASE("device sharded decode: a step captured in a CUDA graph replays with t
 TEST_CASE("device sharded decode fixed for CUDA graphs: one capture replays the steps of "
           "growing slab and paged caches, allocating nothing after the first plan") {
   // One rank (the in-process exchange is not capturable), 3 sequences (one with no cached token
-  // at first) of 1-3 new tokens each step, over a slab of fixed capacity and over a paged pool
-  // with a fixed-width page table (pages of 16, shuffled): the first plan's step captured once,
-  // then 5 steps each planned with their new lengths and replayed from the graph (outputs
+  // at first) of 2, 1 and 3 new tokens each step, over a slab of fixed capacity and over a paged
+  // pool with a fixed-width page table (pages of 16, shuffled): the first plan's step captured
+  // once, then 6 steps each planned with their new lengths and replayed from the graph (outputs
   // poisoned before each), against the oracle (the device block kernel's bf16 tolerances) and
   // bitwise against the same plan's step run directly. Then plans that change the launch are
   // refused with a sentence, as is a forward on another stream, and the next step replays.
