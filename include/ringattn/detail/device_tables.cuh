@@ -91,8 +91,23 @@ private:
     void* memory = nullptr;
     std::size_t bytes = 0;
   };
-  // The smallest free block of at least `bytes`, else a new one.
+  // Fixed (`fix`): the block of the next place, the first plan making the places (a block too
+  // small is replaced, and the plan told by `fits`). Otherwise the smallest free block of at
+  // least `bytes`, else a new one.
   block acquire(std::size_t bytes) {
+    if (fixed_stream_) {
+      if (next_ == fixed_.size()) {
+        fixed_.reserve(fixed_.size() + 1);
+        fixed_.push_back(allocate(bytes));
+      } else if (fixed_[next_].bytes < bytes) {
+        fits_ = false;
+        block& place = fixed_[next_];
+        const block b = allocate(bytes);
+        cudaFree(place.memory); // synchronous: whatever read it has finished
+        place = b;
+      }
+      return fixed_[next_++];
+    }
     auto best = free_.end();
     for (auto it = free_.begin(); it != free_.end(); ++it)
       if (it->bytes >= bytes && (best == free_.end() || it->bytes < best->bytes)) best = it;
@@ -101,6 +116,9 @@ private:
       free_.erase(best);
       return b;
     }
+    return allocate(bytes);
+  }
+  static block allocate(std::size_t bytes) {
     block b{nullptr, std::bit_ceil(std::max<std::size_t>(bytes, 4096))}; // room to grow into
     RINGATTN_CUDA_CHECK(device_malloc(&b.memory, b.bytes));
     return b;
