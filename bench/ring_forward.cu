@@ -12,6 +12,7 @@
 // on its stream, as PyTorch's side is.
 #include "single_gpu.cuh"
 
+#include <ringattn/block_kernel.cuh>
 #include <ringattn/comm/in_process.cuh>
 #include <ringattn/partition/contiguous.cuh>
 #include <ringattn/partition/scatter.cuh>

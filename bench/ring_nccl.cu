@@ -18,6 +18,7 @@
 // rank 0 reports. With one process (P = 1) it is the dry run the single-GPU machine allows.
 #include "harness.cuh"
 
+#include <ringattn/block_kernel.cuh>
 #include <ringattn/comm/nccl_mpi.cuh>
 #include <ringattn/partition/contiguous.cuh>
 #include <ringattn/partition/round_robin.cuh>

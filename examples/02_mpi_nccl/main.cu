@@ -7,6 +7,7 @@
 // Every rank builds the same synthetic packed batch (one seed, broadcast), keeps its shard
 // on its GPU, and runs the device ring forward; rank 0 gathers the output shards and checks a
 // sample of rows against the float64 oracle. Exit code 77 (skipped) where there is no GPU.
+#include <ringattn/block_kernel.cuh>
 #include <ringattn/comm/nccl_mpi.cuh>
 #include <ringattn/partition/balanced.cuh>
 #include <ringattn/partition/contiguous.cuh>

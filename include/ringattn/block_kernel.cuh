@@ -26,14 +26,13 @@
 //! static_assert(ringattn::device_block_kernel_for<ringattn::causal, cudaStream_t>);
 //! \endcode
 
+#include <ringattn/block/host_reference.cuh>
+#include <ringattn/block/masks.cuh>
 #include <ringattn/concepts.cuh>
-#include <ringattn/core/mask.cuh>
 #include <ringattn/kernel/backward.cuh>
 #include <ringattn/kernel/block.cuh>
 #include <ringattn/kernel/decode.cuh>
 #include <ringattn/kernel/forward.cuh>
-#include <ringattn/kernel/host_backward.cuh>
-#include <ringattn/kernel/host_forward.cuh>
 
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
@@ -44,54 +43,6 @@
 #include <type_traits>
 
 namespace ringattn {
-
-//! Mask: every query sees every key of its sequence.
-struct full_mask {
-  static constexpr mask_kind kind = mask_kind::full;
-  static constexpr const char* name = "full";
-};
-//! Mask: a query sees the keys at positions up to its own.
-struct causal_mask {
-  static constexpr mask_kind kind = mask_kind::causal;
-  static constexpr const char* name = "causal";
-};
-//! Mask: the query at position p sees the keys at positions [p - left, p + right], `left` and
-//! `right` being `attention_arguments::window_left` and `window_right` (-1: unbounded), agreed by
-//! the ranks at plan time.
-struct sliding_window_mask {
-  static constexpr mask_kind kind = mask_kind::sliding_window;
-  static constexpr const char* name = "sliding window";
-};
-//! Mask: causal attention to the keys at positions [p - left, p] (`left` =
-//! `attention_arguments::window_left`, at least 0).
-struct causal_window_mask {
-  static constexpr mask_kind kind = mask_kind::causal_window;
-  static constexpr const char* name = "causal window";
-};
-
-namespace detail {
-template <class>
-inline constexpr bool dependent_false = false;
-} // namespace detail
-
-//! The host twin alone under `Mask`: a BlockKernel with no device path (CPU runs, tests).
-template <class Mask>
-struct host_reference {
-  static_assert(mask_policy<Mask>,
-                "ringattn::host_reference<Mask>: Mask must be a mask "
-                "(ringattn::full_mask, ringattn::causal_mask, "
-                "ringattn::sliding_window_mask or ringattn::causal_window_mask)");
-  static constexpr mask_kind mask = Mask::kind;
-  static constexpr const char* name = Mask::name;
-  template <element T>
-  static void host_forward(const block_forward_args<T>& a, std::span<const block_group> groups) {
-    detail::host_block_forward_rows(a, groups);
-  }
-  template <element T>
-  static void host_backward(const block_backward_args<T>& a, std::span<const block_group> groups) {
-    detail::host_block_backward_rows(a, groups);
-  }
-};
 
 //! The native kernels under `Mask`: the host twin on the host (kernel/host_forward.cuh,
 //! kernel/host_backward.cuh); on the device the tensor-core kernels (kernel/forward.cuh,
@@ -137,6 +88,11 @@ struct native_kernel : host_reference<Mask> {
   }
   //! The split-K/V forward (kernel/decode.cuh): full blocks of few query rows per group.
   using split_schedule = device_decode_schedule;
+  //! The steps its split kernel takes, in the words of an error message.
+  static constexpr const char* split_shapes =
+      "head_dim 64 or 128 with v as wide and at most 64 query rows (new tokens x query heads per "
+      "kv head) per sequence";
+  static_assert(decode_max_rows == 64, "split_shapes states decode_max_rows");
   static bool takes_split(std::span<const block_group> groups, const attention_arguments& args) {
     return split_schedule::takes(groups, args);
   }
@@ -207,7 +163,5 @@ static_assert(device_block_kernel_for<full, cudaStream_t> &&
               device_block_kernel_for<sliding_window, cudaStream_t> &&
               device_block_kernel_for<causal_window, cudaStream_t>);
 static_assert(split_kv_block_kernel_for<causal, cudaStream_t>);
-static_assert(block_kernel<host_reference<causal_mask>> &&
-              !device_block_kernel_for<host_reference<causal_mask>, cudaStream_t>);
 
 } // namespace ringattn

@@ -35,7 +35,6 @@
 //! different groups may run concurrently. Every call is agreed by all ranks first (ring/call.cuh).
 
 #include <ringattn/arguments.cuh>
-#include <ringattn/block_kernel.cuh>
 #include <ringattn/concepts.cuh>
 #include <ringattn/error.cuh>
 #include <ringattn/partition/plan.cuh>

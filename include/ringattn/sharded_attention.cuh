@@ -38,7 +38,6 @@
 //! agree on the step.
 
 #include <ringattn/arguments.cuh>
-#include <ringattn/block_kernel.cuh>
 #include <ringattn/concepts.cuh>
 #include <ringattn/core/kv_scales.cuh>
 #include <ringattn/core/state.cuh>
@@ -47,8 +46,9 @@
 #include <ringattn/detail/streams.cuh>
 #include <ringattn/error.cuh>
 #include <ringattn/kernel/block.cuh>
-#include <ringattn/kernel/forward.cuh>
+#include <ringattn/kernel/forward_args.cuh>
 #include <ringattn/kernel/host_forward.cuh>
+#include <ringattn/kernel/state_ops.cuh>
 #include <ringattn/ring/agreement.cuh>
 #include <ringattn/ring/call.cuh>
 #include <ringattn/ring/device_executor.cuh>
@@ -123,6 +123,15 @@ requires split_kv_block_kernel_for<BlockKernel, cudaStream_t>
 struct split_schedule_of<BlockKernel> {
   using type = typename BlockKernel::split_schedule;
 };
+
+//! The steps a BlockKernel's split-K/V kernel takes, as its `split_shapes` states them.
+template <class BlockKernel>
+constexpr const char* split_shapes_of() {
+  if constexpr (requires { BlockKernel::split_shapes; })
+    return BlockKernel::split_shapes;
+  else
+    return "the shapes this BlockKernel's split kernel accepts";
+}
 
 //! A device BlockKernel whose split-K/V forward reads an FP8 cache (`fp8_e4m3` with `Scales`)
 //! for steps of element type T.
@@ -582,11 +591,10 @@ private:
         buffers[8].data = scales.k, buffers[9].data = scales.v;
         if (ok && device_ != nullptr)
           ok.require(device_->now().split || cache_groups_.empty(),
-                     "an FP8 cache is read by the split-K/V kernel, which takes head_dim 64 or "
-                     "128 with v as wide and at most ",
-                     decode_max_rows,
-                     " query rows (new tokens x query heads per kv head) per sequence; this "
-                     "step's shapes go to the block forward, which reads fp16/bf16 caches only");
+                     "an FP8 cache is read by the split-K/V kernel, which takes ",
+                     detail::split_shapes_of<BlockKernel>(),
+                     "; this step's shapes go to the block forward, which reads fp16/bf16 "
+                     "caches only");
       }
       ok.require(device_ != nullptr, "prepare_device() must run before the device forward");
       if (ok) ok.require(checks::placement(device_->comm.device(), stream, buffers, "forward"));
@@ -815,9 +823,8 @@ private:
     validation v = validation::ok();
     if constexpr (has_graph_steps)
       v.require(cache_groups.empty() || BlockKernel::takes_split(cache_groups, args_),
-                "a step replayed from a CUDA graph runs the split-K/V kernel, which takes "
-                "head_dim 64 or 128 with v as wide and at most ",
-                decode_max_rows, " query rows (new tokens x query heads per kv head) per sequence");
+                "a step replayed from a CUDA graph runs the split-K/V kernel, which takes ",
+                detail::split_shapes_of<BlockKernel>());
     if (!v || !fixed_launch_) return v;
     const launch_key& first = *fixed_launch_;
     v.require(cu_new.back() == first.new_tokens &&

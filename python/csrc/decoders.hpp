@@ -6,6 +6,7 @@
 #include "decoder.hpp"
 #include "plans.hpp"
 
+#include <ringattn/block_kernel.cuh>
 #include <ringattn/sharded_attention.cuh>
 
 #include <cuda_runtime_api.h>

@@ -5,6 +5,7 @@
 // The device halves of the models compile only under nvcc.
 #include "plan.hpp"
 
+#include <ringattn/block_kernel.cuh>
 #include <ringattn/comm/in_process.cuh>
 #include <ringattn/core/element.cuh>
 #include <ringattn/partition/balanced.cuh>

@@ -4,6 +4,7 @@
 #include "../support/ranks.hpp"
 #include "../support/sharded_backward_case.hpp"
 
+#include <ringattn/block_kernel.cuh>
 #include <ringattn/comm/in_process.cuh>
 #include <ringattn/partition/contiguous.cuh>
 #include <ringattn/partition/round_robin.cuh>

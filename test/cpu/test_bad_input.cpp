@@ -5,6 +5,7 @@
 #include "../support/common.hpp"
 #include "../support/ranks.hpp"
 
+#include <ringattn/block_kernel.cuh>
 #include <ringattn/comm/in_process.cuh>
 #include <ringattn/kernel/host_forward.cuh>
 #include <ringattn/partition/contiguous.cuh>

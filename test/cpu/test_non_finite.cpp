@@ -10,6 +10,7 @@
 #include "../support/ranks.hpp"
 #include "../support/strict_check.hpp"
 
+#include <ringattn/block_kernel.cuh>
 #include <ringattn/comm/in_process.cuh>
 #include <ringattn/core/state.cuh>
 #include <ringattn/partition/contiguous.cuh>

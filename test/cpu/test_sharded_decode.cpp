@@ -6,6 +6,7 @@
 #include "../support/decode_case.hpp"
 #include "../support/ranks.hpp"
 
+#include <ringattn/block_kernel.cuh>
 #include <ringattn/comm/in_process.cuh>
 #include <ringattn/partition/contiguous.cuh>
 #include <ringattn/partition/round_robin.cuh>

@@ -7,6 +7,7 @@
 #include "../support/ring_bytes.hpp"
 #include "../support/sharded_backward_case.hpp"
 
+#include <ringattn/block_kernel.cuh>
 #include <ringattn/comm/in_process.cuh>
 #include <ringattn/partition/balanced.cuh>
 #include <ringattn/partition/contiguous.cuh>

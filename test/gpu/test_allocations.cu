@@ -6,6 +6,7 @@
 #include "../support/ranks.hpp"
 #include "../support/sharded_backward_case.hpp"
 
+#include <ringattn/block_kernel.cuh>
 #include <ringattn/partition/contiguous.cuh>
 #include <ringattn/partition/round_robin.cuh>
 #include <ringattn/partition/zigzag.cuh>

@@ -6,6 +6,7 @@
 #include "../support/device_buffer.cuh"
 #include "../support/sharded_case.hpp"
 
+#include <ringattn/block_kernel.cuh>
 #include <ringattn/comm/nccl.cuh>
 #include <ringattn/partition/zigzag.cuh>
 #include <ringattn/ring_attention.cuh>

@@ -12,6 +12,7 @@
 #include "../support/device_buffer.cuh"
 #include "../support/ranks.hpp"
 
+#include <ringattn/block_kernel.cuh>
 #include <ringattn/comm/in_process.cuh>
 #include <ringattn/kernel/kv_quantize.cuh>
 #include <ringattn/partition/contiguous.cuh>

@@ -10,7 +10,7 @@
 #   4 kernel/     host-side launchers, schedules, host block kernels
 #   5 concepts.cuh
 #   6 partition/, reference/, comm/
-#   7 block_kernel.cuh
+#   7 block_kernel.cuh, block/ (the BlockKernel models' masks and host twin)
 #   8 ring/, cudnn/ (the cuDNN block kernel)
 #   9 ring_attention.cuh, sharded_attention.cuh
 #  10 ringattn.cuh, cudnn.cuh
@@ -41,7 +41,7 @@ function(layer_of path out_rank out_group)
   elseif(path MATCHES "^(partition|reference|comm)/")
     string(REGEX REPLACE "/.*" "" g "${path}")
     set(r 6)
-  elseif(path STREQUAL "block_kernel.cuh")
+  elseif(path STREQUAL "block_kernel.cuh" OR path MATCHES "^block/")
     set(r 7)
     set(g block_kernel)
   elseif(path MATCHES "^(ring|cudnn)/")

@@ -5,6 +5,7 @@
 #include "../support/device_ring.cuh"
 #include "shared_seed.hpp"
 
+#include <ringattn/block_kernel.cuh>
 #include <ringattn/comm/mpi.cuh>
 #include <ringattn/partition/contiguous.cuh>
 #include <ringattn/partition/round_robin.cuh>

@@ -8,6 +8,7 @@
 #include "../support/sharded_backward_case.hpp"
 #include "shared_seed.hpp"
 
+#include <ringattn/block_kernel.cuh>
 #include <ringattn/comm/mpi.cuh>
 #include <ringattn/partition/balanced.cuh>
 #include <ringattn/partition/contiguous.cuh>

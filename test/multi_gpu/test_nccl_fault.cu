@@ -11,6 +11,7 @@
 #include "../support/device_buffer.cuh"
 #include "per_gpu.cuh"
 
+#include <ringattn/block_kernel.cuh>
 #include <ringattn/partition/zigzag.cuh>
 #include <ringattn/ring_attention.cuh>
 

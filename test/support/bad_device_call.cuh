@@ -6,6 +6,7 @@
 #include "common.hpp"
 #include "device_buffer.cuh"
 
+#include <ringattn/block_kernel.cuh>
 #include <ringattn/comm/in_process.cuh>
 #include <ringattn/partition/zigzag.cuh>
 #include <ringattn/ring_attention.cuh>

@@ -7,6 +7,7 @@
 #include "common.hpp"
 #include "strict_check.hpp"
 
+#include <ringattn/block_kernel.cuh>
 #include <ringattn/partition/plan.cuh>
 #include <ringattn/reference/attention.cuh>
 #include <ringattn/sharded_attention.cuh>

@@ -9,6 +9,7 @@
 #include "ring_bytes.hpp"
 #include "sharded_backward_case.hpp"
 
+#include <ringattn/block_kernel.cuh>
 #include <ringattn/ring_attention.cuh>
 
 #include <doctest/doctest.h>

@@ -40,13 +40,16 @@
 //! std::size_t ws = attn.device_workspace_bytes<__nv_bfloat16>(); // includes cuDNN's workspace
 //! \endcode
 
-#include <ringattn/block_kernel.cuh>
+#include <ringattn/block/host_reference.cuh>
+#include <ringattn/block/masks.cuh>
 #include <ringattn/core/element.cuh>
 #include <ringattn/cudnn/graphs.cuh>
 #include <ringattn/detail/device_tables.cuh>
-#include <ringattn/kernel/forward.cuh>
+#include <ringattn/kernel/backward_args.cuh>
+#include <ringattn/kernel/forward_args.cuh>
 #include <ringattn/kernel/pieces.cuh>
 #include <ringattn/kernel/row_reduce.cuh>
+#include <ringattn/kernel/state_ops.cuh>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

@@ -1,9 +1,12 @@
 #pragma once
 //! \file
-//! Element-wise kernels of the state and the gradients: fill (a state's reset), finalise (o / sum
-//! into the output, the rows' lse).
+//! Element-wise kernels of the state and the gradients, shared by every BlockKernel and schedule:
+//! fill (a state's reset), finalise (o / sum into the output, the rows' lse), finished partials
+//! and their merge, the backward's delta (one warp per row), fp32 sums and the gradients'
+//! conversion to T.
 
 #include <ringattn/config.cuh>
+#include <ringattn/core/element.cuh>
 #include <ringattn/core/state.cuh>
 #include <ringattn/device/primitives.cuh>
 
@@ -85,6 +88,68 @@ __global__ void merge_finished_kernel(const T* o, std::int64_t o_stride, const f
     T* dst = out + (row % tokens) * token_stride + (row / tokens) * head_stride + e;
     *reinterpret_cast<std::uint32_t*>(dst) = pack2<T>(x, y);
     if (e == 0) lse[row] = l;
+  }
+}
+
+//! One warp's fp32 sum, in every lane.
+__device__ __forceinline__ float warp_sum(float x) {
+  for (int o = 16; o > 0; o >>= 1)
+    x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+
+template <class T, int D>
+__device__ __forceinline__ void load_row(const T* p, float (&x)[D / 32]) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+#pragma unroll
+  for (int e = 0; e < D / 32; ++e)
+    x[e] = to_float(p[lane + 32 * e]);
+}
+
+template <int D>
+__device__ __forceinline__ float dot(const float (&a)[D / 32], const float (&b)[D / 32]) {
+  float s = 0.0f;
+#pragma unroll
+  for (int e = 0; e < D / 32; ++e)
+    s = fmaf(a[e], b[e], s);
+  return warp_sum(s);
+}
+
+//! D[h, t] = dout(t, h) . out(t, h): one warp per (t, h).
+template <class T, int D>
+__global__ void delta_kernel(const T* out, std::int64_t o_ts, std::int64_t o_hs, const T* dout,
+                             std::int64_t d_ts, std::int64_t d_hs, float* delta,
+                             std::int64_t tokens, int heads) {
+  const std::int64_t w = (blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x) / 32;
+  if (w >= tokens * heads) return;
+  const std::int64_t t = w / heads;
+  const int h = static_cast<int>(w % heads);
+  float a[D / 32], b[D / 32];
+  load_row<T, D>(out + t * o_ts + h * o_hs, a);
+  load_row<T, D>(dout + t * d_ts + h * d_hs, b);
+  const float s = dot<D>(a, b);
+  if (threadIdx.x % 32 == 0) delta[h * tokens + t] = s;
+}
+
+//! a[i] += b[i] (fp32), one writer per element. (A template only so that every translation unit
+//! may define it.)
+template <int Unused = 0>
+__global__ void add_kernel(float* a, const float* b, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x)
+    a[i] += b[i];
+}
+
+//! An fp32 dense [tokens, heads, d] accumulator written to a (strided) T view.
+template <class T>
+__global__ void convert_kernel(const float* x, T* out, std::int64_t tokens, int heads, int d,
+                               std::int64_t token_stride, std::int64_t head_stride) {
+  const std::int64_t n = tokens * heads * d;
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t row = i / d;
+    const int e = static_cast<int>(i % d);
+    out[(row / heads) * token_stride + (row % heads) * head_stride + e] = from_float<T>(x[i]);
   }
 }
 

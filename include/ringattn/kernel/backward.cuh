@@ -29,6 +29,7 @@
 #include <ringattn/kernel/backward_args.cuh>
 #include <ringattn/kernel/forward.cuh>
 #include <ringattn/kernel/launch.cuh>
+#include <ringattn/kernel/state_ops.cuh>
 
 #include <cuda_runtime_api.h>
 
@@ -388,11 +389,7 @@ private:
 };
 
 #if defined(__CUDACC__)
-
 namespace detail {
-inline unsigned warp_blocks(std::int64_t warps) {
-  return static_cast<unsigned>((warps + 7) / 8); // 8 warps a block
-}
 template <class T, int D>
 void launch_block_backward(const kernels::backward_params<T>& p, cudaStream_t stream) {
   if (p.key_items > 0) {
@@ -574,55 +571,6 @@ void block_backward(const block_backward_args<T>& a, const device_backward_sched
   case 128: detail::launch_block_backward<T, 128>(p, stream); break;
   default: detail::launch_block_backward<T, 256>(p, stream); break;
   }
-}
-
-//! `delta[h, t] = dout(t, h) . out(t, h)` (fp32, `[heads, tokens]`), asynchronously on `stream`.
-template <device_element T>
-void compute_delta(thd_view<const T> out, thd_view<const T> dout, float* delta,
-                   cudaStream_t stream) {
-  validation r = validate_view(out, "out");
-  r.require(validate_view(dout, "dout"));
-  r.require(out.tokens == dout.tokens && out.heads == dout.heads && out.head_dim == dout.head_dim,
-            "out and dout differ in shape");
-  r.require(out.tokens == 0 || delta != nullptr, "delta is a null pointer");
-  r.require(aligned_to(delta, 4), "delta must be 4-byte aligned");
-  r.require(out.head_dim == 64 || out.head_dim == 128 || out.head_dim == 256, "head_dim ",
-            out.head_dim, " is not supported (supported: 64, 128, 256)");
-  r.throw_if_invalid();
-  const std::int64_t warps = out.tokens * out.heads;
-  if (warps == 0) return;
-  auto launch = [&](auto kernel) {
-    kernel<<<detail::warp_blocks(warps), 256, 0, stream>>>(
-        out.data, out.token_stride, out.head_stride, dout.data, dout.token_stride, dout.head_stride,
-        delta, out.tokens, out.heads);
-    RINGATTN_CUDA_CHECK_LAUNCH();
-  };
-  switch (out.head_dim) {
-  case 64: launch(kernels::delta_kernel<T, 64>); break;
-  case 128: launch(kernels::delta_kernel<T, 128>); break;
-  default: launch(kernels::delta_kernel<T, 256>); break;
-  }
-}
-
-//! `a[i] += b[i]` for `n` fp32 elements (device memory), asynchronously on `stream`.
-inline void accumulate(float* a, const float* b, std::int64_t n, cudaStream_t stream) {
-  if (n <= 0) return;
-  const unsigned blocks = static_cast<unsigned>(std::min<std::int64_t>((n + 255) / 256, 4096));
-  kernels::add_kernel<><<<blocks, 256, 0, stream>>>(a, b, n);
-  RINGATTN_CUDA_CHECK_LAUNCH();
-}
-
-//! Writes a dense fp32 `[tokens, heads, head_dim]` accumulator into `out` (T, any strides),
-//! asynchronously on `stream`.
-template <device_element T>
-void write_gradient(const float* x, thd_view<T> out, cudaStream_t stream) {
-  validate_view(out, "the gradient").throw_if_invalid();
-  const std::int64_t n = out.tokens * out.heads * out.head_dim;
-  if (n == 0) return;
-  const unsigned blocks = static_cast<unsigned>(std::min<std::int64_t>((n + 255) / 256, 4096));
-  kernels::convert_kernel<T><<<blocks, 256, 0, stream>>>(
-      x, out.data, out.tokens, out.heads, out.head_dim, out.token_stride, out.head_stride);
-  RINGATTN_CUDA_CHECK_LAUNCH();
 }
 
 #endif // __CUDACC__

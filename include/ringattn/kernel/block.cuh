@@ -110,4 +110,11 @@ constexpr const char* to_string(step_epilogue e) noexcept {
   return "?";
 }
 
+//! How a split-K/V schedule sizes its launch: `fitted` to the step's lengths, or `fixed`: the
+//! same launch for every step of the same groups (query rows per group, head shapes) on the same
+//! device whatever their key counts, groups without keys kept (their rows see nothing in this
+//! block) and units past the step's left empty, so that a launch captured in a CUDA graph serves
+//! later steps of other lengths. At most one wave of thread blocks then, or a unit per group.
+enum class split_launch { fitted, fixed };
+
 } // namespace ringattn

@@ -34,13 +34,6 @@
 
 namespace ringattn {
 
-//! How a split-K/V schedule sizes its launch: `fitted` to the step's lengths, or `fixed`: the
-//! same launch for every step of the same groups (query rows per group, head shapes) on the same
-//! device whatever their key counts, groups without keys kept (their rows see nothing in this
-//! block) and units past the step's left empty, so that a launch captured in a CUDA graph serves
-//! later steps of other lengths. At most one wave of thread blocks then, or a unit per group.
-enum class split_launch { fitted, fixed };
-
 class device_decode_schedule {
 public:
   //! Whether the split kernel takes `groups` (see the file notes) at `args`' shapes.

@@ -32,6 +32,7 @@
 #include <ringattn/device/forward_sm90.cuh>
 #include <ringattn/kernel/forward_args.cuh>
 #include <ringattn/kernel/launch.cuh>
+#include <ringattn/kernel/state_ops.cuh>
 
 #include <cuda_runtime_api.h>
 
@@ -457,70 +458,6 @@ void block_forward_plain(const block_forward_args<T>& a, const device_block_sche
   detail::block_forward<T, kernels::epilogue::plain>(a, s, out.data, lse, stream);
 }
 
-//! Sets a device state to "no key seen" (o = 0, lse = -inf, sum = 0), asynchronously on `stream`.
-inline void reset(const attention_state& s, cudaStream_t stream) {
-  if (s.o_elements() == 0) return;
-  RINGATTN_CUDA_CHECK(cudaMemsetAsync(s.o, 0, sizeof(float) * s.o_elements(), stream));
-  const std::int64_t n = s.lse_elements();
-  RINGATTN_CUDA_CHECK(cudaMemsetAsync(s.sum, 0, sizeof(float) * n, stream));
-  const unsigned blocks = static_cast<unsigned>(std::min<std::int64_t>((n + 255) / 256, 1024));
-  kernels::fill_kernel<<<blocks, 256, 0, stream>>>(s.lse, n,
-                                                   -std::numeric_limits<float>::infinity());
-  RINGATTN_CUDA_CHECK_LAUNCH();
-}
-
-//! Writes a device state's output, o / sum, to `out` (fp16/bf16) and replaces the state's lse (the
-//! reference) by the rows' lse, asynchronously on `stream`.
-template <device_element T>
-void finalize(const attention_state& s, thd_view<T> out, cudaStream_t stream) {
-  validation r = validate_view(out, "out");
-  r.require(out.tokens == s.tokens && out.heads == s.q_heads && out.head_dim == s.head_dim,
-            "out is [", out.tokens, ", ", out.heads, ", ", out.head_dim, "] but the state is [",
-            s.tokens, ", ", s.q_heads, ", ", s.head_dim, "]");
-  r.require(rows_aligned_to(out, 4), "out must be 4-byte aligned with even strides");
-  r.throw_if_invalid();
-  const std::int64_t pairs = s.tokens * s.q_heads * (s.head_dim / 2);
-  if (pairs == 0) return;
-  const unsigned blocks = static_cast<unsigned>(std::min<std::int64_t>((pairs + 255) / 256, 4096));
-  kernels::finalize_kernel<T>
-      <<<blocks, 256, 0, stream>>>(s.o, s.lse, s.sum, out.data, s.tokens * s.q_heads, s.tokens,
-                                   s.head_dim, out.token_stride, out.head_stride);
-  RINGATTN_CUDA_CHECK_LAUNCH();
-}
-
-//! State `s` (fp32) as a finished partial, asynchronously on `stream`: its rows' normalised
-//! outputs (`[rows, head_dim]` of T, row = head * tokens + token) to `o` and their lse to `lse`.
-template <device_element T>
-void finish_partial(const attention_state& s, T* o, float* lse, cudaStream_t stream) {
-  const std::int64_t rows = s.tokens * s.q_heads, pairs = rows * (s.head_dim / 2);
-  if (pairs == 0) return;
-  const unsigned blocks = static_cast<unsigned>(std::min<std::int64_t>((pairs + 255) / 256, 4096));
-  kernels::finish_partial_kernel<T>
-      <<<blocks, 256, 0, stream>>>(s.o, s.lse, s.sum, o, lse, rows, s.head_dim);
-  RINGATTN_CUDA_CHECK_LAUNCH();
-}
-
-//! Merges `parts` finished partials of `out`'s shape (fp16/bf16, `[tokens, q_heads, head_dim]`)
-//! into `out` and `lse` (`[q_heads, tokens]`), asynchronously on `stream`. Partial r's outputs
-//! sit at `o + r * o_stride` and its lse at `lse_of + r * lse_stride` (elements, as
-//! `finish_partial` wrote them). The order of the partials is the order of the merges: the same
-//! partials give the same bits on any device.
-template <device_element T>
-void merge_finished_partials(const T* o, std::int64_t o_stride, const float* lse_of,
-                             std::int64_t lse_stride, int parts, thd_view<T> out, float* lse,
-                             cudaStream_t stream) {
-  validation r = validate_view(out, "out");
-  r.require(rows_aligned_to(out, 4), "out must be 4-byte aligned with even strides");
-  r.require(parts >= 1, "no partial state to merge");
-  r.throw_if_invalid();
-  const std::int64_t rows = out.tokens * out.heads, pairs = rows * (out.head_dim / 2);
-  if (pairs == 0) return;
-  const unsigned blocks = static_cast<unsigned>(std::min<std::int64_t>((pairs + 255) / 256, 4096));
-  kernels::merge_finished_kernel<T>
-      <<<blocks, 256, 0, stream>>>(o, o_stride, lse_of, lse_stride, parts, rows, out.tokens,
-                                   out.head_dim, out.data, out.token_stride, out.head_stride, lse);
-  RINGATTN_CUDA_CHECK_LAUNCH();
-}
 #endif // __CUDACC__
 
 } // namespace ringattn

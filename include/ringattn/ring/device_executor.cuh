@@ -13,8 +13,9 @@
 #include <ringattn/detail/nvtx.cuh>
 #include <ringattn/detail/streams.cuh>
 #include <ringattn/error.cuh>
-#include <ringattn/kernel/backward.cuh>
-#include <ringattn/kernel/forward.cuh>
+#include <ringattn/kernel/backward_args.cuh>
+#include <ringattn/kernel/forward_args.cuh>
+#include <ringattn/kernel/state_ops.cuh>
 #include <ringattn/ring/schedule.cuh>
 #include <ringattn/ring/workspace.cuh>
 #include <ringattn/tensor.cuh>

@@ -1,0 +1,28 @@
+# cmake -DCOMMAND=<compiler;args...> -DFORBID=<regex> -DEXPECT=<regex> -P expect_includes.cmake
+# COMMAND lists a translation unit's dependencies (the compiler's -M). Passes when it succeeds,
+# some dependency matches EXPECT (the list is the one meant) and none matches FORBID: what a
+# program includes stays what its policies need.
+execute_process(COMMAND ${COMMAND} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "listing the includes failed:\n${out}${err}")
+endif()
+string(REGEX MATCHALL "[^ \t\n\\\\]+" deps "${out}")
+set(found FALSE)
+set(forbidden "")
+foreach(d IN LISTS deps)
+  if(d MATCHES "${EXPECT}")
+    set(found TRUE)
+  endif()
+  if(d MATCHES "${FORBID}")
+    list(APPEND forbidden "${d}")
+  endif()
+endforeach()
+if(NOT found)
+  message(FATAL_ERROR "no dependency matches \"${EXPECT}\": not the list meant:\n${out}")
+endif()
+if(forbidden)
+  list(JOIN forbidden "\n  " lines)
+  message(FATAL_ERROR "includes headers it must not (\"${FORBID}\"):\n  ${lines}")
+endif()
+list(LENGTH deps n)
+message(STATUS "${n} dependencies, none matching \"${FORBID}\"")
