@@ -8,7 +8,7 @@
 #   2 device/     kernels and device primitives
 #   3 foundation  error.cuh, arguments.cuh, tensor.cuh, cuda_check.cuh, detail/
 #   4 kernel/     host-side launchers, schedules, host block kernels
-#   5 concepts.cuh
+#   5 concepts.cuh, concepts/ (one header per policy family)
 #   6 partition/, reference/, comm/
 #   7 block_kernel.cuh, block/ (the BlockKernel models' masks and host twin)
 #   8 ring/, cudnn/ (the cuDNN block kernel)
@@ -35,7 +35,7 @@ function(layer_of path out_rank out_group)
   elseif(path MATCHES "^kernel/")
     set(r 4)
     set(g kernel)
-  elseif(path STREQUAL "concepts.cuh")
+  elseif(path STREQUAL "concepts.cuh" OR path MATCHES "^concepts/")
     set(r 5)
     set(g concepts)
   elseif(path MATCHES "^(partition|reference|comm)/")

@@ -18,7 +18,7 @@
 //!   ...                                              // empty blocks are already left out
 //! \endcode
 
-#include <ringattn/concepts.cuh>
+#include <ringattn/concepts/partitioner.cuh>
 #include <ringattn/error.cuh>
 #include <ringattn/tensor.cuh>
 
