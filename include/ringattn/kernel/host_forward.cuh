@@ -147,7 +147,7 @@ void finalize(const attention_state& s, thd_view<T> out) {
     }
 }
 
-//! The host twin of the device `finish_partial` (kernel/forward.cuh): state `s` as a finished
+//! The host twin of the device `finish_partial` (kernel/state_ops.cuh): state `s` as a finished
 //! partial, its rows' normalised outputs (`[rows, head_dim]`, row = head * tokens + token) to `o`
 //! and their lse to `lse`.
 template <element T>
@@ -161,7 +161,7 @@ void finish_partial(const attention_state& s, T* o, float* lse) {
   }
 }
 
-//! The host twin of the device `merge_finished_partials` (kernel/forward.cuh): `parts` finished
+//! The host twin of the device `merge_finished_partials` (kernel/state_ops.cuh): `parts` finished
 //! partials of `out`'s shape, partial r's outputs at `o + r * o_stride` and lse at
 //! `lse_of + r * lse_stride` (elements), merged in that order into `out` and `lse`.
 template <element T>
