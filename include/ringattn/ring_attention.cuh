@@ -19,6 +19,9 @@
 //! `forward` / `backward` on a stream) overlaps the exchange of step t + 1 with the compute of
 //! step t, allocates nothing after its first call and never waits on the host.
 //!
+//! The facade includes no BlockKernel: a program includes the model it names (`block_kernel.cuh`
+//! for the native kernels below, `cudnn.cuh`, `block/host_reference.cuh`) or `ringattn.cuh`.
+//!
 //! \code
 //! ringattn::in_process_group group(P);                          // or an MPI communicator
 //! auto comm = group.communicator(rank);                          // one per rank's thread

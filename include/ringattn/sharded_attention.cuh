@@ -19,6 +19,9 @@
 //! order (`merge_finished`). Every rank thus ends with the same result, bit for bit, equal to
 //! attention over the whole cache.
 //!
+//! The facade includes no BlockKernel: include the model it names (`block_kernel.cuh` for
+//! `ra::causal` below) or `ringattn.cuh`.
+//!
 //! \code
 //! namespace ra = ringattn;
 //! ra::sharded_attention<ra::in_process_communicator, ra::causal> step(comm, args); // collective
