@@ -3,6 +3,7 @@
 // gathered batch; bytes on the wire; the device path's messages in its order; bitwise
 // repeatability; workspace size.
 #include "../support/ranks.hpp"
+#include "../support/recording_comm.hpp"
 #include "../support/sharded_backward_case.hpp"
 
 #include <ringattn/block_kernel.cuh>
@@ -16,6 +17,7 @@
 #include <doctest/doctest.h>
 
 #include <array>
+#include <atomic>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -148,36 +150,8 @@ TEST_CASE("ring backward workspace: host and device sizes") {
 }
 
 namespace {
-// An exchange as a communicator saw it.
-struct exchange_record {
-  std::size_t send_bytes, receive_bytes;
-  int to, from;
-  std::int64_t step;
-  bool operator==(const exchange_record&) const = default;
-};
-// The in-process communicator, with a log of the exchanges its rank makes.
-class recording_communicator {
-public:
-  explicit recording_communicator(in_process_communicator& c) : c_(c) {}
-  int rank() const { return c_.rank(); }
-  int size() const { return c_.size(); }
-  void exchange(const void* send, std::size_t send_bytes, int to, void* receive,
-                std::size_t receive_bytes, int from, std::int64_t step) {
-    log.push_back({send_bytes, receive_bytes, to, from, step});
-    c_.exchange(send, send_bytes, to, receive, receive_bytes, from, step);
-  }
-  void all_gather(const void* send, std::size_t bytes, void* receive) {
-    c_.all_gather(send, bytes, receive);
-  }
-  void barrier() { c_.barrier(); }
-  void abort(const std::string& why) { c_.abort(why); }
-  std::uint64_t bytes_sent() const { return c_.bytes_sent(); }
-  std::vector<exchange_record> log;
-
-private:
-  in_process_communicator& c_;
-};
-static_assert(host_communicator<recording_communicator>);
+using recorder = test::recording_communicator<in_process_communicator>;
+static_assert(host_communicator<recorder>);
 } // namespace
 
 // The device ring's protocol (ring/device_executor.cuh), which the host path follows so that CI
@@ -192,14 +166,14 @@ TEST_CASE_TEMPLATE("host ring backward: the device path's messages in its order"
     test::sharded_backward_case<P, T> c(cu, ranks, {4, 2, 64, 0.0f}, mask_kind::causal, rng);
     in_process_group group(ranks);
     const auto errors = on_ranks(group, [&](int r, in_process_communicator& comm) {
-      recording_communicator rec(comm);
-      ring_attention<P, recording_communicator, causal> attn(rec, c.args, c.plan.cu_seqlens());
+      recorder rec(comm);
+      ring_attention<P, recorder, causal> attn(rec, c.args, c.plan.cu_seqlens());
       const auto fwd = c.forward_rank(attn, r);
       rec.log.clear();
       c.backward_rank(attn, r, fwd);
       const ring_schedule& s = attn.schedule();
       const ring_workspace w(s.q_tokens(), s.max_kv_tokens(), c.args, sizeof(T));
-      std::vector<exchange_record> want;
+      std::vector<test::sent> want;
       for (const ring_step& step : s.steps())
         if (const ring_step* next = s.next(step.index)) {
           want.push_back({w.block_bytes(step.kv_tokens), w.block_bytes(next->kv_tokens),
@@ -217,6 +191,57 @@ TEST_CASE_TEMPLATE("host ring backward: the device path's messages in its order"
     for (const auto& e : errors)
       REQUIRE(message(e) == "");
   }
+}
+
+// The host path runs the ring's programs (ring/program.cuh) as the device path does: what each
+// rank sent, forward and backward, is its programs' messages, in their order (the device suite
+// compares the device path's with the same programs).
+template <class P, class Mask>
+void check_programs(attention_arguments a) {
+  const auto seed = test::fresh_seed();
+  CAPTURE(seed);
+  std::mt19937_64 rng(seed);
+  const auto cu = test::random_cu_seqlens(3, 1, 61, rng);
+  std::atomic<std::size_t> messages{0}; // over every run: the programs are not empty
+  for (int ranks : {1, 2, 3, 4, 8}) {
+    CAPTURE(ranks);
+    test::sharded_backward_case<P, T> c(cu, ranks, a, Mask::mask, rng);
+    in_process_group group(ranks);
+    std::vector<int> same(static_cast<std::size_t>(ranks), 0);
+    const auto errors = on_ranks(group, [&](int r, in_process_communicator& comm) {
+      recorder rec(comm);
+      ring_attention<P, recorder, Mask> attn(rec, c.args, c.plan.cu_seqlens());
+      const ring_schedule& s = attn.schedule();
+      const ring_workspace w(s.q_tokens(), s.max_kv_tokens(), c.args, sizeof(T));
+      detail::trace_engine forward, backward;
+      detail::ring_forward_program(forward, s, w);
+      detail::ring_backward_program(backward, s, w);
+      const auto fwd = c.forward_rank(attn, r);
+      const bool forward_same = rec.log == test::seen_of(forward.messages());
+      rec.log.clear();
+      c.backward_rank(attn, r, fwd);
+      same[static_cast<std::size_t>(r)] =
+          forward_same && rec.log == test::seen_of(backward.messages());
+      messages += forward.messages().size() + backward.messages().size();
+    });
+    for (const auto& e : errors)
+      REQUIRE(message(e) == "");
+    for (int r = 0; r < ranks; ++r) {
+      CAPTURE(r);
+      CHECK(same[static_cast<std::size_t>(r)] == 1);
+    }
+  }
+  CHECK(messages > 0);
+}
+
+TEST_CASE_TEMPLATE("host ring: what every rank sends is its programs' messages, in their order "
+                   "(full, causal, causal window; P = 1, 2, 3, 4, 8)",
+                   P, contiguous, round_robin, zigzag, balanced) {
+  check_programs<P, full>({4, 2, 64, 0.0f});
+  check_programs<P, causal>({4, 2, 64, 0.0f});
+  attention_arguments windowed{4, 2, 64, 0.0f};
+  windowed.window_left = 9;
+  check_programs<P, causal_window>(windowed);
 }
 
 TEST_CASE("host ring backward: a rank that never arrives makes the others fail, naming it") {

@@ -3,6 +3,7 @@
 // oracle; bytes per step; bitwise repeatability. The same for the all-gather schedule, with GQA 1,
 // 4 and 8. (Ranks on several GPUs: test/multi_gpu.)
 #include "../support/device_ring.cuh"
+#include "../support/recording_comm.hpp"
 
 #include <ringattn/partition/balanced.cuh>
 #include <ringattn/partition/contiguous.cuh>
@@ -121,4 +122,59 @@ TEST_CASE_TEMPLATE("device ring with head_dim 192 and head_dim_v 128 equals the 
   test::check_ring_matrix<P, causal, all_gather_kv>(gqa, false);
   check_backward<P, causal, T, all_gather_kv>(gqa);
   check_backward<P, causal, __half>(gqa);
+}
+
+// The device path runs the ring's programs (ring/program.cuh) as the host path does: what each
+// rank sent on the device, forward then backward, is its programs' messages in their order, and
+// what it sent on the host path for the same call.
+template <class P, class Mask>
+void check_device_programs(attention_arguments a) {
+  const auto seed = test::fresh_seed();
+  CAPTURE(seed);
+  std::mt19937_64 rng(seed);
+  const auto cu = test::random_cu_seqlens(3, 1, 61, rng);
+  std::size_t messages = 0; // over every run: the programs are not empty
+  for (int ranks : {1, 2, 3, 4, 8}) {
+    CAPTURE(ranks);
+    test::sharded_backward_case<P, T> c(cu, ranks, a, Mask::mask, rng);
+    using recorder = test::recording_communicator<in_process_communicator>;
+    struct seen {
+      std::vector<test::sent> device, host, program;
+    };
+    const auto runs =
+        test::on_device_ranks<seen>(ranks, 1, [&](int r, in_process_communicator& comm) {
+          recorder rec(comm);
+          test::device_backward_rank<Mask>(c, r, rec, /*repeat=*/false);
+          seen s{rec.log, {}, {}};
+          rec.log.clear();
+          ring_attention<P, recorder, Mask> attn(rec, c.args, c.plan.cu_seqlens());
+          c.backward_rank(attn, r, c.forward_rank(attn, r));
+          s.host = rec.log;
+          const ring_schedule& sched = attn.schedule();
+          const ring_workspace w(sched.q_tokens(), sched.max_kv_tokens(), c.args, sizeof(T));
+          detail::trace_engine trace;
+          detail::ring_forward_program(trace, sched, w);
+          detail::ring_backward_program(trace, sched, w);
+          s.program = test::seen_of(trace.messages());
+          return s;
+        });
+    for (int r = 0; r < ranks; ++r) {
+      CAPTURE(r);
+      const seen& s = runs[static_cast<std::size_t>(r)];
+      CHECK(s.device == s.program);
+      CHECK(s.host == s.program);
+      messages += s.program.size();
+    }
+  }
+  CHECK(messages > 0);
+}
+
+TEST_CASE_TEMPLATE("device ring: what every rank sends is its programs' messages, in their order, "
+                   "as on the host path (full, causal, causal window; P = 1, 2, 3, 4, 8)",
+                   P, contiguous, round_robin, zigzag, balanced) {
+  check_device_programs<P, full>({4, 2, 64, 0.0f});
+  check_device_programs<P, causal>({4, 2, 64, 0.0f});
+  attention_arguments windowed{4, 2, 64, 0.0f};
+  windowed.window_left = 9;
+  check_device_programs<P, causal_window>(windowed);
 }

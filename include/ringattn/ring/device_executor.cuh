@@ -16,6 +16,7 @@
 #include <ringattn/kernel/backward_args.cuh>
 #include <ringattn/kernel/forward_args.cuh>
 #include <ringattn/kernel/state_ops.cuh>
+#include <ringattn/ring/program.cuh>
 #include <ringattn/ring/schedule.cuh>
 #include <ringattn/ring/workspace.cuh>
 #include <ringattn/tensor.cuh>
@@ -121,11 +122,207 @@ void copy_own_block_device(thd_view<const T> k, thd_view<const T> v, const Block
   }
 }
 
-// Step t: `stream` computes Q against slot t % 2 while `comm` sends that slot on and receives
-// block t + 1 into the other one. Events order the two streams:
-//   compute(t)   waits recv_done[t % 2]         (block t has arrived)
-//   receive(t+1) waits compute_done[(t+1) % 2]  (the compute of step t - 1 has read that slot)
-// Each step's epilogue was decided with the schedule (ring_schedule::forward_epilogue).
+//! The device engine of the ring's programs (ring/program.cuh), forward: the computes on
+//! `stream`, the messages on the communication stream, ordered by events per slot:
+//!   the compute of a step waits `recv_done[slot]`    (its block has arrived);
+//!   a message into a slot waits `compute_done[slot]` (the step before last has read it).
+//! Each step's epilogue was decided with the schedule (`ring_schedule::forward_epilogue`).
+template <class BlockKernel, class Communicator, class T>
+class device_forward_engine {
+public:
+  device_forward_engine(Communicator& comm, const ring_schedule& s,
+                        ring_device_resources<BlockKernel>& d, const ring_workspace& ws,
+                        std::byte* workspace, const attention_arguments& args, thd_view<const T> q,
+                        thd_view<const T> k, thd_view<const T> v, thd_view<T> out, float* lse,
+                        float* max_logit, cudaStream_t stream)
+      : comm_(comm), s_(s), d_(d), ws_(ws), base_(workspace), args_(args), q_(q), k_(k), v_(v),
+        out_(out), lse_(lse), state_(ws.state(workspace, lse, max_logit)),
+        scratch_(workspace + ring_workspace::align(ws.forward_bytes())), dense_(out.dense()),
+        stream_(stream) {}
+
+  //! One step, the own block, covering every row: the kernel writes `out` and `lse` directly (no
+  //! state, no copy of K/V).
+  bool forward_direct() {
+    if (s_.forward_epilogue(0, dense_) != step_epilogue::plain) return false;
+    BlockKernel::device_forward(step_epilogue::plain, {q_, k_, v_, args_, state_, scratch_},
+                                d_.forward[0], out_, lse_, stream_);
+    return true;
+  }
+  void start_forward() {
+    if (s_.needs_reset()) reset(state_, stream_);
+    copy_own_block_device(k_, v_, ws_.kv_slot_views<T>(base_, 0, s_.q_tokens()), stream_);
+    RINGATTN_CUDA_CHECK(cudaEventRecord(d_.own_ready, stream_));
+    RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(d_.comm, d_.own_ready, 0));
+  }
+  void forward(const ring_step& step, int slot) {
+    const int t = step.index;
+    nvtx_range range("step", t, s_.rank());
+    const auto b = ws_.kv_slot_views<T>(base_, slot, step.kv_tokens);
+    if (t > 0) RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream_, d_.recv_done[slot], 0));
+    const step_epilogue e = s_.forward_epilogue(t, dense_);
+    if (e != step_epilogue::none)
+      BlockKernel::device_forward(
+          e, {q_, thd_view<const T>(b.k), thd_view<const T>(b.v), args_, state_, scratch_},
+          d_.forward[static_cast<std::size_t>(t)], out_, lse_, stream_);
+    RINGATTN_CUDA_CHECK(cudaEventRecord(d_.compute_done[slot], stream_));
+  }
+  void exchange(const message& m) {
+    // Never recorded before the first message of the first call: waiting on it is then a no-op.
+    RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(d_.comm, d_.compute_done[m.recv_slot], 0));
+    comm_.exchange_async(ws_.kv_slot_views<T>(base_, m.send_slot, m.send_tokens).k.data,
+                         m.send_bytes, m.to,
+                         ws_.kv_slot_views<T>(base_, m.recv_slot, m.recv_tokens).k.data,
+                         m.recv_bytes, m.from, m.tag, d_.comm);
+    RINGATTN_CUDA_CHECK(cudaEventRecord(d_.recv_done[m.recv_slot], d_.comm));
+  }
+  void finish_forward() {
+    if (s_.needs_finalize(dense_)) finalize(state_, out_, stream_);
+    // Everything on the communication stream is done before later work on `stream` (a next call
+    // reuses the slots).
+    RINGATTN_CUDA_CHECK(cudaEventRecord(d_.comm_end, d_.comm));
+    RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream_, d_.comm_end, 0));
+  }
+
+private:
+  Communicator& comm_;
+  const ring_schedule& s_;
+  ring_device_resources<BlockKernel>& d_;
+  const ring_workspace& ws_;
+  std::byte* base_;
+  const attention_arguments& args_;
+  thd_view<const T> q_, k_, v_;
+  thd_view<T> out_;
+  float* lse_;
+  attention_state state_;
+  std::byte* scratch_;
+  bool dense_;
+  cudaStream_t stream_;
+};
+
+//! The device engine of the ring's programs, backward. Per slot, besides the forward's events:
+//!   a step's sum waits `grads_recv[slot]` (the block's sum has arrived) before its share is
+//!   added, then records `grads_ready[slot]`;
+//!   a sum or a home message waits `grads_ready` of the slot it sends.
+template <class BlockKernel, class Communicator, class T>
+class device_backward_engine {
+public:
+  device_backward_engine(Communicator& comm, const ring_schedule& s,
+                         ring_device_resources<BlockKernel>& d, const ring_workspace& ws,
+                         std::byte* workspace, const attention_arguments& args, thd_view<const T> q,
+                         thd_view<const T> k, thd_view<const T> v, thd_view<const T> out,
+                         const float* lse, thd_view<const T> dout, thd_view<T> dq, thd_view<T> dk,
+                         thd_view<T> dv, cudaStream_t stream)
+      : comm_(comm), s_(s), d_(d), ws_(ws), base_(workspace), args_(args), q_(q), k_(k), v_(v),
+        out_(out), dout_(dout), lse_(lse), dq_(dq), dk_(dk), dv_(dv),
+        scratch_(workspace + ring_workspace::align(ws.device_backward_bytes())),
+        dq_acc_(ws.dq(workspace)), delta_(ws.delta(workspace)), local_(ws.share(workspace)),
+        stream_(stream) {}
+
+  //! One block: a model that can write dq, dk and dv directly does (no D, no fp32 sums).
+  bool backward_direct() {
+    if constexpr (whole_block_backward_for<BlockKernel, cudaStream_t>) {
+      return s_.ranks() == 1 && !d_.backward.empty() &&
+             BlockKernel::device_backward_whole(
+                 block_backward_args<T>{
+                     q_, k_, v_, dout_, lse_, nullptr, args_, {}, out_, scratch_},
+                 d_.backward[0], dq_, dk_, dv_, stream_);
+    } else {
+      return false;
+    }
+  }
+  void start_backward() {
+    const std::int64_t n = s_.q_tokens();
+    compute_delta<T>(out_, dout_, delta_, stream_);
+    if (n > 0) {
+      RINGATTN_CUDA_CHECK(cudaMemsetAsync(
+          dq_acc_, 0, sizeof(float) * static_cast<std::size_t>(n) * args_.q_heads * args_.qk_dim(),
+          stream_));
+      const auto own = ws_.grad_slot_views<T>(base_, 0, n);
+      copy_own_block_device(k_, v_, own, stream_);
+      RINGATTN_CUDA_CHECK(cudaMemsetAsync(own.dk, 0, ws_.grad_bytes(n), stream_));
+    }
+    RINGATTN_CUDA_CHECK(cudaEventRecord(d_.own_ready, stream_));
+    RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(d_.comm, d_.own_ready, 0));
+  }
+  void backward(const ring_step& step, int slot) {
+    const int t = step.index;
+    nvtx_range range("backward step", t, s_.rank());
+    const std::int64_t nk = step.kv_tokens;
+    const auto b = ws_.grad_slot_views<T>(base_, slot, nk);
+    if (t > 0) RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream_, d_.recv_done[slot], 0));
+    float* share = t == 0 ? b.dk : local_;
+    if (t > 0 && nk > 0)
+      RINGATTN_CUDA_CHECK(cudaMemsetAsync(local_, 0, ws_.grad_bytes(nk), stream_));
+    if (!step.groups.empty())
+      BlockKernel::device_backward(
+          block_backward_args<T>{q_,
+                                 thd_view<const T>(b.k),
+                                 thd_view<const T>(b.v),
+                                 dout_,
+                                 lse_,
+                                 delta_,
+                                 args_,
+                                 {dq_acc_, share, share + ws_.k_elements(nk)},
+                                 out_,
+                                 scratch_},
+          d_.backward[static_cast<std::size_t>(t)], stream_);
+    RINGATTN_CUDA_CHECK(cudaEventRecord(d_.compute_done[slot], stream_));
+    if (t > 0) {
+      RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream_, d_.grads_recv[slot], 0));
+      accumulate(b.dk, local_, static_cast<std::int64_t>(ws_.kv_elements(nk)), stream_);
+    }
+    RINGATTN_CUDA_CHECK(cudaEventRecord(d_.grads_ready[slot], stream_));
+  }
+  void exchange(const message& m) {
+    const auto from = ws_.grad_slot_views<T>(base_, m.send_slot, m.send_tokens);
+    if (m.what == payload::kv) {
+      // The receiving slot's K/V were last read by the compute of the step before last.
+      RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(d_.comm, d_.compute_done[m.recv_slot], 0));
+      comm_.exchange_async(from.k.data, m.send_bytes, m.to,
+                           ws_.grad_slot_views<T>(base_, m.recv_slot, m.recv_tokens).k.data,
+                           m.recv_bytes, m.from, m.tag, d_.comm);
+      RINGATTN_CUDA_CHECK(cudaEventRecord(d_.recv_done[m.recv_slot], d_.comm));
+      return;
+    }
+    float* into = m.what == payload::home
+                      ? home_sums(m.recv_slot)
+                      : ws_.grad_slot_views<T>(base_, m.recv_slot, m.recv_tokens).dk;
+    RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(d_.comm, d_.grads_ready[m.send_slot], 0));
+    comm_.exchange_async(from.dk, m.send_bytes, m.to, into, m.recv_bytes, m.from, m.tag, d_.comm);
+    RINGATTN_CUDA_CHECK(cudaEventRecord(d_.grads_recv[m.recv_slot], d_.comm));
+    if (m.what == payload::home)
+      RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream_, d_.grads_recv[m.recv_slot], 0));
+  }
+  void finish_backward(int home) {
+    const std::int64_t n = s_.q_tokens();
+    const float* own = home < 0 ? ws_.grad_slot_views<T>(base_, 0, n).dk : home_sums(home);
+    write_gradient<T>(dq_acc_, dq_, stream_);
+    write_gradient<T>(own, dk_, stream_);
+    write_gradient<T>(own + ws_.k_elements(n), dv_, stream_);
+    RINGATTN_CUDA_CHECK(cudaEventRecord(d_.comm_end, d_.comm));
+    RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream_, d_.comm_end, 0));
+  }
+
+private:
+  // This rank's own sums come home into the K/V area of the other slot.
+  float* home_sums(int slot) const {
+    return reinterpret_cast<float*>(ws_.grad_slot_views<T>(base_, slot, 0).k.data);
+  }
+
+  Communicator& comm_;
+  const ring_schedule& s_;
+  ring_device_resources<BlockKernel>& d_;
+  const ring_workspace& ws_;
+  std::byte* base_;
+  const attention_arguments& args_;
+  thd_view<const T> q_, k_, v_, out_, dout_;
+  const float* lse_;
+  thd_view<T> dq_, dk_, dv_;
+  std::byte* scratch_;
+  float *dq_acc_, *delta_, *local_;
+  cudaStream_t stream_;
+};
+
 template <class BlockKernel, class Communicator, class T>
 void device_ring_forward(Communicator& comm, const ring_schedule& s,
                          ring_device_resources<BlockKernel>& d, const attention_arguments& args,
@@ -133,58 +330,11 @@ void device_ring_forward(Communicator& comm, const ring_schedule& s,
                          thd_view<T> out, float* lse, float* max_logit, std::byte* workspace,
                          cudaStream_t stream) {
   const ring_workspace ws(s.q_tokens(), s.max_kv_tokens(), args, sizeof(T));
-  const attention_state state = ws.state(workspace, lse, max_logit);
-  std::byte* scratch = workspace + ring_workspace::align(ws.forward_bytes());
-  const bool dense = out.dense();
-  if (s.forward_epilogue(0, dense) == step_epilogue::plain) {
-    // One step, the own block, covering every row: the kernel writes `out` and `lse` directly (no
-    // state, no copy of K/V).
-    BlockKernel::device_forward(step_epilogue::plain, {q, k, v, args, state, scratch}, d.forward[0],
-                                out, lse, stream);
-    return;
-  }
-  if (s.needs_reset()) reset(state, stream);
-  copy_own_block_device(k, v, ws.kv_slot_views<T>(workspace, 0, s.q_tokens()), stream);
-  RINGATTN_CUDA_CHECK(cudaEventRecord(d.own_ready, stream));
-  RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(d.comm, d.own_ready, 0));
-  for (const ring_step& step : s.steps()) {
-    const int t = step.index;
-    nvtx_range range("step", t, s.rank());
-    const auto b = ws.kv_slot_views<T>(workspace, t % 2, step.kv_tokens);
-    if (t > 0) RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream, d.recv_done[t % 2], 0));
-    const step_epilogue e = s.forward_epilogue(t, dense);
-    if (e != step_epilogue::none)
-      BlockKernel::device_forward(
-          e, {q, thd_view<const T>(b.k), thd_view<const T>(b.v), args, state, scratch},
-          d.forward[static_cast<std::size_t>(t)], out, lse, stream);
-    RINGATTN_CUDA_CHECK(cudaEventRecord(d.compute_done[t % 2], stream));
-    if (const ring_step* next = s.next(t)) {
-      // Never recorded yet at t = 0: waiting on it is then a no-op.
-      RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(d.comm, d.compute_done[(t + 1) % 2], 0));
-      // A block no later rank sees goes no further (its receiver expects nothing).
-      comm.exchange_async(
-          b.k.data, step.forwarded ? ws.block_bytes(step.kv_tokens) : 0, s.send_to(),
-          ws.kv_slot_views<T>(workspace, (t + 1) % 2, next->kv_tokens).k.data,
-          next->arrives ? ws.block_bytes(next->kv_tokens) : 0, s.receive_from(), t, d.comm);
-      RINGATTN_CUDA_CHECK(cudaEventRecord(d.recv_done[(t + 1) % 2], d.comm));
-    }
-  }
-  if (s.needs_finalize(dense)) finalize(state, out, stream);
-  // Everything on the communication stream is done before later work on `stream` (a next call
-  // reuses the slots).
-  RINGATTN_CUDA_CHECK(cudaEventRecord(d.comm_end, d.comm));
-  RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream, d.comm_end, 0));
+  device_forward_engine<BlockKernel, Communicator, T> e(comm, s, d, ws, workspace, args, q, k, v,
+                                                        out, lse, max_logit, stream);
+  ring_forward_program(e, s, ws);
 }
 
-// The backward: the host executor's steps with the block backward on `stream` and the exchanges
-// on the communication stream, in two parts per step so that both overlap the compute:
-//   K/V of block t go on to rank + 1 as soon as the compute of step t - 1 is done (as in the
-//   forward), and arrive for step t + 1 while step t computes;
-//   step t's share of dK/dV goes into a local fp32 buffer (step 0: straight into the own
-//   block's accumulators), which is added to block t's arriving accumulators once they are there
-//   (sent by rank - 1 at the end of its step t - 1, in flight during this compute); the sum then
-//   goes on to rank + 1, in flight during step t + 1.
-// After the last step the complete dK/dV of the block held (rank + 1's after P steps) go home.
 template <class BlockKernel, class Communicator, class T>
 void device_ring_backward(Communicator& comm, const ring_schedule& s,
                           ring_device_resources<BlockKernel>& d, const attention_arguments& args,
@@ -193,95 +343,9 @@ void device_ring_backward(Communicator& comm, const ring_schedule& s,
                           thd_view<T> dq, thd_view<T> dk, thd_view<T> dv, std::byte* workspace,
                           cudaStream_t stream) {
   const ring_workspace ws(s.q_tokens(), s.max_kv_tokens(), args, sizeof(T));
-  const int p = s.ranks();
-  const std::int64_t n = s.q_tokens();
-  const int dim = args.qk_dim(), qh = args.q_heads;
-  std::byte* scratch = workspace + ring_workspace::align(ws.device_backward_bytes());
-  if constexpr (whole_block_backward_for<BlockKernel, cudaStream_t>) {
-    // One block: a model that can write dq, dk and dv directly does (no D, no fp32 sums).
-    if (p == 1 && !d.backward.empty() &&
-        BlockKernel::device_backward_whole(
-            block_backward_args<T>{q, k, v, dout, lse, nullptr, args, {}, out, scratch},
-            d.backward[0], dq, dk, dv, stream))
-      return;
-  }
-  float* dq_acc = ws.dq(workspace);
-  float* delta = ws.delta(workspace);
-  float* local = ws.share(workspace);
-  compute_delta<T>(out, dout, delta, stream);
-  if (n > 0) {
-    RINGATTN_CUDA_CHECK(
-        cudaMemsetAsync(dq_acc, 0, sizeof(float) * static_cast<std::size_t>(n) * qh * dim, stream));
-    const auto own = ws.grad_slot_views<T>(workspace, 0, n);
-    copy_own_block_device(k, v, own, stream);
-    RINGATTN_CUDA_CHECK(cudaMemsetAsync(own.dk, 0, ws.grad_bytes(n), stream));
-  }
-  RINGATTN_CUDA_CHECK(cudaEventRecord(d.own_ready, stream));
-  RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(d.comm, d.own_ready, 0));
-  for (const ring_step& step : s.steps()) {
-    const int t = step.index;
-    nvtx_range range("backward step", t, s.rank());
-    const std::int64_t nk = step.kv_tokens;
-    const auto b = ws.grad_slot_views<T>(workspace, t % 2, nk);
-    const ring_step* next = s.next(t);
-    if (t > 0) RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream, d.recv_done[t % 2], 0));
-    if (next) {
-      // K/V on; the other slot's K/V were last read by the compute of step t - 1.
-      RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(d.comm, d.compute_done[(t + 1) % 2], 0));
-      comm.exchange_async(b.k.data, ws.block_bytes(nk), s.send_to(),
-                          ws.grad_slot_views<T>(workspace, (t + 1) % 2, next->kv_tokens).k.data,
-                          ws.block_bytes(next->kv_tokens), s.receive_from(), t, d.comm);
-      RINGATTN_CUDA_CHECK(cudaEventRecord(d.recv_done[(t + 1) % 2], d.comm));
-    }
-    float* share = t == 0 ? b.dk : local;
-    if (t > 0 && nk > 0) RINGATTN_CUDA_CHECK(cudaMemsetAsync(local, 0, ws.grad_bytes(nk), stream));
-    if (!step.groups.empty())
-      BlockKernel::device_backward(
-          block_backward_args<T>{q,
-                                 thd_view<const T>(b.k),
-                                 thd_view<const T>(b.v),
-                                 dout,
-                                 lse,
-                                 delta,
-                                 args,
-                                 {dq_acc, share, share + ws.k_elements(nk)},
-                                 out,
-                                 scratch},
-          d.backward[static_cast<std::size_t>(t)], stream);
-    RINGATTN_CUDA_CHECK(cudaEventRecord(d.compute_done[t % 2], stream));
-    if (t > 0) {
-      RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream, d.grads_recv[t % 2], 0));
-      accumulate(b.dk, local, static_cast<std::int64_t>(ws.kv_elements(nk)), stream);
-    }
-    RINGATTN_CUDA_CHECK(cudaEventRecord(d.grads_ready[t % 2], stream));
-    if (next) {
-      RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(d.comm, d.grads_ready[t % 2], 0));
-      comm.exchange_async(b.dk, ws.grad_bytes(nk), s.send_to(),
-                          ws.grad_slot_views<T>(workspace, (t + 1) % 2, next->kv_tokens).dk,
-                          ws.grad_bytes(next->kv_tokens), s.receive_from(), t, d.comm);
-      RINGATTN_CUDA_CHECK(cudaEventRecord(d.grads_recv[(t + 1) % 2], d.comm));
-    }
-  }
-  const float* own_dk = ws.grad_slot_views<T>(workspace, 0, n).dk;
-  if (const int last = s.step_count() - 1; last > 0) {
-    // The block held last (rank + 1's after P steps), complete: its dK/dV go home, and this
-    // rank's own come back from the rank holding them.
-    const ring_step& held = s.step(last);
-    const auto b = ws.grad_slot_views<T>(workspace, last % 2, held.kv_tokens);
-    float* home =
-        reinterpret_cast<float*>(ws.grad_slot_views<T>(workspace, (last + 1) % 2, 0).k.data);
-    RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(d.comm, d.grads_ready[last % 2], 0));
-    comm.exchange_async(b.dk, ws.grad_bytes(held.kv_tokens), held.source, home, ws.grad_bytes(n),
-                        s.holder_of_own(), last + 1, d.comm);
-    RINGATTN_CUDA_CHECK(cudaEventRecord(d.grads_recv[(last + 1) % 2], d.comm));
-    RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream, d.grads_recv[(last + 1) % 2], 0));
-    own_dk = home;
-  }
-  write_gradient<T>(dq_acc, dq, stream);
-  write_gradient<T>(own_dk, dk, stream);
-  write_gradient<T>(own_dk + ws.k_elements(n), dv, stream);
-  RINGATTN_CUDA_CHECK(cudaEventRecord(d.comm_end, d.comm));
-  RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream, d.comm_end, 0));
+  device_backward_engine<BlockKernel, Communicator, T> e(comm, s, d, ws, workspace, args, q, k, v,
+                                                         out, lse, dout, dq, dk, dv, stream);
+  ring_backward_program(e, s, ws);
 }
 #endif // __CUDACC__
 

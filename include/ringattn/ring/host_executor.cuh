@@ -8,6 +8,7 @@
 #include <ringattn/detail/nvtx.cuh>
 #include <ringattn/kernel/host_backward.cuh>
 #include <ringattn/kernel/host_forward.cuh>
+#include <ringattn/ring/program.cuh>
 #include <ringattn/ring/schedule.cuh>
 #include <ringattn/ring/workspace.cuh>
 #include <ringattn/tensor.cuh>
@@ -47,36 +48,139 @@ void write_host_gradients(const float* dq_acc, const float* dk_acc, const float*
   }
 }
 
+//! The host engine of the ring's programs (ring/program.cuh), forward: host memory, blocking
+//! exchanges, the BlockKernel's host block merged into the fp32 state.
+template <class BlockKernel, class Communicator, element T>
+class host_forward_engine {
+public:
+  host_forward_engine(Communicator& comm, const ring_workspace& ws, std::byte* base, int rank,
+                      const attention_arguments& args, thd_view<const T> q, thd_view<const T> k,
+                      thd_view<const T> v, thd_view<T> out, float* lse, float* max_logit)
+      : comm_(comm), ws_(ws), base_(base), rank_(rank), args_(args), q_(q), k_(k), v_(v), out_(out),
+        state_(ws.state(base, lse, max_logit)) {}
+
+  bool forward_direct() const noexcept { return false; }
+  void start_forward() {
+    reset(state_);
+    copy_own_block_host(k_, v_, ws_.kv_slot_views<T>(base_, 0, k_.tokens));
+  }
+  void forward(const ring_step& step, int slot) {
+    nvtx_range range("step", step.index, rank_);
+    const auto b = ws_.kv_slot_views<T>(base_, slot, step.kv_tokens);
+    if (!step.groups.empty())
+      BlockKernel::host_forward(
+          block_forward_args<T>{q_, thd_view<const T>(b.k), thd_view<const T>(b.v), args_, state_},
+          step.groups);
+  }
+  void exchange(const message& m) {
+    comm_.exchange(ws_.kv_slot_views<T>(base_, m.send_slot, m.send_tokens).k.data, m.send_bytes,
+                   m.to, ws_.kv_slot_views<T>(base_, m.recv_slot, m.recv_tokens).k.data,
+                   m.recv_bytes, m.from, m.tag);
+  }
+  void finish_forward() { finalize(state_, out_); }
+
+private:
+  Communicator& comm_;
+  const ring_workspace& ws_;
+  std::byte* base_;
+  int rank_;
+  const attention_arguments& args_;
+  thd_view<const T> q_, k_, v_;
+  thd_view<T> out_;
+  attention_state state_;
+};
+
+//! The host engine of the ring's programs, backward: a step's dK/dV share computed apart (step
+//! 0: straight into the own block's sums) and added to the block's sum, as on the device.
+template <class BlockKernel, class Communicator, element T>
+class host_backward_engine {
+public:
+  host_backward_engine(Communicator& comm, const ring_workspace& ws, std::byte* base, int rank,
+                       const attention_arguments& args, thd_view<const T> q, thd_view<const T> k,
+                       thd_view<const T> v, thd_view<const T> out, const float* lse,
+                       thd_view<const T> dout, thd_view<T> dq, thd_view<T> dk, thd_view<T> dv)
+      : comm_(comm), ws_(ws), base_(base), rank_(rank), args_(args), q_(q), k_(k), v_(v), out_(out),
+        dout_(dout), lse_(lse), dq_(dq), dk_(dk), dv_(dv), dq_acc_(ws.dq(base)),
+        delta_(ws.delta(base)), local_(ws.share(base)) {}
+
+  bool backward_direct() const noexcept { return false; }
+  void start_backward() {
+    const std::int64_t n = q_.tokens;
+    compute_delta(out_, dout_, delta_);
+    std::fill(dq_acc_, dq_acc_ + n * args_.q_heads * args_.qk_dim(), 0.0f);
+    const auto own = ws_.grad_slot_views<T>(base_, 0, n);
+    copy_own_block_host(k_, v_, own);
+    std::fill(own.dk, own.dk + ws_.kv_elements(n), 0.0f); // dk, then dv
+  }
+  void backward(const ring_step& step, int slot) {
+    const int t = step.index;
+    nvtx_range range("backward step", t, rank_);
+    const std::int64_t nk = step.kv_tokens;
+    const auto b = ws_.grad_slot_views<T>(base_, slot, nk);
+    float* share = t == 0 ? b.dk : local_;
+    const std::size_t elements = ws_.kv_elements(nk);
+    if (t > 0) std::fill(local_, local_ + elements, 0.0f);
+    if (!step.groups.empty())
+      BlockKernel::host_backward(
+          block_backward_args<T>{q_,
+                                 thd_view<const T>(b.k),
+                                 thd_view<const T>(b.v),
+                                 dout_,
+                                 lse_,
+                                 delta_,
+                                 args_,
+                                 {dq_acc_, share, share + ws_.k_elements(nk)}},
+          step.groups);
+    if (t > 0)
+      for (std::size_t i = 0; i < elements; ++i)
+        b.dk[i] += local_[i];
+  }
+  void exchange(const message& m) {
+    comm_.exchange(source(m), m.send_bytes, m.to, target(m), m.recv_bytes, m.from, m.tag);
+  }
+  void finish_backward(int home) {
+    const float* own = home < 0 ? ws_.grad_slot_views<T>(base_, 0, q_.tokens).dk : home_sums(home);
+    write_host_gradients(dq_acc_, own, own + ws_.k_elements(q_.tokens), dq_, dk_, dv_);
+  }
+
+private:
+  // A message's buffers: a slot's K/V, or its fp32 dK/dV; this rank's own sums come home into
+  // the K/V area of the other slot.
+  const void* source(const message& m) const {
+    const auto b = ws_.grad_slot_views<T>(base_, m.send_slot, m.send_tokens);
+    return m.what == payload::kv ? static_cast<const void*>(b.k.data) : b.dk;
+  }
+  void* target(const message& m) const {
+    if (m.what == payload::home) return home_sums(m.recv_slot);
+    const auto b = ws_.grad_slot_views<T>(base_, m.recv_slot, m.recv_tokens);
+    return m.what == payload::kv ? static_cast<void*>(b.k.data) : b.dk;
+  }
+  float* home_sums(int slot) const {
+    return reinterpret_cast<float*>(ws_.grad_slot_views<T>(base_, slot, 0).k.data);
+  }
+
+  Communicator& comm_;
+  const ring_workspace& ws_;
+  std::byte* base_;
+  int rank_;
+  const attention_arguments& args_;
+  thd_view<const T> q_, k_, v_, out_, dout_;
+  const float* lse_;
+  thd_view<T> dq_, dk_, dv_;
+  float *dq_acc_, *delta_, *local_;
+};
+
 template <class BlockKernel, class Communicator, element T>
 void host_ring_forward(Communicator& comm, const ring_schedule& s, const attention_arguments& args,
                        thd_view<const T> q, thd_view<const T> k, thd_view<const T> v,
                        thd_view<T> out, float* lse, float* max_logit,
                        std::span<std::byte> workspace) {
   const ring_workspace ws(s.q_tokens(), s.max_kv_tokens(), args, sizeof(T));
-  std::byte* base = workspace.data();
-  const attention_state state = ws.state(base, lse, max_logit);
-  reset(state);
-  copy_own_block_host(k, v, ws.kv_slot_views<T>(base, 0, s.q_tokens()));
-  for (const ring_step& step : s.steps()) {
-    nvtx_range range("step", step.index, s.rank());
-    const auto b = ws.kv_slot_views<T>(base, step.index % 2, step.kv_tokens);
-    if (!step.groups.empty())
-      BlockKernel::host_forward(
-          block_forward_args<T>{q, thd_view<const T>(b.k), thd_view<const T>(b.v), args, state},
-          step.groups);
-    // A block no later rank sees goes no further (its receiver expects nothing).
-    if (const ring_step* next = s.next(step.index))
-      comm.exchange(b.k.data, step.forwarded ? ws.block_bytes(step.kv_tokens) : 0, s.send_to(),
-                    ws.kv_slot_views<T>(base, next->index % 2, next->kv_tokens).k.data,
-                    next->arrives ? ws.block_bytes(next->kv_tokens) : 0, s.receive_from(),
-                    step.index);
-  }
-  finalize(state, out);
+  host_forward_engine<BlockKernel, Communicator, T> e(comm, ws, workspace.data(), s.rank(), args, q,
+                                                      k, v, out, lse, max_logit);
+  ring_forward_program(e, s, ws);
 }
 
-// Step t: this rank adds Q's share against block source(t) (carried with its dK/dV) and passes the
-// block on; after the last step (P - 1, or fewer under a short window) it holds a complete block
-// and sends that block's dK/dV home while receiving its own ("step P").
 template <class BlockKernel, class Communicator, element T>
 void host_ring_backward(Communicator& comm, const ring_schedule& s, const attention_arguments& args,
                         thd_view<const T> q, thd_view<const T> k, thd_view<const T> v,
@@ -84,67 +188,9 @@ void host_ring_backward(Communicator& comm, const ring_schedule& s, const attent
                         thd_view<T> dq, thd_view<T> dk, thd_view<T> dv,
                         std::span<std::byte> workspace) {
   const ring_workspace ws(s.q_tokens(), s.max_kv_tokens(), args, sizeof(T));
-  const std::int64_t n = s.q_tokens();
-  const int steps = s.step_count(), d = args.qk_dim(), qh = args.q_heads;
-  std::byte* base = workspace.data();
-  float* dq_acc = ws.dq(base);
-  float* delta = ws.delta(base);
-  compute_delta(out, dout, delta);
-  std::fill(dq_acc, dq_acc + n * qh * d, 0.0f);
-  {
-    const auto own = ws.grad_slot_views<T>(base, 0, n);
-    copy_own_block_host(k, v, own);
-    std::fill(own.dk, own.dk + ws.kv_elements(n), 0.0f); // dk, then dv
-  }
-  // The device ring's messages in its order (ring/device_executor.cuh), each exchange blocking:
-  // block t's K/V go on before its compute; its share of dK/dV is computed into `local` (step 0:
-  // straight into the own block's accumulators) and added to block t's accumulators, which came
-  // from rank - 1 in step t - 1's second exchange; the sum goes on to rank + 1 while block
-  // t + 1's accumulators arrive.
-  float* local = ws.share(base);
-  for (const ring_step& step : s.steps()) {
-    const int t = step.index;
-    nvtx_range range("backward step", t, s.rank());
-    const std::int64_t nk = step.kv_tokens;
-    const auto b = ws.grad_slot_views<T>(base, t % 2, nk);
-    const ring_step* next = s.next(t);
-    if (next)
-      comm.exchange(b.k.data, ws.block_bytes(nk), s.send_to(),
-                    ws.grad_slot_views<T>(base, (t + 1) % 2, next->kv_tokens).k.data,
-                    ws.block_bytes(next->kv_tokens), s.receive_from(), t);
-    float* share = t == 0 ? b.dk : local;
-    const std::size_t elements = ws.kv_elements(nk);
-    if (t > 0) std::fill(local, local + elements, 0.0f);
-    if (!step.groups.empty())
-      BlockKernel::host_backward(block_backward_args<T>{q,
-                                                        thd_view<const T>(b.k),
-                                                        thd_view<const T>(b.v),
-                                                        dout,
-                                                        lse,
-                                                        delta,
-                                                        args,
-                                                        {dq_acc, share, share + ws.k_elements(nk)}},
-                                 step.groups);
-    if (t > 0)
-      for (std::size_t i = 0; i < elements; ++i)
-        b.dk[i] += local[i];
-    if (next)
-      comm.exchange(b.dk, ws.grad_bytes(nk), s.send_to(),
-                    ws.grad_slot_views<T>(base, (t + 1) % 2, next->kv_tokens).dk,
-                    ws.grad_bytes(next->kv_tokens), s.receive_from(), t);
-  }
-  const float* own_dk = ws.grad_slot_views<T>(base, 0, n).dk;
-  if (steps > 1) {
-    // The block held last (rank + 1's after P steps), complete: its dK/dV go home, and this
-    // rank's own come back from the rank holding them.
-    const ring_step& held = s.step(steps - 1);
-    const auto b = ws.grad_slot_views<T>(base, (steps - 1) % 2, held.kv_tokens);
-    float* home = reinterpret_cast<float*>(ws.grad_slot_views<T>(base, steps % 2, 0).k.data);
-    comm.exchange(b.dk, ws.grad_bytes(held.kv_tokens), held.source, home, ws.grad_bytes(n),
-                  s.holder_of_own(), steps);
-    own_dk = home;
-  }
-  write_host_gradients(dq_acc, own_dk, own_dk + ws.k_elements(n), dq, dk, dv);
+  host_backward_engine<BlockKernel, Communicator, T> e(comm, ws, workspace.data(), s.rank(), args,
+                                                       q, k, v, out, lse, dout, dq, dk, dv);
+  ring_backward_program(e, s, ws);
 }
 
 } // namespace ringattn::detail

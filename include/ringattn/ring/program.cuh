@@ -1,0 +1,126 @@
+#pragma once
+//! \file
+//! A schedule's work as one program per direction, run by an engine. The program decides every
+//! message (what travels, how many bytes, to and from whom, with which tag) and the order of the
+//! computes and the messages; an engine carries them out on its memory:
+//!
+//! - `host_engine` (ring/host_engine.cuh): host memory, each message a blocking exchange, the
+//!   BlockKernel's host block (in-process threads, MPI processes; CI);
+//! - `device_engine` (ring/device_engine.cuh): device memory, the computes on the call's stream
+//!   and the messages on the communication stream, ordered by events, so that the exchange of
+//!   step t + 1 runs beside the compute of step t;
+//! - `trace_engine` (here): records the messages and does nothing else (the tests compare it with
+//!   what a communicator saw).
+//!
+//! Both engines run the same program, so the host path sends what the device path sends, in the
+//! same order: CI checks the GPU's protocol.
+//!
+//! The vocabulary an engine provides (a `step` is a `ring_step` of the schedule, a `slot` a block
+//! buffer of the workspace):
+//! - forward: `start_forward()`, `forward(step, slot)`, `finish_forward()`, and `forward_direct()`
+//!   (true where the engine computed the call in one block call, with nothing to exchange);
+//! - backward: `start_backward()`, `backward(step, slot)`, `finish_backward(home)` (`home`: the
+//!   slot this rank's own dK/dV came back into, or -1: they stayed in slot 0), and
+//!   `backward_direct()`;
+//! - both: `exchange(message)`.
+
+#include <ringattn/ring/schedule.cuh>
+#include <ringattn/ring/workspace.cuh>
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace ringattn::detail {
+
+//! What a message carries: a block's K/V, a block's fp32 dK/dV sum on its way round, or a
+//! complete block's dK/dV going home to its owner.
+enum class payload { kv, grad, home };
+
+inline const char* to_string(payload p) {
+  return p == payload::kv ? "kv" : p == payload::grad ? "grad" : "home";
+}
+
+//! One exchange: `send_bytes` of slot `send_slot` to rank `to`, and `recv_bytes` into slot
+//! `recv_slot` from rank `from`, numbered `tag`. A side of zero bytes sends or receives nothing.
+struct message {
+  payload what = payload::kv;
+  int send_slot = 0, recv_slot = 0;
+  std::int64_t send_tokens = 0, recv_tokens = 0; //!< rows of the blocks in those slots
+  std::size_t send_bytes = 0, recv_bytes = 0;
+  int to = 0, from = 0;
+  std::int64_t tag = 0;
+  friend bool operator==(const message&, const message&) = default;
+};
+
+//! The ring forward: step t computes the block in slot t % 2, then passes it on to rank + 1 while
+//! the next one arrives from rank - 1 into the other slot. A block no later rank sees goes no
+//! further, and its receiver expects nothing (`ring_step::forwarded`, `ring_step::arrives`).
+template <class Engine>
+void ring_forward_program(Engine& e, const ring_schedule& s, const ring_workspace& ws) {
+  if (e.forward_direct()) return;
+  e.start_forward();
+  for (const ring_step& step : s.steps()) {
+    const int t = step.index;
+    e.forward(step, t % 2);
+    if (const ring_step* next = s.next(t))
+      e.exchange(message{payload::kv, t % 2, (t + 1) % 2, step.kv_tokens, next->kv_tokens,
+                         step.forwarded ? ws.block_bytes(step.kv_tokens) : 0,
+                         next->arrives ? ws.block_bytes(next->kv_tokens) : 0, s.send_to(),
+                         s.receive_from(), t});
+  }
+  e.finish_forward();
+}
+
+//! The ring backward: step t's K/V go on before its compute (they arrive for step t + 1 while
+//! step t computes); its share of dK/dV is added to the block's sum, which came from rank - 1
+//! in step t - 1's second message, and the sum goes on to rank + 1. After the last step the
+//! complete dK/dV of the block held (rank + 1's after P steps) go home while this rank's own come
+//! back ("step P"). Every block travels the whole ring.
+template <class Engine>
+void ring_backward_program(Engine& e, const ring_schedule& s, const ring_workspace& ws) {
+  if (e.backward_direct()) return;
+  e.start_backward();
+  for (const ring_step& step : s.steps()) {
+    const int t = step.index;
+    const ring_step* next = s.next(t);
+    if (next)
+      e.exchange(message{payload::kv, t % 2, (t + 1) % 2, step.kv_tokens, next->kv_tokens,
+                         ws.block_bytes(step.kv_tokens), ws.block_bytes(next->kv_tokens),
+                         s.send_to(), s.receive_from(), t});
+    e.backward(step, t % 2);
+    if (next)
+      e.exchange(message{payload::grad, t % 2, (t + 1) % 2, step.kv_tokens, next->kv_tokens,
+                         ws.grad_bytes(step.kv_tokens), ws.grad_bytes(next->kv_tokens), s.send_to(),
+                         s.receive_from(), t});
+  }
+  int home = -1;
+  if (const int last = s.step_count() - 1; last > 0) {
+    const ring_step& held = s.step(last);
+    home = (last + 1) % 2;
+    e.exchange(message{payload::home, last % 2, home, held.kv_tokens, s.q_tokens(),
+                       ws.grad_bytes(held.kv_tokens), ws.grad_bytes(s.q_tokens()), held.source,
+                       s.holder_of_own(), last + 1});
+  }
+  e.finish_backward(home);
+}
+
+//! An engine that only records the messages of a program.
+class trace_engine {
+public:
+  bool forward_direct() const noexcept { return false; }
+  bool backward_direct() const noexcept { return false; }
+  void start_forward() noexcept {}
+  void start_backward() noexcept {}
+  void forward(const ring_step&, int) noexcept {}
+  void backward(const ring_step&, int) noexcept {}
+  void finish_forward() noexcept {}
+  void finish_backward(int) noexcept {}
+  void exchange(const message& m) { messages_.push_back(m); }
+  const std::vector<message>& messages() const noexcept { return messages_; }
+
+private:
+  std::vector<message> messages_;
+};
+
+} // namespace ringattn::detail
