@@ -193,10 +193,10 @@ TEST_CASE_TEMPLATE("host ring backward: the device path's messages in its order"
   }
 }
 
-// The host path runs the ring's programs (ring/program.cuh) as the device path does: what each
-// rank sent, forward and backward, is its programs' messages, in their order (the device suite
-// compares the device path's with the same programs).
-template <class P, class Mask>
+// The host path runs the schedules' programs (ring/program.cuh) as the device path does: what
+// each rank sent, forward and backward, is its programs' messages, in their order (the device
+// suite compares the device path's with the same programs).
+template <class Schedule, class P, class Mask>
 void check_programs(attention_arguments a) {
   const auto seed = test::fresh_seed();
   CAPTURE(seed);
@@ -210,19 +210,14 @@ void check_programs(attention_arguments a) {
     std::vector<int> same(static_cast<std::size_t>(ranks), 0);
     const auto errors = on_ranks(group, [&](int r, in_process_communicator& comm) {
       recorder rec(comm);
-      ring_attention<P, recorder, Mask> attn(rec, c.args, c.plan.cu_seqlens());
-      const ring_schedule& s = attn.schedule();
-      const ring_workspace w(s.q_tokens(), s.max_kv_tokens(), c.args, sizeof(T));
-      detail::trace_engine forward, backward;
-      detail::ring_forward_program(forward, s, w);
-      detail::ring_backward_program(backward, s, w);
+      ring_attention<P, recorder, Mask, Schedule> attn(rec, c.args, c.plan.cu_seqlens());
+      const auto [forward, backward] = test::program_messages<Schedule, T>(attn.schedule(), c.args);
       const auto fwd = c.forward_rank(attn, r);
-      const bool forward_same = rec.log == test::seen_of(forward.messages());
+      const bool forward_same = rec.log == forward;
       rec.log.clear();
       c.backward_rank(attn, r, fwd);
-      same[static_cast<std::size_t>(r)] =
-          forward_same && rec.log == test::seen_of(backward.messages());
-      messages += forward.messages().size() + backward.messages().size();
+      same[static_cast<std::size_t>(r)] = forward_same && rec.log == backward;
+      messages += forward.size() + backward.size();
     });
     for (const auto& e : errors)
       REQUIRE(message(e) == "");
@@ -234,14 +229,20 @@ void check_programs(attention_arguments a) {
   CHECK(messages > 0);
 }
 
-TEST_CASE_TEMPLATE("host ring: what every rank sends is its programs' messages, in their order "
-                   "(full, causal, causal window; P = 1, 2, 3, 4, 8)",
-                   P, contiguous, round_robin, zigzag, balanced) {
-  check_programs<P, full>({4, 2, 64, 0.0f});
-  check_programs<P, causal>({4, 2, 64, 0.0f});
+template <class Schedule, class P>
+void check_programs_of() {
+  check_programs<Schedule, P, full>({4, 2, 64, 0.0f});
+  check_programs<Schedule, P, causal>({4, 2, 64, 0.0f});
   attention_arguments windowed{4, 2, 64, 0.0f};
   windowed.window_left = 9;
-  check_programs<P, causal_window>(windowed);
+  check_programs<Schedule, P, causal_window>(windowed);
+}
+
+TEST_CASE_TEMPLATE("host ring and all-gather: what every rank sends is its programs' messages, in "
+                   "their order (full, causal, causal window; P = 1, 2, 3, 4, 8)",
+                   P, contiguous, round_robin, zigzag, balanced) {
+  check_programs_of<ring_pass, P>();
+  check_programs_of<all_gather_kv, P>();
 }
 
 TEST_CASE("host ring backward: a rank that never arrives makes the others fail, naming it") {

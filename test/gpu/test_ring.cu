@@ -124,10 +124,10 @@ TEST_CASE_TEMPLATE("device ring with head_dim 192 and head_dim_v 128 equals the 
   check_backward<P, causal, __half>(gqa);
 }
 
-// The device path runs the ring's programs (ring/program.cuh) as the host path does: what each
-// rank sent on the device, forward then backward, is its programs' messages in their order, and
-// what it sent on the host path for the same call.
-template <class P, class Mask>
+// The device path runs the schedules' programs (ring/program.cuh) as the host path does: what
+// each rank sent on the device, forward then backward, is its programs' messages in their order,
+// and what it sent on the host path for the same call.
+template <class Schedule, class P, class Mask>
 void check_device_programs(attention_arguments a) {
   const auto seed = test::fresh_seed();
   CAPTURE(seed);
@@ -144,18 +144,15 @@ void check_device_programs(attention_arguments a) {
     const auto runs =
         test::on_device_ranks<seen>(ranks, 1, [&](int r, in_process_communicator& comm) {
           recorder rec(comm);
-          test::device_backward_rank<Mask>(c, r, rec, /*repeat=*/false);
+          test::device_backward_rank<Mask, Schedule>(c, r, rec, /*repeat=*/false);
           seen s{rec.log, {}, {}};
           rec.log.clear();
-          ring_attention<P, recorder, Mask> attn(rec, c.args, c.plan.cu_seqlens());
+          ring_attention<P, recorder, Mask, Schedule> attn(rec, c.args, c.plan.cu_seqlens());
           c.backward_rank(attn, r, c.forward_rank(attn, r));
           s.host = rec.log;
-          const ring_schedule& sched = attn.schedule();
-          const ring_workspace w(sched.q_tokens(), sched.max_kv_tokens(), c.args, sizeof(T));
-          detail::trace_engine trace;
-          detail::ring_forward_program(trace, sched, w);
-          detail::ring_backward_program(trace, sched, w);
-          s.program = test::seen_of(trace.messages());
+          auto [forward, backward] = test::program_messages<Schedule, T>(attn.schedule(), c.args);
+          s.program = std::move(forward);
+          s.program.insert(s.program.end(), backward.begin(), backward.end());
           return s;
         });
     for (int r = 0; r < ranks; ++r) {
@@ -169,12 +166,19 @@ void check_device_programs(attention_arguments a) {
   CHECK(messages > 0);
 }
 
-TEST_CASE_TEMPLATE("device ring: what every rank sends is its programs' messages, in their order, "
-                   "as on the host path (full, causal, causal window; P = 1, 2, 3, 4, 8)",
-                   P, contiguous, round_robin, zigzag, balanced) {
-  check_device_programs<P, full>({4, 2, 64, 0.0f});
-  check_device_programs<P, causal>({4, 2, 64, 0.0f});
+template <class Schedule, class P>
+void check_device_programs_of() {
+  check_device_programs<Schedule, P, full>({4, 2, 64, 0.0f});
+  check_device_programs<Schedule, P, causal>({4, 2, 64, 0.0f});
   attention_arguments windowed{4, 2, 64, 0.0f};
   windowed.window_left = 9;
-  check_device_programs<P, causal_window>(windowed);
+  check_device_programs<Schedule, P, causal_window>(windowed);
+}
+
+TEST_CASE_TEMPLATE("device ring and all-gather: what every rank sends is its programs' messages, "
+                   "in their order, as on the host path (full, causal, causal window; P = 1, 2, "
+                   "3, 4, 8)",
+                   P, contiguous, round_robin, zigzag, balanced) {
+  check_device_programs_of<ring_pass, P>();
+  check_device_programs_of<all_gather_kv, P>();
 }

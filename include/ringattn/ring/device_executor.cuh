@@ -72,9 +72,9 @@ public:
 
   comm_stream comm; // comm.device(): the device the resources live on
   ordering_event own_ready, comm_end;
-  ordering_event compute_done[2], recv_done[2];
-  ordering_event grads_recv[2], grads_ready[2]; // backward: dK/dV arrived, complete
-  // The all-gather schedule: per block, arrived (its K/V) and computed (its dK/dV share).
+  ordering_event grads_recv[2], grads_ready[2]; // the ring backward: sums arrived, complete
+  // Per slot (the ring's two, the all-gather's one per block): its K/V arrived, and the last
+  // compute that read it (in the all-gather's backward: its share) done.
   std::vector<ordering_event> arrived, computed;
   std::vector<typename BlockKernel::forward_schedule> forward;
   std::vector<typename BlockKernel::backward_schedule> backward;
@@ -124,8 +124,9 @@ void copy_own_block_device(thd_view<const T> k, thd_view<const T> v, const Block
 
 //! The device engine of the ring's programs (ring/program.cuh), forward: the computes on
 //! `stream`, the messages on the communication stream, ordered by events per slot:
-//!   the compute of a step waits `recv_done[slot]`    (its block has arrived);
-//!   a message into a slot waits `compute_done[slot]` (the step before last has read it).
+//!   the compute of a step waits `arrived[slot]`   (its block has arrived);
+//!   a message into a slot waits `computed[slot]`  (the step that read it last has run: the
+//!   ring's step before last; the all-gather's slots are read once, by a previous call).
 //! Each step's epilogue was decided with the schedule (`ring_schedule::forward_epilogue`).
 template <class BlockKernel, class Communicator, class T>
 class device_forward_engine {
@@ -158,22 +159,22 @@ public:
     const int t = step.index;
     nvtx_range range("step", t, s_.rank());
     const auto b = ws_.kv_slot_views<T>(base_, slot, step.kv_tokens);
-    if (t > 0) RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream_, d_.recv_done[slot], 0));
+    if (t > 0) RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream_, d_.arrived[slot], 0));
     const step_epilogue e = s_.forward_epilogue(t, dense_);
     if (e != step_epilogue::none)
       BlockKernel::device_forward(
           e, {q_, thd_view<const T>(b.k), thd_view<const T>(b.v), args_, state_, scratch_},
           d_.forward[static_cast<std::size_t>(t)], out_, lse_, stream_);
-    RINGATTN_CUDA_CHECK(cudaEventRecord(d_.compute_done[slot], stream_));
+    RINGATTN_CUDA_CHECK(cudaEventRecord(d_.computed[slot], stream_));
   }
   void exchange(const message& m) {
     // Never recorded before the first message of the first call: waiting on it is then a no-op.
-    RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(d_.comm, d_.compute_done[m.recv_slot], 0));
+    RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(d_.comm, d_.computed[m.recv_slot], 0));
     comm_.exchange_async(ws_.kv_slot_views<T>(base_, m.send_slot, m.send_tokens).k.data,
                          m.send_bytes, m.to,
                          ws_.kv_slot_views<T>(base_, m.recv_slot, m.recv_tokens).k.data,
                          m.recv_bytes, m.from, m.tag, d_.comm);
-    RINGATTN_CUDA_CHECK(cudaEventRecord(d_.recv_done[m.recv_slot], d_.comm));
+    RINGATTN_CUDA_CHECK(cudaEventRecord(d_.arrived[m.recv_slot], d_.comm));
   }
   void finish_forward() {
     if (s_.needs_finalize(dense_)) finalize(state_, out_, stream_);
@@ -249,7 +250,7 @@ public:
     nvtx_range range("backward step", t, s_.rank());
     const std::int64_t nk = step.kv_tokens;
     const auto b = ws_.grad_slot_views<T>(base_, slot, nk);
-    if (t > 0) RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream_, d_.recv_done[slot], 0));
+    if (t > 0) RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream_, d_.arrived[slot], 0));
     float* share = t == 0 ? b.dk : local_;
     if (t > 0 && nk > 0)
       RINGATTN_CUDA_CHECK(cudaMemsetAsync(local_, 0, ws_.grad_bytes(nk), stream_));
@@ -266,22 +267,50 @@ public:
                                  out_,
                                  scratch_},
           d_.backward[static_cast<std::size_t>(t)], stream_);
-    RINGATTN_CUDA_CHECK(cudaEventRecord(d_.compute_done[slot], stream_));
+    RINGATTN_CUDA_CHECK(cudaEventRecord(d_.computed[slot], stream_));
     if (t > 0) {
       RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream_, d_.grads_recv[slot], 0));
       accumulate(b.dk, local_, static_cast<std::int64_t>(ws_.kv_elements(nk)), stream_);
     }
     RINGATTN_CUDA_CHECK(cudaEventRecord(d_.grads_ready[slot], stream_));
   }
+  //! The all-gather's: the block's share of dK/dV into its slot's sums.
+  void backward_share(const ring_step& step, int slot) {
+    const int t = step.index;
+    nvtx_range range("backward block", t, s_.rank());
+    const std::int64_t nk = step.kv_tokens;
+    const auto b = ws_.grad_slot_views<T>(base_, slot, nk);
+    if (t > 0) RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream_, d_.arrived[slot], 0));
+    if (nk > 0) RINGATTN_CUDA_CHECK(cudaMemsetAsync(b.dk, 0, ws_.grad_bytes(nk), stream_));
+    if (!step.groups.empty())
+      BlockKernel::device_backward(block_backward_args<T>{q_,
+                                                          thd_view<const T>(b.k),
+                                                          thd_view<const T>(b.v),
+                                                          dout_,
+                                                          lse_,
+                                                          delta_,
+                                                          args_,
+                                                          {dq_acc_, b.dk, b.dv},
+                                                          out_,
+                                                          scratch_},
+                                   d_.backward[static_cast<std::size_t>(t)], stream_);
+    RINGATTN_CUDA_CHECK(cudaEventRecord(d_.computed[slot], stream_));
+  }
   void exchange(const message& m) {
     const auto from = ws_.grad_slot_views<T>(base_, m.send_slot, m.send_tokens);
+    if (m.what == payload::share) { // once the block's share is computed
+      RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(d_.comm, d_.computed[m.send_slot], 0));
+      comm_.exchange_async(from.dk, m.send_bytes, m.to, ws_.share(base_, m.recv_slot), m.recv_bytes,
+                           m.from, m.tag, d_.comm);
+      return;
+    }
     if (m.what == payload::kv) {
       // The receiving slot's K/V were last read by the compute of the step before last.
-      RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(d_.comm, d_.compute_done[m.recv_slot], 0));
+      RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(d_.comm, d_.computed[m.recv_slot], 0));
       comm_.exchange_async(from.k.data, m.send_bytes, m.to,
                            ws_.grad_slot_views<T>(base_, m.recv_slot, m.recv_tokens).k.data,
                            m.recv_bytes, m.from, m.tag, d_.comm);
-      RINGATTN_CUDA_CHECK(cudaEventRecord(d_.recv_done[m.recv_slot], d_.comm));
+      RINGATTN_CUDA_CHECK(cudaEventRecord(d_.arrived[m.recv_slot], d_.comm));
       return;
     }
     float* into = m.what == payload::home
@@ -292,6 +321,21 @@ public:
     RINGATTN_CUDA_CHECK(cudaEventRecord(d_.grads_recv[m.recv_slot], d_.comm));
     if (m.what == payload::home)
       RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream_, d_.grads_recv[m.recv_slot], 0));
+  }
+  //! The all-gather's: once every message is done, the shares received added to the own
+  //! block's, in step order.
+  void finish_shares() {
+    const std::int64_t n = s_.q_tokens();
+    const auto own = ws_.grad_slot_views<T>(base_, 0, n);
+    RINGATTN_CUDA_CHECK(cudaEventRecord(d_.comm_end, d_.comm));
+    RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream_, d_.comm_end, 0));
+    for (int t = 1; t < s_.step_count(); ++t)
+      if (s_.step(t).own_wanted)
+        accumulate(own.dk, ws_.share(base_, t - 1), static_cast<std::int64_t>(ws_.kv_elements(n)),
+                   stream_);
+    write_gradient<T>(dq_acc_, dq_, stream_);
+    write_gradient<T>(own.dk, dk_, stream_);
+    write_gradient<T>(own.dv, dv_, stream_);
   }
   void finish_backward(int home) {
     const std::int64_t n = s_.q_tokens();

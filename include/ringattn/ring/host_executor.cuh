@@ -95,12 +95,13 @@ private:
 template <class BlockKernel, class Communicator, element T>
 class host_backward_engine {
 public:
-  host_backward_engine(Communicator& comm, const ring_workspace& ws, std::byte* base, int rank,
-                       const attention_arguments& args, thd_view<const T> q, thd_view<const T> k,
-                       thd_view<const T> v, thd_view<const T> out, const float* lse,
-                       thd_view<const T> dout, thd_view<T> dq, thd_view<T> dk, thd_view<T> dv)
-      : comm_(comm), ws_(ws), base_(base), rank_(rank), args_(args), q_(q), k_(k), v_(v), out_(out),
-        dout_(dout), lse_(lse), dq_(dq), dk_(dk), dv_(dv), dq_acc_(ws.dq(base)),
+  host_backward_engine(Communicator& comm, const ring_schedule& s, const ring_workspace& ws,
+                       std::byte* base, const attention_arguments& args, thd_view<const T> q,
+                       thd_view<const T> k, thd_view<const T> v, thd_view<const T> out,
+                       const float* lse, thd_view<const T> dout, thd_view<T> dq, thd_view<T> dk,
+                       thd_view<T> dv)
+      : comm_(comm), s_(s), ws_(ws), base_(base), rank_(s.rank()), args_(args), q_(q), k_(k), v_(v),
+        out_(out), dout_(dout), lse_(lse), dq_(dq), dk_(dk), dv_(dv), dq_acc_(ws.dq(base)),
         delta_(ws.delta(base)), local_(ws.share(base)) {}
 
   bool backward_direct() const noexcept { return false; }
@@ -135,8 +136,37 @@ public:
       for (std::size_t i = 0; i < elements; ++i)
         b.dk[i] += local_[i];
   }
+  //! The all-gather's: the block's share of dK/dV into its slot's sums.
+  void backward_share(const ring_step& step, int slot) {
+    nvtx_range range("backward block", step.index, rank_);
+    const auto b = ws_.grad_slot_views<T>(base_, slot, step.kv_tokens);
+    std::fill(b.dk, b.dk + ws_.kv_elements(step.kv_tokens), 0.0f); // dk, then dv
+    if (!step.groups.empty())
+      BlockKernel::host_backward(block_backward_args<T>{q_,
+                                                        thd_view<const T>(b.k),
+                                                        thd_view<const T>(b.v),
+                                                        dout_,
+                                                        lse_,
+                                                        delta_,
+                                                        args_,
+                                                        {dq_acc_, b.dk, b.dv}},
+                                 step.groups);
+  }
   void exchange(const message& m) {
     comm_.exchange(source(m), m.send_bytes, m.to, target(m), m.recv_bytes, m.from, m.tag);
+  }
+  //! The all-gather's: the shares received added to the own block's, in step order.
+  void finish_shares() {
+    const std::int64_t n = q_.tokens;
+    const auto own = ws_.grad_slot_views<T>(base_, 0, n);
+    const std::size_t elements = ws_.kv_elements(n);
+    for (int t = 1; t < s_.step_count(); ++t)
+      if (s_.step(t).own_wanted) {
+        const float* received = ws_.share(base_, t - 1);
+        for (std::size_t i = 0; i < elements; ++i)
+          own.dk[i] += received[i];
+      }
+    write_host_gradients(dq_acc_, own.dk, own.dv, dq_, dk_, dv_);
   }
   void finish_backward(int home) {
     const float* own = home < 0 ? ws_.grad_slot_views<T>(base_, 0, q_.tokens).dk : home_sums(home);
@@ -152,6 +182,7 @@ private:
   }
   void* target(const message& m) const {
     if (m.what == payload::home) return home_sums(m.recv_slot);
+    if (m.what == payload::share) return ws_.share(base_, m.recv_slot);
     const auto b = ws_.grad_slot_views<T>(base_, m.recv_slot, m.recv_tokens);
     return m.what == payload::kv ? static_cast<void*>(b.k.data) : b.dk;
   }
@@ -160,6 +191,7 @@ private:
   }
 
   Communicator& comm_;
+  const ring_schedule& s_;
   const ring_workspace& ws_;
   std::byte* base_;
   int rank_;
@@ -188,8 +220,8 @@ void host_ring_backward(Communicator& comm, const ring_schedule& s, const attent
                         thd_view<T> dq, thd_view<T> dk, thd_view<T> dv,
                         std::span<std::byte> workspace) {
   const ring_workspace ws(s.q_tokens(), s.max_kv_tokens(), args, sizeof(T));
-  host_backward_engine<BlockKernel, Communicator, T> e(comm, ws, workspace.data(), s.rank(), args,
-                                                       q, k, v, out, lse, dout, dq, dk, dv);
+  host_backward_engine<BlockKernel, Communicator, T> e(comm, s, ws, workspace.data(), args, q, k, v,
+                                                       out, lse, dout, dq, dk, dv);
   ring_backward_program(e, s, ws);
 }
 

@@ -19,9 +19,11 @@
 //! buffer of the workspace):
 //! - forward: `start_forward()`, `forward(step, slot)`, `finish_forward()`, and `forward_direct()`
 //!   (true where the engine computed the call in one block call, with nothing to exchange);
-//! - backward: `start_backward()`, `backward(step, slot)`, `finish_backward(home)` (`home`: the
-//!   slot this rank's own dK/dV came back into, or -1: they stayed in slot 0), and
-//!   `backward_direct()`;
+//! - backward: `start_backward()`, `backward_direct()`, and per schedule: the ring's
+//!   `backward(step, slot)` (the step's share added to the block's travelling sum) and
+//!   `finish_backward(home)` (`home`: the slot this rank's own dK/dV came back into, or -1: they
+//!   stayed in slot 0); the all-gather's `backward_share(step, slot)` (the block's share into its
+//!   slot's sums) and `finish_shares()` (the shares received added to the own block's);
 //! - both: `exchange(message)`.
 
 #include <ringattn/ring/schedule.cuh>
@@ -33,12 +35,16 @@
 
 namespace ringattn::detail {
 
-//! What a message carries: a block's K/V, a block's fp32 dK/dV sum on its way round, or a
-//! complete block's dK/dV going home to its owner.
-enum class payload { kv, grad, home };
+//! What a message carries: a block's K/V, a block's fp32 dK/dV sum on its way round (the ring),
+//! a complete block's dK/dV going home to its owner (the ring's last message), or a block's fp32
+//! dK/dV share going back to its owner (the all-gather; received into share buffer `recv_slot`).
+enum class payload { kv, grad, home, share };
 
 inline const char* to_string(payload p) {
-  return p == payload::kv ? "kv" : p == payload::grad ? "grad" : "home";
+  return p == payload::kv     ? "kv"
+         : p == payload::grad ? "grad"
+         : p == payload::home ? "home"
+                              : "share";
 }
 
 //! One exchange: `send_bytes` of slot `send_slot` to rank `to`, and `recv_bytes` into slot
@@ -105,6 +111,57 @@ void ring_backward_program(Engine& e, const ring_schedule& s, const ring_workspa
   e.finish_backward(home);
 }
 
+//! Exchange k of the all-gather: this rank's block goes to rank + k (whose step k it is), while
+//! the block of rank - k (this rank's step k) arrives.
+inline int gather_to(const ring_schedule& s, int k) { return (s.rank() + k) % s.ranks(); }
+
+//! The all-gather's K/V messages: exchange t sends the own block (slot 0) to rank + t where that
+//! rank sees some of it, and receives the block of step t into slot t where this rank sees some.
+template <class Engine>
+void gather_blocks(Engine& e, const ring_schedule& s, const ring_workspace& ws) {
+  const std::int64_t n = s.q_tokens();
+  for (int t = 1; t < s.step_count(); ++t) {
+    const ring_step& step = s.step(t);
+    e.exchange(message{
+        payload::kv, 0, t, n, step.kv_tokens, step.own_wanted ? ws.block_bytes(n) : 0,
+        step.groups.empty() ? 0 : ws.block_bytes(step.kv_tokens), gather_to(s, t), step.source, t});
+  }
+}
+
+//! The all-gather forward: the own block's compute first (while the ranks meet for the gather),
+//! then every block gathered, then the blocks in step order, each merged as on the ring.
+template <class Engine>
+void all_gather_forward_program(Engine& e, const ring_schedule& s, const ring_workspace& ws) {
+  if (e.forward_direct()) return;
+  e.start_forward();
+  e.forward(s.step(0), 0);
+  gather_blocks(e, s, ws);
+  for (int t = 1; t < s.step_count(); ++t)
+    e.forward(s.step(t), t);
+  e.finish_forward();
+}
+
+//! The all-gather backward: the gather again, then each block's dK/dV share computed into its
+//! slot's sums and sent back to its owner while this rank's share from rank + t arrives (share
+//! buffer t - 1; tags P + t). The owner adds the shares it received in the order t = 1, 2, ...
+template <class Engine>
+void all_gather_backward_program(Engine& e, const ring_schedule& s, const ring_workspace& ws) {
+  if (e.backward_direct()) return;
+  e.start_backward();
+  e.backward_share(s.step(0), 0);
+  gather_blocks(e, s, ws);
+  const std::int64_t n = s.q_tokens();
+  for (int t = 1; t < s.step_count(); ++t) {
+    const ring_step& step = s.step(t);
+    e.backward_share(step, t);
+    e.exchange(message{payload::share, t, t - 1, step.kv_tokens, n,
+                       step.groups.empty() ? 0 : ws.grad_bytes(step.kv_tokens),
+                       step.own_wanted ? ws.grad_bytes(n) : 0, step.source, gather_to(s, t),
+                       s.ranks() + t});
+  }
+  e.finish_shares();
+}
+
 //! An engine that only records the messages of a program.
 class trace_engine {
 public:
@@ -114,8 +171,10 @@ public:
   void start_backward() noexcept {}
   void forward(const ring_step&, int) noexcept {}
   void backward(const ring_step&, int) noexcept {}
+  void backward_share(const ring_step&, int) noexcept {}
   void finish_forward() noexcept {}
   void finish_backward(int) noexcept {}
+  void finish_shares() noexcept {}
   void exchange(const message& m) { messages_.push_back(m); }
   const std::vector<message>& messages() const noexcept { return messages_; }
 
