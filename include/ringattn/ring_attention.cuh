@@ -43,8 +43,8 @@
 #include <ringattn/partition/plan.cuh>
 #include <ringattn/ring/agreement.cuh>
 #include <ringattn/ring/call.cuh>
-#include <ringattn/ring/device_executor.cuh>
-#include <ringattn/ring/host_executor.cuh>
+#include <ringattn/ring/device_engine.cuh>
+#include <ringattn/ring/host_engine.cuh>
 #include <ringattn/ring/max_logit.cuh>
 #include <ringattn/ring/schedule.cuh>
 #include <ringattn/ring/schedules.cuh>

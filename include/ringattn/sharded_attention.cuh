@@ -54,7 +54,7 @@
 #include <ringattn/kernel/state_ops.cuh>
 #include <ringattn/ring/agreement.cuh>
 #include <ringattn/ring/call.cuh>
-#include <ringattn/ring/device_executor.cuh>
+#include <ringattn/ring/device_engine.cuh>
 #include <ringattn/ring/validation.cuh>
 #include <ringattn/ring/workspace.cuh>
 #include <ringattn/tensor.cuh>

@@ -154,9 +154,10 @@ using recorder = test::recording_communicator<in_process_communicator>;
 static_assert(host_communicator<recorder>);
 } // namespace
 
-// The device ring's protocol (ring/device_executor.cuh), which the host path follows so that CI
-// runs the messages the GPU exchanges: per step but the last, block t's K/V on (tag t), then its
-// dK/dV on (tag t); after the last step the held block's dK/dV home (tag: the step count).
+// The device ring's protocol (ring/program.cuh, run by ring/device_engine.cuh), which the host path
+// follows so that CI runs the messages the GPU exchanges: per step but the last, block t's K/V on
+// (tag t), then its dK/dV on (tag t); after the last step the held block's dK/dV home (tag: the
+// step count).
 TEST_CASE_TEMPLATE("host ring backward: the device path's messages in its order", P, contiguous,
                    zigzag, balanced) {
   std::mt19937_64 rng(test::fresh_seed());

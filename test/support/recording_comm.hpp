@@ -1,14 +1,12 @@
 #pragma once
 // A Communicator that records every exchange of the one it wraps (host and device), for the tests
 // that compare what a path sent with its schedule's program (ring/program.cuh).
-#include <ringattn/ring/all_gather_executor.cuh>
 #include <ringattn/ring/program.cuh>
 #include <ringattn/ring/schedules.cuh>
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -32,22 +30,16 @@ inline std::vector<sent> seen_of(const std::vector<detail::message>& ms) {
   return out;
 }
 
-// The messages of a schedule's forward and backward programs for a rank's plan `s` (ring_pass
-// and all_gather_kv), as a communicator sees them.
+// The messages of a schedule's forward and backward programs for a rank's plan `s` (a schedule
+// that names a program: ring_pass, all_gather_kv), as a communicator sees them.
 template <class Schedule, class T>
 std::pair<std::vector<sent>, std::vector<sent>> program_messages(const ring_schedule& s,
                                                                  const attention_arguments& a) {
+  using program = typename Schedule::program;
   detail::trace_engine forward, backward;
-  if constexpr (std::is_same_v<Schedule, all_gather_kv>) {
-    const ring_workspace w = detail::all_gather_workspace(s, a, sizeof(T));
-    detail::all_gather_forward_program(forward, s, w);
-    detail::all_gather_backward_program(backward, s, w);
-  } else {
-    static_assert(std::is_same_v<Schedule, ring_pass>);
-    const ring_workspace w(s.q_tokens(), s.max_kv_tokens(), a, sizeof(T));
-    detail::ring_forward_program(forward, s, w);
-    detail::ring_backward_program(backward, s, w);
-  }
+  const ring_workspace w = program::workspace(s, a, sizeof(T));
+  program::forward(forward, s, w);
+  program::backward(backward, s, w);
   return {seen_of(forward.messages()), seen_of(backward.messages())};
 }
 

@@ -14,8 +14,8 @@ namespace ringattn {
 //! itself, plans a rank's part once (`plan_type`, made by `S::plan(partition plan, rank,
 //! window, arguments)`), says which schedule of block-kernel calls that plan runs and with which
 //! arguments (`compute`, `compute_arguments`: the device schedules are made from them), and lays
-//! out the workspace its executors use (`layout_type`). Its executors are static member
-//! templates the driver instantiates per call.
+//! out the workspace its paths use (`layout_type`). Its host and device paths (`host_forward`,
+//! `device_backward`, ...) are static member templates the driver instantiates per call.
 template <class S>
 concept schedule_policy = requires(const typename S::plan_type& plan,
                                    const typename S::layout_type& layout,

@@ -4,16 +4,22 @@
 //! message (what travels, how many bytes, to and from whom, with which tag) and the order of the
 //! computes and the messages; an engine carries them out on its memory:
 //!
-//! - `host_engine` (ring/host_engine.cuh): host memory, each message a blocking exchange, the
-//!   BlockKernel's host block (in-process threads, MPI processes; CI);
-//! - `device_engine` (ring/device_engine.cuh): device memory, the computes on the call's stream
-//!   and the messages on the communication stream, ordered by events, so that the exchange of
-//!   step t + 1 runs beside the compute of step t;
+//! - the host engines (`host_forward_engine`, `host_backward_engine`; ring/host_engine.cuh):
+//!   host memory, each message a blocking exchange, the BlockKernel's host block (in-process
+//!   threads, MPI processes; CI);
+//! - the device engines (`device_forward_engine`, `device_backward_engine`;
+//!   ring/device_engine.cuh): device memory, the computes on the call's stream and the messages
+//!   on the communication stream, ordered by events, so that the exchange of step t + 1 runs
+//!   beside the compute of step t;
 //! - `trace_engine` (here): records the messages and does nothing else (the tests compare it with
 //!   what a communicator saw).
 //!
 //! Both engines run the same program, so the host path sends what the device path sends, in the
 //! same order: CI checks the GPU's protocol.
+//!
+//! A program is a type (`ring_program`, `all_gather_program`) with `workspace(schedule, args,
+//! element_bytes)` (the slots it needs), `forward(engine, schedule, workspace)` and
+//! `backward(engine, schedule, workspace)`; a Schedule model names it.
 //!
 //! The vocabulary an engine provides (a `step` is a `ring_step` of the schedule, a `slot` a block
 //! buffer of the workspace):
@@ -26,9 +32,11 @@
 //!   slot's sums) and `finish_shares()` (the shares received added to the own block's);
 //! - both: `exchange(message)`.
 
+#include <ringattn/arguments.cuh>
 #include <ringattn/ring/schedule.cuh>
 #include <ringattn/ring/workspace.cuh>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -59,108 +67,142 @@ struct message {
   friend bool operator==(const message&, const message&) = default;
 };
 
-//! The ring forward: step t computes the block in slot t % 2, then passes it on to rank + 1 while
-//! the next one arrives from rank - 1 into the other slot. A block no later rank sees goes no
-//! further, and its receiver expects nothing (`ring_step::forwarded`, `ring_step::arrives`).
-template <class Engine>
-void ring_forward_program(Engine& e, const ring_schedule& s, const ring_workspace& ws) {
-  if (e.forward_direct()) return;
-  e.start_forward();
-  for (const ring_step& step : s.steps()) {
-    const int t = step.index;
-    e.forward(step, t % 2);
-    if (const ring_step* next = s.next(t))
-      e.exchange(message{payload::kv, t % 2, (t + 1) % 2, step.kv_tokens, next->kv_tokens,
-                         step.forwarded ? ws.block_bytes(step.kv_tokens) : 0,
-                         next->arrives ? ws.block_bytes(next->kv_tokens) : 0, s.send_to(),
-                         s.receive_from(), t});
+//! The ring's programs (`ring_pass`): two block slots per rank, whatever P.
+struct ring_program {
+  static ring_workspace workspace(const ring_schedule& s, const attention_arguments& args,
+                                  std::size_t element_bytes) {
+    return {s.q_tokens(), s.max_kv_tokens(), args, element_bytes};
   }
-  e.finish_forward();
-}
 
-//! The ring backward: step t's K/V go on before its compute (they arrive for step t + 1 while
-//! step t computes); its share of dK/dV is added to the block's sum, which came from rank - 1
-//! in step t - 1's second message, and the sum goes on to rank + 1. After the last step the
-//! complete dK/dV of the block held (rank + 1's after P steps) go home while this rank's own come
-//! back ("step P"). Every block travels the whole ring.
-template <class Engine>
-void ring_backward_program(Engine& e, const ring_schedule& s, const ring_workspace& ws) {
-  if (e.backward_direct()) return;
-  e.start_backward();
-  for (const ring_step& step : s.steps()) {
-    const int t = step.index;
-    const ring_step* next = s.next(t);
-    if (next)
-      e.exchange(message{payload::kv, t % 2, (t + 1) % 2, step.kv_tokens, next->kv_tokens,
-                         ws.block_bytes(step.kv_tokens), ws.block_bytes(next->kv_tokens),
-                         s.send_to(), s.receive_from(), t});
-    e.backward(step, t % 2);
-    if (next)
-      e.exchange(message{payload::grad, t % 2, (t + 1) % 2, step.kv_tokens, next->kv_tokens,
-                         ws.grad_bytes(step.kv_tokens), ws.grad_bytes(next->kv_tokens), s.send_to(),
-                         s.receive_from(), t});
+  //! The ring forward: step t computes the block in slot t % 2, then passes it on to rank + 1 while
+  //! the next one arrives from rank - 1 into the other slot. A block no later rank sees goes no
+  //! further, and its receiver expects nothing (`ring_step::forwarded`, `ring_step::arrives`).
+  template <class Engine>
+  static void forward(Engine& e, const ring_schedule& s, const ring_workspace& ws) {
+    if (e.forward_direct()) return;
+    e.start_forward();
+    for (const ring_step& step : s.steps()) {
+      const int t = step.index;
+      e.forward(step, t % 2);
+      if (const ring_step* next = s.next(t))
+        e.exchange(message{payload::kv, t % 2, (t + 1) % 2, step.kv_tokens, next->kv_tokens,
+                           step.forwarded ? ws.block_bytes(step.kv_tokens) : 0,
+                           next->arrives ? ws.block_bytes(next->kv_tokens) : 0, s.send_to(),
+                           s.receive_from(), t});
+    }
+    e.finish_forward();
   }
-  int home = -1;
-  if (const int last = s.step_count() - 1; last > 0) {
-    const ring_step& held = s.step(last);
-    home = (last + 1) % 2;
-    e.exchange(message{payload::home, last % 2, home, held.kv_tokens, s.q_tokens(),
-                       ws.grad_bytes(held.kv_tokens), ws.grad_bytes(s.q_tokens()), held.source,
-                       s.holder_of_own(), last + 1});
+
+  //! The ring backward: step t's K/V go on before its compute (they arrive for step t + 1 while
+  //! step t computes); its share of dK/dV is added to the block's sum, which came from rank - 1
+  //! in step t - 1's second message, and the sum goes on to rank + 1. After the last step the
+  //! complete dK/dV of the block held (rank + 1's after P steps) go home while this rank's own come
+  //! back ("step P"). Every block travels the whole ring.
+  template <class Engine>
+  static void backward(Engine& e, const ring_schedule& s, const ring_workspace& ws) {
+    if (e.backward_direct()) return;
+    e.start_backward();
+    for (const ring_step& step : s.steps()) {
+      const int t = step.index;
+      const ring_step* next = s.next(t);
+      if (next)
+        e.exchange(message{payload::kv, t % 2, (t + 1) % 2, step.kv_tokens, next->kv_tokens,
+                           ws.block_bytes(step.kv_tokens), ws.block_bytes(next->kv_tokens),
+                           s.send_to(), s.receive_from(), t});
+      e.backward(step, t % 2);
+      if (next)
+        e.exchange(message{payload::grad, t % 2, (t + 1) % 2, step.kv_tokens, next->kv_tokens,
+                           ws.grad_bytes(step.kv_tokens), ws.grad_bytes(next->kv_tokens),
+                           s.send_to(), s.receive_from(), t});
+    }
+    int home = -1;
+    if (const int last = s.step_count() - 1; last > 0) {
+      const ring_step& held = s.step(last);
+      home = (last + 1) % 2;
+      e.exchange(message{payload::home, last % 2, home, held.kv_tokens, s.q_tokens(),
+                         ws.grad_bytes(held.kv_tokens), ws.grad_bytes(s.q_tokens()), held.source,
+                         s.holder_of_own(), last + 1});
+    }
+    e.finish_backward(home);
   }
-  e.finish_backward(home);
-}
+};
 
-//! Exchange k of the all-gather: this rank's block goes to rank + k (whose step k it is), while
-//! the block of rank - k (this rank's step k) arrives.
-inline int gather_to(const ring_schedule& s, int k) { return (s.rank() + k) % s.ranks(); }
-
-//! The all-gather's K/V messages: exchange t sends the own block (slot 0) to rank + t where that
-//! rank sees some of it, and receives the block of step t into slot t where this rank sees some.
-template <class Engine>
-void gather_blocks(Engine& e, const ring_schedule& s, const ring_workspace& ws) {
-  const std::int64_t n = s.q_tokens();
-  for (int t = 1; t < s.step_count(); ++t) {
-    const ring_step& step = s.step(t);
-    e.exchange(message{
-        payload::kv, 0, t, n, step.kv_tokens, step.own_wanted ? ws.block_bytes(n) : 0,
-        step.groups.empty() ? 0 : ws.block_bytes(step.kv_tokens), gather_to(s, t), step.source, t});
+//! The all-gather's programs (`all_gather_kv`): every rank's K/V block is gathered once, then
+//! this rank's queries attend to each block in place, with the ring's groups (the block of rank
+//! (rank - t) mod P in slot t, the groups of step t). No block travels twice and none is merged
+//! on arrival: the fp32 state is merged block after block as on the ring, so the two forwards
+//! agree bit for bit.
+//!
+//! The gather is P - 1 pairwise exchanges: in exchange k rank r sends its own block to r + k and
+//! receives the block of r - k, so a rank sends (P - 1) x its own K/V; a block no query of the
+//! receiver sees is neither sent nor received (`ring_step::own_wanted`, the step's groups). The
+//! backward gathers K/V again, computes every block's fp32 dK/dV share and returns each share to
+//! its owner in the same pairwise pattern (a reduce-scatter; no share where nothing was
+//! computed): the owner adds what it receives in the order k = 1 .. P - 1, so the result is the
+//! same bit for bit from call to call.
+struct all_gather_program {
+  //! A slot for the block of every step (every rank's, or those a window needs); in the backward
+  //! a share buffer for every block whose dK/dV come back (at least one).
+  static ring_workspace workspace(const ring_schedule& s, const attention_arguments& args,
+                                  std::size_t element_bytes) {
+    return {s.q_tokens(),  s.max_kv_tokens(),           args,
+            element_bytes, std::max(2, s.step_count()), std::max(1, s.step_count() - 1)};
   }
-}
 
-//! The all-gather forward: the own block's compute first (while the ranks meet for the gather),
-//! then every block gathered, then the blocks in step order, each merged as on the ring.
-template <class Engine>
-void all_gather_forward_program(Engine& e, const ring_schedule& s, const ring_workspace& ws) {
-  if (e.forward_direct()) return;
-  e.start_forward();
-  e.forward(s.step(0), 0);
-  gather_blocks(e, s, ws);
-  for (int t = 1; t < s.step_count(); ++t)
-    e.forward(s.step(t), t);
-  e.finish_forward();
-}
+  //! Exchange k of the all-gather: this rank's block goes to rank + k (whose step k it is), while
+  //! the block of rank - k (this rank's step k) arrives.
+  static int gather_to(const ring_schedule& s, int k) { return (s.rank() + k) % s.ranks(); }
 
-//! The all-gather backward: the gather again, then each block's dK/dV share computed into its
-//! slot's sums and sent back to its owner while this rank's share from rank + t arrives (share
-//! buffer t - 1; tags P + t). The owner adds the shares it received in the order t = 1, 2, ...
-template <class Engine>
-void all_gather_backward_program(Engine& e, const ring_schedule& s, const ring_workspace& ws) {
-  if (e.backward_direct()) return;
-  e.start_backward();
-  e.backward_share(s.step(0), 0);
-  gather_blocks(e, s, ws);
-  const std::int64_t n = s.q_tokens();
-  for (int t = 1; t < s.step_count(); ++t) {
-    const ring_step& step = s.step(t);
-    e.backward_share(step, t);
-    e.exchange(message{payload::share, t, t - 1, step.kv_tokens, n,
-                       step.groups.empty() ? 0 : ws.grad_bytes(step.kv_tokens),
-                       step.own_wanted ? ws.grad_bytes(n) : 0, step.source, gather_to(s, t),
-                       s.ranks() + t});
+  //! The all-gather's K/V messages: exchange t sends the own block (slot 0) to rank + t where that
+  //! rank sees some of it, and receives the block of step t into slot t where this rank sees some.
+  template <class Engine>
+  static void gather_blocks(Engine& e, const ring_schedule& s, const ring_workspace& ws) {
+    const std::int64_t n = s.q_tokens();
+    for (int t = 1; t < s.step_count(); ++t) {
+      const ring_step& step = s.step(t);
+      e.exchange(message{payload::kv, 0, t, n, step.kv_tokens,
+                         step.own_wanted ? ws.block_bytes(n) : 0,
+                         step.groups.empty() ? 0 : ws.block_bytes(step.kv_tokens), gather_to(s, t),
+                         step.source, t});
+    }
   }
-  e.finish_shares();
-}
+
+  //! The all-gather forward: the own block's compute first (while the ranks meet for the gather),
+  //! then every block gathered, then the blocks in step order, each merged as on the ring.
+  template <class Engine>
+  static void forward(Engine& e, const ring_schedule& s, const ring_workspace& ws) {
+    if (e.forward_direct()) return;
+    e.start_forward();
+    e.forward(s.step(0), 0);
+    gather_blocks(e, s, ws);
+    for (int t = 1; t < s.step_count(); ++t)
+      e.forward(s.step(t), t);
+    e.finish_forward();
+  }
+
+  //! The all-gather backward: the gather again, then each block's dK/dV share computed into its
+  //! slot's sums and sent back to its owner while this rank's share from rank + t arrives (share
+  //! buffer t - 1; tags P + t). The owner adds the shares it received in the order t = 1, 2, ...
+  //! Every gather is queued before any share leaves: on the device a share waits for its block's
+  //! compute, and a gather queued behind it on the communication stream would wait as well.
+  template <class Engine>
+  static void backward(Engine& e, const ring_schedule& s, const ring_workspace& ws) {
+    if (e.backward_direct()) return;
+    e.start_backward();
+    e.backward_share(s.step(0), 0);
+    gather_blocks(e, s, ws);
+    const std::int64_t n = s.q_tokens();
+    for (int t = 1; t < s.step_count(); ++t) {
+      const ring_step& step = s.step(t);
+      e.backward_share(step, t);
+      e.exchange(message{payload::share, t, t - 1, step.kv_tokens, n,
+                         step.groups.empty() ? 0 : ws.grad_bytes(step.kv_tokens),
+                         step.own_wanted ? ws.grad_bytes(n) : 0, step.source, gather_to(s, t),
+                         s.ranks() + t});
+    }
+    e.finish_shares();
+  }
+};
 
 //! An engine that only records the messages of a program.
 class trace_engine {

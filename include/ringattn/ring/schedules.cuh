@@ -31,11 +31,11 @@
 #include <ringattn/arguments.cuh>
 #include <ringattn/concepts.cuh>
 #include <ringattn/partition/plan.cuh>
-#include <ringattn/ring/all_gather_executor.cuh>
 #include <ringattn/ring/all_to_all.cuh>
-#include <ringattn/ring/all_to_all_executor.cuh>
-#include <ringattn/ring/device_executor.cuh>
-#include <ringattn/ring/host_executor.cuh>
+#include <ringattn/ring/all_to_all_program.cuh>
+#include <ringattn/ring/device_engine.cuh>
+#include <ringattn/ring/host_engine.cuh>
+#include <ringattn/ring/program.cuh>
 #include <ringattn/ring/schedule.cuh>
 #include <ringattn/ring/workspace.cuh>
 #include <ringattn/tensor.cuh>
@@ -46,9 +46,12 @@
 
 namespace ringattn {
 
-//! The ring: blocks pass from rank to rank, one step at a time.
-struct ring_pass {
-  static constexpr const char* name = "ring_pass";
+namespace detail {
+//! What the ring and the all-gather share: the ring's plan and groups, the slots of `Program`
+//! (ring/program.cuh), and its two programs run by the host and the device engines.
+template <class Program>
+struct program_schedule {
+  using program = Program;
   using plan_type = ring_schedule;
   using layout_type = ring_workspace;
   template <class Partitioner>
@@ -64,85 +67,48 @@ struct ring_pass {
   }
   static ring_workspace workspace(const ring_schedule& s, const attention_arguments& args,
                                   std::size_t element_bytes) {
-    return {s.q_tokens(), s.max_kv_tokens(), args, element_bytes};
+    return Program::workspace(s, args, element_bytes);
   }
-  //! The host path computes a step's dK/dV share apart, as the device path does.
+  //! The host path computes a step's dK/dV share apart and receives the returning shares into
+  //! the device path's regions, as the device path does.
   static std::size_t host_backward_bytes(const ring_workspace& w) {
     return w.device_backward_bytes();
   }
   template <class BlockKernel, class Communicator, element T, class... Views>
   static void host_forward(Communicator& comm, const ring_schedule& s,
                            const attention_arguments& args, Views... views) {
-    detail::host_ring_forward<BlockKernel, Communicator, T>(comm, s, args, views...);
+    detail::host_forward<Program, BlockKernel, Communicator, T>(comm, s, args, views...);
   }
   template <class BlockKernel, class Communicator, element T, class... Views>
   static void host_backward(Communicator& comm, const ring_schedule& s,
                             const attention_arguments& args, Views... views) {
-    detail::host_ring_backward<BlockKernel, Communicator, T>(comm, s, args, views...);
+    detail::host_backward<Program, BlockKernel, Communicator, T>(comm, s, args, views...);
   }
 #if defined(__CUDACC__)
   template <class BlockKernel, class Communicator, class T, class... Views>
   static void device_forward(Communicator& comm, const ring_schedule& s,
-                             detail::ring_device_resources<BlockKernel>& d,
-                             const attention_arguments& args, Views... views) {
-    detail::device_ring_forward<BlockKernel, Communicator, T>(comm, s, d, args, views...);
+                             ring_device_resources<BlockKernel>& d, const attention_arguments& args,
+                             Views... views) {
+    detail::device_forward<Program, BlockKernel, Communicator, T>(comm, s, d, args, views...);
   }
   template <class BlockKernel, class Communicator, class T, class... Views>
   static void device_backward(Communicator& comm, const ring_schedule& s,
-                              detail::ring_device_resources<BlockKernel>& d,
+                              ring_device_resources<BlockKernel>& d,
                               const attention_arguments& args, Views... views) {
-    detail::device_ring_backward<BlockKernel, Communicator, T>(comm, s, d, args, views...);
+    detail::device_backward<Program, BlockKernel, Communicator, T>(comm, s, d, args, views...);
   }
 #endif
 };
+} // namespace detail
+
+//! The ring: blocks pass from rank to rank, one step at a time.
+struct ring_pass : detail::program_schedule<detail::ring_program> {
+  static constexpr const char* name = "ring_pass";
+};
 
 //! The all-gather: every block gathered once, then attended to in place.
-struct all_gather_kv {
+struct all_gather_kv : detail::program_schedule<detail::all_gather_program> {
   static constexpr const char* name = "all_gather_kv";
-  using plan_type = ring_schedule;
-  using layout_type = ring_workspace;
-  template <class Partitioner>
-  static ring_schedule plan(const partition_plan<Partitioner>& p, int rank,
-                            const position_window& window, const attention_arguments& args) {
-    return ring_pass::plan(p, rank, window, args);
-  }
-  static const ring_schedule& compute(const ring_schedule& s) noexcept { return s; }
-  static const attention_arguments& compute_arguments(const ring_schedule&,
-                                                      const attention_arguments& args) noexcept {
-    return args;
-  }
-  static ring_workspace workspace(const ring_schedule& s, const attention_arguments& args,
-                                  std::size_t element_bytes) {
-    return detail::all_gather_workspace(s, args, element_bytes);
-  }
-  //! The host path receives the returning dK/dV shares into the first share region too.
-  static std::size_t host_backward_bytes(const ring_workspace& w) {
-    return w.device_backward_bytes();
-  }
-  template <class BlockKernel, class Communicator, element T, class... Views>
-  static void host_forward(Communicator& comm, const ring_schedule& s,
-                           const attention_arguments& args, Views... views) {
-    detail::host_all_gather_forward<BlockKernel, Communicator, T>(comm, s, args, views...);
-  }
-  template <class BlockKernel, class Communicator, element T, class... Views>
-  static void host_backward(Communicator& comm, const ring_schedule& s,
-                            const attention_arguments& args, Views... views) {
-    detail::host_all_gather_backward<BlockKernel, Communicator, T>(comm, s, args, views...);
-  }
-#if defined(__CUDACC__)
-  template <class BlockKernel, class Communicator, class T, class... Views>
-  static void device_forward(Communicator& comm, const ring_schedule& s,
-                             detail::ring_device_resources<BlockKernel>& d,
-                             const attention_arguments& args, Views... views) {
-    detail::device_all_gather_forward<BlockKernel, Communicator, T>(comm, s, d, args, views...);
-  }
-  template <class BlockKernel, class Communicator, class T, class... Views>
-  static void device_backward(Communicator& comm, const ring_schedule& s,
-                              detail::ring_device_resources<BlockKernel>& d,
-                              const attention_arguments& args, Views... views) {
-    detail::device_all_gather_backward<BlockKernel, Communicator, T>(comm, s, d, args, views...);
-  }
-#endif
 };
 
 namespace detail {

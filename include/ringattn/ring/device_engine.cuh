@@ -255,18 +255,8 @@ public:
     if (t > 0 && nk > 0)
       RINGATTN_CUDA_CHECK(cudaMemsetAsync(local_, 0, ws_.grad_bytes(nk), stream_));
     if (!step.groups.empty())
-      BlockKernel::device_backward(
-          block_backward_args<T>{q_,
-                                 thd_view<const T>(b.k),
-                                 thd_view<const T>(b.v),
-                                 dout_,
-                                 lse_,
-                                 delta_,
-                                 args_,
-                                 {dq_acc_, share, share + ws_.k_elements(nk)},
-                                 out_,
-                                 scratch_},
-          d_.backward[static_cast<std::size_t>(t)], stream_);
+      BlockKernel::device_backward(block_args(b.k, b.v, share, share + ws_.k_elements(nk)),
+                                   d_.backward[static_cast<std::size_t>(t)], stream_);
     RINGATTN_CUDA_CHECK(cudaEventRecord(d_.computed[slot], stream_));
     if (t > 0) {
       RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream_, d_.grads_recv[slot], 0));
@@ -283,16 +273,7 @@ public:
     if (t > 0) RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream_, d_.arrived[slot], 0));
     if (nk > 0) RINGATTN_CUDA_CHECK(cudaMemsetAsync(b.dk, 0, ws_.grad_bytes(nk), stream_));
     if (!step.groups.empty())
-      BlockKernel::device_backward(block_backward_args<T>{q_,
-                                                          thd_view<const T>(b.k),
-                                                          thd_view<const T>(b.v),
-                                                          dout_,
-                                                          lse_,
-                                                          delta_,
-                                                          args_,
-                                                          {dq_acc_, b.dk, b.dv},
-                                                          out_,
-                                                          scratch_},
+      BlockKernel::device_backward(block_args(b.k, b.v, b.dk, b.dv),
                                    d_.backward[static_cast<std::size_t>(t)], stream_);
     RINGATTN_CUDA_CHECK(cudaEventRecord(d_.computed[slot], stream_));
   }
@@ -348,6 +329,19 @@ public:
   }
 
 private:
+  //! The block call over a slot's K/V, its dK/dV share into `dk` and `dv`.
+  block_backward_args<T> block_args(thd_view<T> k, thd_view<T> v, float* dk, float* dv) const {
+    return {q_,
+            thd_view<const T>(k),
+            thd_view<const T>(v),
+            dout_,
+            lse_,
+            delta_,
+            args_,
+            {dq_acc_, dk, dv},
+            out_,
+            scratch_};
+  }
   // This rank's own sums come home into the K/V area of the other slot.
   float* home_sums(int slot) const {
     return reinterpret_cast<float*>(ws_.grad_slot_views<T>(base_, slot, 0).k.data);
@@ -367,29 +361,92 @@ private:
   cudaStream_t stream_;
 };
 
-template <class BlockKernel, class Communicator, class T>
-void device_ring_forward(Communicator& comm, const ring_schedule& s,
-                         ring_device_resources<BlockKernel>& d, const attention_arguments& args,
-                         thd_view<const T> q, thd_view<const T> k, thd_view<const T> v,
-                         thd_view<T> out, float* lse, float* max_logit, std::byte* workspace,
-                         cudaStream_t stream) {
-  const ring_workspace ws(s.q_tokens(), s.max_kv_tokens(), args, sizeof(T));
+//! The device engine of the all-to-all's programs (ring/all_to_all_program.cuh): every copy,
+//! exchange and kernel enqueued on the caller's stream in order
+//! (the attention needs every shard before it starts, so nothing runs beside it).
+template <class BlockKernel, class Communicator>
+struct device_all_to_all_engine {
+  Communicator& comm;
+  ring_device_resources<BlockKernel>& d;
+  std::byte* scratch;
+  cudaStream_t stream;
+
+  void copy(void* dst, std::size_t dpitch, const void* src, std::size_t spitch, std::size_t width,
+            std::size_t rows) const {
+    if (rows == 0 || width == 0) return;
+    RINGATTN_CUDA_CHECK(
+        cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDeviceToDevice, stream));
+  }
+  void exchange(const void* s, std::size_t sn, int to, void* dst, std::size_t dn, int from,
+                std::int64_t tag) {
+    comm.exchange_async(s, sn, to, dst, dn, from, tag, stream);
+  }
+  void add(float* a, const float* b, std::int64_t count) const { accumulate(a, b, count, stream); }
+  template <class T>
+  void write(const float* x, thd_view<T> out) const {
+    write_gradient<T>(x, out, stream);
+  }
+  template <class T>
+  void forward(const ring_schedule& s, const attention_arguments& a, thd_view<T> q, thd_view<T> k,
+               thd_view<T> v, const attention_state& state, thd_view<T> out) const {
+    if (s.needs_reset()) reset(state, stream);
+    for (const ring_step& step : s.steps()) {
+      nvtx_range range("step", step.index, s.rank());
+      const step_epilogue e = s.forward_epilogue(step.index, true);
+      if (e != step_epilogue::none)
+        BlockKernel::device_forward(
+            e,
+            {thd_view<const T>(q), thd_view<const T>(k), thd_view<const T>(v), a, state, scratch},
+            d.forward[static_cast<std::size_t>(step.index)], out, state.lse, stream);
+    }
+    if (s.needs_finalize(true)) finalize(state, out, stream);
+  }
+  template <class T>
+  void backward(const ring_schedule& s, const attention_arguments& a, thd_view<T> q, thd_view<T> k,
+                thd_view<T> v, thd_view<T> out, thd_view<T> dout, const float* lse, float* delta,
+                const gradient_state& g) const {
+    compute_delta<T>(out, dout, delta, stream);
+    auto zero = [&](float* x, const thd_view<T>& like) {
+      const std::size_t count = static_cast<std::size_t>(like.tokens) * like.heads * like.head_dim;
+      if (count) RINGATTN_CUDA_CHECK(cudaMemsetAsync(x, 0, count * sizeof(float), stream));
+    };
+    zero(g.dq, q);
+    zero(g.dk, k);
+    zero(g.dv, v);
+    for (const ring_step& step : s.steps()) {
+      nvtx_range range("backward step", step.index, s.rank());
+      if (!step.groups.empty())
+        BlockKernel::device_backward(
+            block_backward_args<T>{q, k, v, dout, lse, delta, a, g, out, scratch},
+            d.backward[static_cast<std::size_t>(step.index)], stream);
+    }
+  }
+};
+
+//! Runs `Program`'s forward (ring/program.cuh) on the device engine.
+template <class Program, class BlockKernel, class Communicator, class T>
+void device_forward(Communicator& comm, const ring_schedule& s,
+                    ring_device_resources<BlockKernel>& d, const attention_arguments& args,
+                    thd_view<const T> q, thd_view<const T> k, thd_view<const T> v, thd_view<T> out,
+                    float* lse, float* max_logit, std::byte* workspace, cudaStream_t stream) {
+  const ring_workspace ws = Program::workspace(s, args, sizeof(T));
   device_forward_engine<BlockKernel, Communicator, T> e(comm, s, d, ws, workspace, args, q, k, v,
                                                         out, lse, max_logit, stream);
-  ring_forward_program(e, s, ws);
+  Program::forward(e, s, ws);
 }
 
-template <class BlockKernel, class Communicator, class T>
-void device_ring_backward(Communicator& comm, const ring_schedule& s,
-                          ring_device_resources<BlockKernel>& d, const attention_arguments& args,
-                          thd_view<const T> q, thd_view<const T> k, thd_view<const T> v,
-                          thd_view<const T> out, const float* lse, thd_view<const T> dout,
-                          thd_view<T> dq, thd_view<T> dk, thd_view<T> dv, std::byte* workspace,
-                          cudaStream_t stream) {
-  const ring_workspace ws(s.q_tokens(), s.max_kv_tokens(), args, sizeof(T));
+//! Runs `Program`'s backward on the device engine.
+template <class Program, class BlockKernel, class Communicator, class T>
+void device_backward(Communicator& comm, const ring_schedule& s,
+                     ring_device_resources<BlockKernel>& d, const attention_arguments& args,
+                     thd_view<const T> q, thd_view<const T> k, thd_view<const T> v,
+                     thd_view<const T> out, const float* lse, thd_view<const T> dout,
+                     thd_view<T> dq, thd_view<T> dk, thd_view<T> dv, std::byte* workspace,
+                     cudaStream_t stream) {
+  const ring_workspace ws = Program::workspace(s, args, sizeof(T));
   device_backward_engine<BlockKernel, Communicator, T> e(comm, s, d, ws, workspace, args, q, k, v,
                                                          out, lse, dout, dq, dk, dv, stream);
-  ring_backward_program(e, s, ws);
+  Program::backward(e, s, ws);
 }
 #endif // __CUDACC__
 

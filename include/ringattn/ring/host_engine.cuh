@@ -122,16 +122,8 @@ public:
     const std::size_t elements = ws_.kv_elements(nk);
     if (t > 0) std::fill(local_, local_ + elements, 0.0f);
     if (!step.groups.empty())
-      BlockKernel::host_backward(
-          block_backward_args<T>{q_,
-                                 thd_view<const T>(b.k),
-                                 thd_view<const T>(b.v),
-                                 dout_,
-                                 lse_,
-                                 delta_,
-                                 args_,
-                                 {dq_acc_, share, share + ws_.k_elements(nk)}},
-          step.groups);
+      BlockKernel::host_backward(block_args(b.k, b.v, share, share + ws_.k_elements(nk)),
+                                 step.groups);
     if (t > 0)
       for (std::size_t i = 0; i < elements; ++i)
         b.dk[i] += local_[i];
@@ -142,15 +134,7 @@ public:
     const auto b = ws_.grad_slot_views<T>(base_, slot, step.kv_tokens);
     std::fill(b.dk, b.dk + ws_.kv_elements(step.kv_tokens), 0.0f); // dk, then dv
     if (!step.groups.empty())
-      BlockKernel::host_backward(block_backward_args<T>{q_,
-                                                        thd_view<const T>(b.k),
-                                                        thd_view<const T>(b.v),
-                                                        dout_,
-                                                        lse_,
-                                                        delta_,
-                                                        args_,
-                                                        {dq_acc_, b.dk, b.dv}},
-                                 step.groups);
+      BlockKernel::host_backward(block_args(b.k, b.v, b.dk, b.dv), step.groups);
   }
   void exchange(const message& m) {
     comm_.exchange(source(m), m.send_bytes, m.to, target(m), m.recv_bytes, m.from, m.tag);
@@ -174,6 +158,11 @@ public:
   }
 
 private:
+  //! The block call over a slot's K/V, its dK/dV share into `dk` and `dv`.
+  block_backward_args<T> block_args(thd_view<T> k, thd_view<T> v, float* dk, float* dv) const {
+    return {q_,    thd_view<const T>(k), thd_view<const T>(v), dout_, lse_, delta_,
+            args_, {dq_acc_, dk, dv}};
+  }
   // A message's buffers: a slot's K/V, or its fp32 dK/dV; this rank's own sums come home into
   // the K/V area of the other slot.
   const void* source(const message& m) const {
@@ -202,27 +191,83 @@ private:
   float *dq_acc_, *delta_, *local_;
 };
 
-template <class BlockKernel, class Communicator, element T>
-void host_ring_forward(Communicator& comm, const ring_schedule& s, const attention_arguments& args,
-                       thd_view<const T> q, thd_view<const T> k, thd_view<const T> v,
-                       thd_view<T> out, float* lse, float* max_logit,
-                       std::span<std::byte> workspace) {
-  const ring_workspace ws(s.q_tokens(), s.max_kv_tokens(), args, sizeof(T));
+//! The host engine of the all-to-all's programs (ring/all_to_all_program.cuh): blocking
+//! exchanges, host copies, the BlockKernel's host block over the gathered shards.
+template <class BlockKernel, class Communicator>
+struct host_all_to_all_engine {
+  Communicator& comm;
+
+  void copy(void* dst, std::size_t dpitch, const void* src, std::size_t spitch, std::size_t width,
+            std::size_t rows) const {
+    for (std::size_t i = 0; i < rows && width > 0; ++i)
+      std::memcpy(static_cast<std::byte*>(dst) + i * dpitch,
+                  static_cast<const std::byte*>(src) + i * spitch, width);
+  }
+  void exchange(const void* s, std::size_t sn, int to, void* d, std::size_t dn, int from,
+                std::int64_t tag) {
+    comm.exchange(s, sn, to, d, dn, from, tag);
+  }
+  void add(float* a, const float* b, std::int64_t count) const {
+    for (std::int64_t i = 0; i < count; ++i)
+      a[i] += b[i];
+  }
+  //! A dense fp32 `[tokens, heads, width]` sum into `out`.
+  template <class T>
+  void write(const float* x, thd_view<T> out) const {
+    for (std::int64_t t = 0; t < out.tokens; ++t)
+      for (int hh = 0; hh < out.heads; ++hh)
+        for (int i = 0; i < out.head_dim; ++i)
+          out(t, hh, i) = from_float<T>(x[(t * out.heads + hh) * out.head_dim + i]);
+  }
+  template <class T>
+  void forward(const ring_schedule& s, const attention_arguments& a, thd_view<T> q, thd_view<T> k,
+               thd_view<T> v, const attention_state& state, thd_view<T> out) const {
+    reset(state);
+    for (const ring_step& step : s.steps()) {
+      nvtx_range range("step", step.index, s.rank());
+      if (!step.groups.empty())
+        BlockKernel::host_forward(block_forward_args<T>{q, k, v, a, state}, step.groups);
+    }
+    finalize(state, out);
+  }
+  template <class T>
+  void backward(const ring_schedule& s, const attention_arguments& a, thd_view<T> q, thd_view<T> k,
+                thd_view<T> v, thd_view<T> out, thd_view<T> dout, const float* lse, float* delta,
+                const gradient_state& g) const {
+    compute_delta(thd_view<const T>(out), thd_view<const T>(dout), delta);
+    std::fill(g.dq, g.dq + q.tokens * q.heads * q.head_dim, 0.0f);
+    std::fill(g.dk, g.dk + k.tokens * k.heads * k.head_dim, 0.0f);
+    std::fill(g.dv, g.dv + v.tokens * v.heads * v.head_dim, 0.0f);
+    for (const ring_step& step : s.steps()) {
+      nvtx_range range("backward step", step.index, s.rank());
+      if (!step.groups.empty())
+        BlockKernel::host_backward(block_backward_args<T>{q, k, v, dout, lse, delta, a, g},
+                                   step.groups);
+    }
+  }
+};
+
+//! Runs `Program`'s forward (ring/program.cuh) on the host engine.
+template <class Program, class BlockKernel, class Communicator, element T>
+void host_forward(Communicator& comm, const ring_schedule& s, const attention_arguments& args,
+                  thd_view<const T> q, thd_view<const T> k, thd_view<const T> v, thd_view<T> out,
+                  float* lse, float* max_logit, std::span<std::byte> workspace) {
+  const ring_workspace ws = Program::workspace(s, args, sizeof(T));
   host_forward_engine<BlockKernel, Communicator, T> e(comm, ws, workspace.data(), s.rank(), args, q,
                                                       k, v, out, lse, max_logit);
-  ring_forward_program(e, s, ws);
+  Program::forward(e, s, ws);
 }
 
-template <class BlockKernel, class Communicator, element T>
-void host_ring_backward(Communicator& comm, const ring_schedule& s, const attention_arguments& args,
-                        thd_view<const T> q, thd_view<const T> k, thd_view<const T> v,
-                        thd_view<const T> out, const float* lse, thd_view<const T> dout,
-                        thd_view<T> dq, thd_view<T> dk, thd_view<T> dv,
-                        std::span<std::byte> workspace) {
-  const ring_workspace ws(s.q_tokens(), s.max_kv_tokens(), args, sizeof(T));
+//! Runs `Program`'s backward on the host engine.
+template <class Program, class BlockKernel, class Communicator, element T>
+void host_backward(Communicator& comm, const ring_schedule& s, const attention_arguments& args,
+                   thd_view<const T> q, thd_view<const T> k, thd_view<const T> v,
+                   thd_view<const T> out, const float* lse, thd_view<const T> dout, thd_view<T> dq,
+                   thd_view<T> dk, thd_view<T> dv, std::span<std::byte> workspace) {
+  const ring_workspace ws = Program::workspace(s, args, sizeof(T));
   host_backward_engine<BlockKernel, Communicator, T> e(comm, s, ws, workspace.data(), args, q, k, v,
                                                        out, lse, dout, dq, dk, dv);
-  ring_backward_program(e, s, ws);
+  Program::backward(e, s, ws);
 }
 
 } // namespace ringattn::detail
