@@ -13,6 +13,7 @@
 #include <doctest/doctest.h>
 
 #include <cstdlib>
+#include <initializer_list>
 #include <string>
 #include <type_traits>
 
@@ -125,16 +126,18 @@ TEST_CASE_TEMPLATE("device ring with head_dim 192 and head_dim_v 128 equals the 
 }
 
 // The device path runs the schedules' programs (ring/program.cuh) as the host path does: what
-// each rank sent on the device, forward then backward, is its programs' messages in their order,
-// and what it sent on the host path for the same call.
+// each rank sent on the device, forward then backward, is what it sent on the host path for the
+// same call, and, for a schedule that names a program (the ring, the all-gather), its programs'
+// messages in their order. The all-to-all and its hybrid run one program over both engines
+// (ring/all_to_all_program.cuh).
 template <class Schedule, class P, class Mask>
-void check_device_programs(attention_arguments a) {
+void check_device_programs(attention_arguments a, std::initializer_list<int> rank_counts) {
   const auto seed = test::fresh_seed();
   CAPTURE(seed);
   std::mt19937_64 rng(seed);
   const auto cu = test::random_cu_seqlens(3, 1, 61, rng);
   std::size_t messages = 0; // over every run: the programs are not empty
-  for (int ranks : {1, 2, 3, 4, 8}) {
+  for (int ranks : rank_counts) {
     CAPTURE(ranks);
     test::sharded_backward_case<P, T> c(cu, ranks, a, Mask::mask, rng);
     using recorder = test::recording_communicator<in_process_communicator>;
@@ -150,9 +153,14 @@ void check_device_programs(attention_arguments a) {
           ring_attention<P, recorder, Mask, Schedule> attn(rec, c.args, c.plan.cu_seqlens());
           c.backward_rank(attn, r, c.forward_rank(attn, r));
           s.host = rec.log;
-          auto [forward, backward] = test::program_messages<Schedule, T>(attn.schedule(), c.args);
-          s.program = std::move(forward);
-          s.program.insert(s.program.end(), backward.begin(), backward.end());
+          if constexpr (requires { typename Schedule::program; }) {
+            auto [forward, backward] =
+                test::program_messages<Schedule, T>(attn.schedule(), c.args);
+            s.program = std::move(forward);
+            s.program.insert(s.program.end(), backward.begin(), backward.end());
+          } else {
+            s.program = s.host;
+          }
           return s;
         });
     for (int r = 0; r < ranks; ++r) {
@@ -167,18 +175,22 @@ void check_device_programs(attention_arguments a) {
 }
 
 template <class Schedule, class P>
-void check_device_programs_of() {
-  check_device_programs<Schedule, P, full>({4, 2, 64, 0.0f});
-  check_device_programs<Schedule, P, causal>({4, 2, 64, 0.0f});
-  attention_arguments windowed{4, 2, 64, 0.0f};
-  windowed.window_left = 9;
-  check_device_programs<Schedule, P, causal_window>(windowed);
+void check_device_programs_of(attention_arguments a,
+                              std::initializer_list<int> rank_counts = {1, 2, 3, 4, 8}) {
+  check_device_programs<Schedule, P, full>(a, rank_counts);
+  check_device_programs<Schedule, P, causal>(a, rank_counts);
+  a.window_left = 9;
+  check_device_programs<Schedule, P, causal_window>(a, rank_counts);
 }
 
-TEST_CASE_TEMPLATE("device ring and all-gather: what every rank sends is its programs' messages, "
-                   "in their order, as on the host path (full, causal, causal window; P = 1, 2, "
-                   "3, 4, 8)",
+TEST_CASE_TEMPLATE("device ring, all-gather, all-to-all and hybrid: what every rank sends is "
+                   "what it sends on the host path, in the same order, and the ring's and the "
+                   "all-gather's programs' messages (full, causal, causal window; P = 1, 2, 3, "
+                   "4, 8)",
                    P, contiguous, round_robin, zigzag, balanced) {
-  check_device_programs_of<ring_pass, P>();
-  check_device_programs_of<all_gather_kv, P>();
+  check_device_programs_of<ring_pass, P>({4, 2, 64, 0.0f});
+  check_device_programs_of<all_gather_kv, P>({4, 2, 64, 0.0f});
+  // 24 query heads and one kv head split over every P of the list.
+  check_device_programs_of<all_to_all_heads, P>({24, 1, 64, 0.0f});
+  check_device_programs_of<all_to_all_heads_x_all_gather<2>, P>({24, 1, 64, 0.0f}, {2, 4, 8});
 }
