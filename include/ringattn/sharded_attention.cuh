@@ -55,6 +55,7 @@
 #include <ringattn/ring/agreement.cuh>
 #include <ringattn/ring/call.cuh>
 #include <ringattn/ring/device_engine.cuh>
+#include <ringattn/ring/program.cuh>
 #include <ringattn/ring/validation.cuh>
 #include <ringattn/ring/workspace.cuh>
 #include <ringattn/tensor.cuh>
@@ -474,18 +475,24 @@ private:
       const int p = comm_.size(), me = comm_.rank();
       const attention_state state = partial_state(reinterpret_cast<float*>(workspace.data()));
       std::byte* slots = workspace.data() + state_bytes();
-      reset(state);
-      if (!new_groups_.empty())
-        BlockKernel::host_forward(block_forward_args<T>{q_new, k_new, v_new, args_, state},
-                                  new_groups_);
-      cache_block(state);
-      finish_partial(state, slot_o<T>(slots, me), slot_lse<T>(slots, me));
-      for (int k = 1; k < p; ++k)
-        comm_.exchange(slots + me * slot_bytes<T>(), slot_bytes<T>(), (me + k) % p,
-                       slots + ((me - k + p) % p) * slot_bytes<T>(), slot_bytes<T>(),
-                       (me - k + p) % p, k);
-      merge_finished_partials(slot_o<T>(slots, 0), slot_stride<T, T>(), slot_lse<T>(slots, 0),
-                              slot_stride<T, float>(), p, out, lse);
+      detail::decode_engine e{
+          [&](int rank) {
+            reset(state);
+            if (!new_groups_.empty())
+              BlockKernel::host_forward(block_forward_args<T>{q_new, k_new, v_new, args_, state},
+                                        new_groups_);
+            cache_block(state);
+            finish_partial(state, slot_o<T>(slots, rank), slot_lse<T>(slots, rank));
+          },
+          [&](const detail::message& m) {
+            comm_.exchange(slots + m.send_slot * slot_bytes<T>(), m.send_bytes, m.to,
+                           slots + m.recv_slot * slot_bytes<T>(), m.recv_bytes, m.from, m.tag);
+          },
+          [&] {
+            merge_finished_partials(slot_o<T>(slots, 0), slot_stride<T, T>(), slot_lse<T>(slots, 0),
+                                    slot_stride<T, float>(), p, out, lse);
+          }};
+      detail::decode_program::step(e, me, p, q_new.tokens, slot_bytes<T>());
     });
   }
 
@@ -1056,49 +1063,63 @@ private:
     if (!d.fixed() && g.pool.uploaded())
       RINGATTN_CUDA_CHECK(
           cudaStreamWaitEvent(stream, g.pool.uploaded(), captured ? cudaEventWaitExternal : 0));
-    bool written = false;
-    if (g.own) {
-      BlockKernel::device_forward(step_epilogue::fresh,
-                                  block_forward_args<T>{q_new, k_new, v_new, args_, state, scratch},
-                                  *g.own, out, nullptr, stream);
-      written = true;
-    }
-    if (!g.cache.empty() || g.split) {
-      bool fresh = !written && cache_covers_;
-      if (!written && !fresh) reset(state, stream);
-      if constexpr (!std::same_as<C, T>) { // an FP8 cache: the split kernel (checked)
-        const block_forward_args<T> cache{q_new, {}, {}, args_, state, scratch};
-        if (g.split)
-          BlockKernel::device_split_forward(cache, k_cache, v_cache, scales, *g.split, fresh,
-                                            stream);
-      } else {
-        const block_forward_args<T> cache{q_new, k_cache, v_cache, args_, state, scratch};
-        if constexpr (requires {
-                        BlockKernel::device_split_forward(cache, *g.split, fresh, stream);
-                      })
-          if (g.split) BlockKernel::device_split_forward(cache, *g.split, fresh, stream);
-        for (const auto& round : g.cache) { // the first round covers every sequence with a cache
-          BlockKernel::device_forward(fresh ? step_epilogue::fresh : step_epilogue::merge, cache,
-                                      round, out, nullptr, stream);
-          fresh = false;
-        }
+    // The partial: the own block first where there is one (covering every row), then the cache
+    // block; a rank with neither sends an empty state.
+    const auto partial = [&](int rank) {
+      bool written = false;
+      if (g.own) {
+        BlockKernel::device_forward(
+            step_epilogue::fresh, block_forward_args<T>{q_new, k_new, v_new, args_, state, scratch},
+            *g.own, out, nullptr, stream);
+        written = true;
       }
-      written = true;
-    }
-    if (!written) reset(state, stream);
-    finish_partial(state, slot_o<T>(slots, me), slot_lse<T>(slots, me), stream);
-    if (p > 1) {
-      RINGATTN_CUDA_CHECK(cudaEventRecord(d.computed, stream));
-      RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(d.comm, d.computed, 0));
-      for (int k = 1; k < p; ++k)
-        comm_.exchange_async(slots + me * slot_bytes<T>(), slot_bytes<T>(), (me + k) % p,
-                             slots + ((me - k + p) % p) * slot_bytes<T>(), slot_bytes<T>(),
-                             (me - k + p) % p, k, d.comm);
-      RINGATTN_CUDA_CHECK(cudaEventRecord(d.arrived, d.comm));
-      RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream, d.arrived, 0));
-    }
-    merge_finished_partials<T>(slot_o<T>(slots, 0), slot_stride<T, T>(), slot_lse<T>(slots, 0),
-                               slot_stride<T, float>(), p, out, lse, stream);
+      if (!g.cache.empty() || g.split) {
+        bool fresh = !written && cache_covers_;
+        if (!written && !fresh) reset(state, stream);
+        if constexpr (!std::same_as<C, T>) { // an FP8 cache: the split kernel (checked)
+          const block_forward_args<T> cache{q_new, {}, {}, args_, state, scratch};
+          if (g.split)
+            BlockKernel::device_split_forward(cache, k_cache, v_cache, scales, *g.split, fresh,
+                                              stream);
+        } else {
+          const block_forward_args<T> cache{q_new, k_cache, v_cache, args_, state, scratch};
+          if constexpr (requires {
+                          BlockKernel::device_split_forward(cache, *g.split, fresh, stream);
+                        })
+            if (g.split) BlockKernel::device_split_forward(cache, *g.split, fresh, stream);
+          for (const auto& round : g.cache) { // the first round covers every sequence with a cache
+            BlockKernel::device_forward(fresh ? step_epilogue::fresh : step_epilogue::merge, cache,
+                                        round, out, nullptr, stream);
+            fresh = false;
+          }
+        }
+        written = true;
+      }
+      if (!written) reset(state, stream);
+      finish_partial(state, slot_o<T>(slots, rank), slot_lse<T>(slots, rank), stream);
+    };
+    // The exchanges on the communication stream, after the partial; the merge after them.
+    bool exchanged = false;
+    const auto exchange = [&](const detail::message& m) {
+      if (!exchanged) {
+        RINGATTN_CUDA_CHECK(cudaEventRecord(d.computed, stream));
+        RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(d.comm, d.computed, 0));
+        exchanged = true;
+      }
+      comm_.exchange_async(slots + m.send_slot * slot_bytes<T>(), m.send_bytes, m.to,
+                           slots + m.recv_slot * slot_bytes<T>(), m.recv_bytes, m.from, m.tag,
+                           d.comm);
+    };
+    const auto merge = [&] {
+      if (exchanged) {
+        RINGATTN_CUDA_CHECK(cudaEventRecord(d.arrived, d.comm));
+        RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream, d.arrived, 0));
+      }
+      merge_finished_partials<T>(slot_o<T>(slots, 0), slot_stride<T, T>(), slot_lse<T>(slots, 0),
+                                 slot_stride<T, float>(), p, out, lse, stream);
+    };
+    detail::decode_engine e{partial, exchange, merge};
+    detail::decode_program::step(e, me, p, q_new.tokens, slot_bytes<T>());
     // The schedules' tables are reused two plans on, after this (their last reader) completes
     // (fixed steps: by the next plan's copies on this stream). An event recorded under stream
     // capture cannot be waited on from the host: a captured step is the caller's to order before

@@ -5,6 +5,7 @@
 // rank; bytes per rank; bad input refused on every rank, and the next step runs.
 #include "../support/decode_case.hpp"
 #include "../support/ranks.hpp"
+#include "../support/recording_comm.hpp"
 
 #include <ringattn/block_kernel.cuh>
 #include <ringattn/comm/in_process.cuh>
@@ -111,6 +112,55 @@ TEST_CASE_TEMPLATE("sharded decode equals attention over the whole cache, on eve
                    contiguous, round_robin, zigzag) {
   check_decode<P>();
   check_decode<P>(128); // multi-head latent attention: q/k 192, v and out 128
+}
+
+// The step is the decode program (ring/program.cuh): what each rank sends is its messages, in
+// their order (P - 1 finished partials of the new rows, tags 1 .. P - 1).
+TEST_CASE("sharded decode: every rank sends its step program's messages, in their order") {
+  const auto seed = test::fresh_seed();
+  CAPTURE(seed);
+  std::mt19937_64 rng(seed);
+  using recorder = test::recording_communicator<in_process_communicator>;
+  const attention_arguments a{.q_heads = 8, .kv_heads = 2, .head_dim = 64};
+  std::size_t messages = 0;
+  for (int ranks : {1, 2, 3, 4, 8}) {
+    CAPTURE(ranks);
+    test::decode_case<zigzag, T> c(test::random_cu_seqlens(3, 1, 61, rng), ranks, a, rng);
+    const auto s = c.draw(rng, 1, 4);
+    const std::int64_t n = s.tokens;
+    const std::size_t slot = test::finished_partial_bytes(n * a.q_heads, a.v_dim(), sizeof(T));
+    std::vector<std::vector<test::sent>> logs(static_cast<std::size_t>(ranks));
+    in_process_group group(ranks);
+    const auto errors = on_ranks(group, [&](int r, in_process_communicator& comm) {
+      recorder rec(comm);
+      sharded_attention<recorder, host_reference<causal_mask>> dec(rec, a);
+      const auto sh = c.rank_shard(r);
+      dec.plan(s.cu_new, sh.cu);
+      std::vector<std::byte> ws(dec.host_workspace_bytes<T>());
+      std::vector<T> out(static_cast<std::size_t>(n * a.q_heads * a.v_dim()), test::poison<T>());
+      std::vector<float> lse(static_cast<std::size_t>(n * a.q_heads), -7.0f);
+      const std::int64_t m = sh.tokens();
+      rec.log.clear();
+      dec.forward_host(thd_view<const T>(s.q.data(), n, a.q_heads, a.head_dim),
+                       thd_view<const T>(s.k.data(), n, a.kv_heads, a.head_dim),
+                       thd_view<const T>(s.v.data(), n, a.kv_heads, a.v_dim()),
+                       thd_view<const T>(sh.k.data(), m, a.kv_heads, a.head_dim),
+                       thd_view<const T>(sh.v.data(), m, a.kv_heads, a.v_dim()),
+                       thd_view<T>(out.data(), n, a.q_heads, a.v_dim()), lse.data(), ws);
+      logs[static_cast<std::size_t>(r)] = rec.log;
+    });
+    for (const auto& e : errors)
+      REQUIRE(message(e) == "");
+    for (int r = 0; r < ranks; ++r) {
+      CAPTURE(r);
+      detail::trace_engine program;
+      detail::decode_program::step(program, r, ranks, n, slot);
+      CHECK(logs[static_cast<std::size_t>(r)] == test::seen_of(program.messages()));
+      CHECK(program.messages().size() == static_cast<std::size_t>(ranks - 1));
+      messages += program.messages().size();
+    }
+  }
+  CHECK(messages > 0);
 }
 
 TEST_CASE_TEMPLATE("sharded decode over a paged cache equals attention over the whole cache", P,

@@ -11,6 +11,7 @@
 #include "../support/decode_case.hpp"
 #include "../support/device_buffer.cuh"
 #include "../support/ranks.hpp"
+#include "../support/recording_comm.hpp"
 
 #include <ringattn/block_kernel.cuh>
 #include <ringattn/comm/in_process.cuh>
@@ -221,6 +222,73 @@ TEST_CASE_TEMPLATE("device sharded decode, virtual ranks on one GPU, equals the 
   check_device_decode<P>();
   if (forward_path_available(forward_path::wgmma, 192, 128))
     check_device_decode<P>(128); // multi-head latent attention: q/k 192, v and out 128
+}
+
+// The device step runs the decode program (ring/program.cuh) as the host step does: what each
+// rank sends on the device is its program's messages in their order, and what it sends on the
+// host path for the same step.
+TEST_CASE("device sharded decode: every rank sends its step program's messages, in their order, "
+          "as on the host path") {
+  const auto seed = test::fresh_seed();
+  CAPTURE(seed);
+  std::mt19937_64 rng(seed);
+  using recorder = test::recording_communicator<in_process_communicator>;
+  const attention_arguments a{.q_heads = 8, .kv_heads = 2, .head_dim = 128};
+  const int qh = a.q_heads, kvh = a.kv_heads, d = a.head_dim, dv = a.v_dim();
+  std::size_t messages = 0;
+  for (int ranks : {1, 2, 3, 4, 8}) {
+    CAPTURE(ranks);
+    test::decode_case<zigzag, T> c(test::random_cu_seqlens(3, 1, 120, rng), ranks, a, rng);
+    const auto s = c.draw(rng, 1, 4);
+    const std::int64_t n = s.tokens;
+    const std::size_t slot = test::finished_partial_bytes(n * qh, dv, sizeof(T));
+    std::vector<std::vector<test::sent>> device(static_cast<std::size_t>(ranks)),
+        host(static_cast<std::size_t>(ranks));
+    in_process_group group(ranks, std::chrono::seconds(60));
+    const auto errors = test::on_ranks(group, [&](int r, in_process_communicator& comm) {
+      RINGATTN_CUDA_CHECK(cudaSetDevice(0));
+      recorder rec(comm);
+      sharded_attention<recorder, causal> dec(rec, a);
+      dec.prepare_device();
+      const auto sh = c.rank_shard(r);
+      const std::int64_t m = sh.tokens();
+      dec.plan(s.cu_new, sh.cu);
+      test::device_buffer<T> q(s.q), k(s.k), v(s.v), kc(sh.k), vc(sh.v);
+      test::device_buffer<T> out(std::vector<T>(n * qh * dv, test::poison<T>()));
+      test::device_buffer<float> lse(std::vector<float>(n * qh, -7.0f));
+      const std::size_t bytes = dec.device_workspace_bytes<T>();
+      test::device_buffer<std::byte> ws(bytes);
+      rec.log.clear();
+      dec.forward(thd_view<const T>(q.get(), n, qh, d), thd_view<const T>(k.get(), n, kvh, d),
+                  thd_view<const T>(v.get(), n, kvh, dv), thd_view<const T>(kc.get(), m, kvh, d),
+                  thd_view<const T>(vc.get(), m, kvh, dv), thd_view<T>(out.get(), n, qh, dv),
+                  lse.get(), ws.get(), bytes, cudaStreamPerThread);
+      RINGATTN_CUDA_CHECK(cudaStreamSynchronize(cudaStreamPerThread));
+      device[static_cast<std::size_t>(r)] = rec.log;
+      std::vector<std::byte> hws(dec.host_workspace_bytes<T>());
+      std::vector<T> hout(static_cast<std::size_t>(n * qh * dv), test::poison<T>());
+      std::vector<float> hlse(static_cast<std::size_t>(n * qh), -7.0f);
+      rec.log.clear();
+      dec.forward_host(
+          thd_view<const T>(s.q.data(), n, qh, d), thd_view<const T>(s.k.data(), n, kvh, d),
+          thd_view<const T>(s.v.data(), n, kvh, dv), thd_view<const T>(sh.k.data(), m, kvh, d),
+          thd_view<const T>(sh.v.data(), m, kvh, dv), thd_view<T>(hout.data(), n, qh, dv),
+          hlse.data(), hws);
+      host[static_cast<std::size_t>(r)] = rec.log;
+    });
+    for (const auto& e : errors)
+      REQUIRE(test::message(e) == "");
+    for (int r = 0; r < ranks; ++r) {
+      CAPTURE(r);
+      detail::trace_engine program;
+      detail::decode_program::step(program, r, ranks, n, slot);
+      const auto expected = test::seen_of(program.messages());
+      CHECK(device[static_cast<std::size_t>(r)] == expected);
+      CHECK(host[static_cast<std::size_t>(r)] == expected);
+      messages += expected.size();
+    }
+  }
+  CHECK(messages > 0);
 }
 
 namespace {

@@ -44,15 +44,17 @@
 namespace ringattn::detail {
 
 //! What a message carries: a block's K/V, a block's fp32 dK/dV sum on its way round (the ring),
-//! a complete block's dK/dV going home to its owner (the ring's last message), or a block's fp32
-//! dK/dV share going back to its owner (the all-gather; received into share buffer `recv_slot`).
-enum class payload { kv, grad, home, share };
+//! a complete block's dK/dV going home to its owner (the ring's last message), a block's fp32
+//! dK/dV share going back to its owner (the all-gather; received into share buffer `recv_slot`),
+//! or a rank's finished partial of the new rows (the sharded decode; slot: the sender's rank).
+enum class payload { kv, grad, home, share, partial };
 
 inline const char* to_string(payload p) {
-  return p == payload::kv     ? "kv"
-         : p == payload::grad ? "grad"
-         : p == payload::home ? "home"
-                              : "share";
+  return p == payload::kv      ? "kv"
+         : p == payload::grad  ? "grad"
+         : p == payload::home  ? "home"
+         : p == payload::share ? "share"
+                               : "partial";
 }
 
 //! One exchange: `send_bytes` of slot `send_slot` to rank `to`, and `recv_bytes` into slot
@@ -204,6 +206,34 @@ struct all_gather_program {
   }
 };
 
+//! The sharded decode's step (sharded_attention.cuh): this rank's finished partial of the `rows`
+//! new rows into its slot (`partial(rank)`: slot r holds rank r's), P - 1 pairwise exchanges of
+//! `slot_bytes` (in exchange k to rank + k, from rank - k into that rank's slot; tag k), then the
+//! merge of the P partials in rank order (`merge()`), the same on every rank.
+struct decode_program {
+  template <class Engine>
+  static void step(Engine& e, int rank, int ranks, std::int64_t rows, std::size_t slot_bytes) {
+    e.partial(rank);
+    for (int k = 1; k < ranks; ++k) {
+      const int to = (rank + k) % ranks, from = (rank - k + ranks) % ranks;
+      e.exchange(
+          message{payload::partial, rank, from, rows, rows, slot_bytes, slot_bytes, to, from, k});
+    }
+    e.merge();
+  }
+};
+
+//! An engine of three callables, `partial(rank)`, `exchange(message)` and `merge()`: the sharded
+//! decode's host and device steps.
+template <class Partial, class Exchange, class Merge>
+struct decode_engine {
+  Partial partial;
+  Exchange exchange;
+  Merge merge;
+};
+template <class Partial, class Exchange, class Merge>
+decode_engine(Partial, Exchange, Merge) -> decode_engine<Partial, Exchange, Merge>;
+
 //! An engine that only records the messages of a program.
 class trace_engine {
 public:
@@ -217,6 +247,8 @@ public:
   void finish_forward() noexcept {}
   void finish_backward(int) noexcept {}
   void finish_shares() noexcept {}
+  void partial(int) noexcept {}
+  void merge() noexcept {}
   void exchange(const message& m) { messages_.push_back(m); }
   const std::vector<message>& messages() const noexcept { return messages_; }
 
