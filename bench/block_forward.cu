@@ -16,7 +16,7 @@
 // weight grows with every call and the block's share shrinks).
 #include "harness.cuh"
 
-#include <ringattn/kernel/forward.cuh>
+#include <ringattn/block/device/forward.cuh>
 
 #include <algorithm>
 #include <vector>

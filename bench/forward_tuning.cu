@@ -1,9 +1,9 @@
 // Tile-shape experiments for the block-forward kernel (not a product benchmark): the kernel
 // launched with different warps / row tiles / key tile / Q placement (each with a schedule of its
-// own tile shape), bf16, 32 heads, 8K tokens. Used to choose kernel/tuning.cuh's values.
+// own tile shape), bf16, 32 heads, 8K tokens. Used to choose core/tuning.cuh's values.
 #include "harness.cuh"
 
-#include <ringattn/kernel/forward.cuh>
+#include <ringattn/block/device/forward.cuh>
 
 #include <random>
 #include <vector>

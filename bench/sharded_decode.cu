@@ -19,9 +19,9 @@
 // scale per kv head, or per page and kv head; `cache_bytes_per_second` then counts its bytes).
 #include "harness.cuh"
 
+#include <ringattn/block/device/kv_quantize.cuh>
 #include <ringattn/block_kernel.cuh>
 #include <ringattn/comm/in_process.cuh>
-#include <ringattn/kernel/kv_quantize.cuh>
 #include <ringattn/sharded_attention.cuh>
 #if defined(RINGATTN_BENCH_CUDNN)
 #include <ringattn/cudnn.cuh>

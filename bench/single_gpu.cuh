@@ -5,8 +5,8 @@
 // benchmarks divide by, and what bench_block_backward times.
 #include "harness.cuh"
 
-#include <ringattn/kernel/backward.cuh>
-#include <ringattn/kernel/forward.cuh>
+#include <ringattn/block/device/backward.cuh>
+#include <ringattn/block/device/forward.cuh>
 
 #include <vector>
 

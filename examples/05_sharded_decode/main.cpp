@@ -19,8 +19,8 @@
 //
 //   sharded_decode [--ranks P] [--tokens N] [--steps S] [--partitioner zigzag|round_robin|
 //                  contiguous|balanced] [--cache slab|paged|fp8] [--device auto|cpu|gpu]
+#include <ringattn/block/device/kv_quantize.cuh>
 #include <ringattn/comm/in_process.cuh>
-#include <ringattn/kernel/kv_quantize.cuh>
 #include <ringattn/ring_attention.cuh>
 #include <ringattn/ringattn.cuh>
 #include <ringattn/sharded_attention.cuh>

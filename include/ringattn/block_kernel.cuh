@@ -26,13 +26,13 @@
 //! static_assert(ringattn::device_block_kernel_for<ringattn::causal, cudaStream_t>);
 //! \endcode
 
+#include <ringattn/block/device/backward.cuh>
+#include <ringattn/block/device/block.cuh>
+#include <ringattn/block/device/decode.cuh>
+#include <ringattn/block/device/forward.cuh>
 #include <ringattn/block/host_reference.cuh>
 #include <ringattn/block/masks.cuh>
 #include <ringattn/concepts.cuh>
-#include <ringattn/kernel/backward.cuh>
-#include <ringattn/kernel/block.cuh>
-#include <ringattn/kernel/decode.cuh>
-#include <ringattn/kernel/forward.cuh>
 
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
@@ -44,9 +44,10 @@
 
 namespace ringattn {
 
-//! The native kernels under `Mask`: the host twin on the host (kernel/host_forward.cuh,
-//! kernel/host_backward.cuh); on the device the tensor-core kernels (kernel/forward.cuh,
-//! kernel/backward.cuh). Its device functions compile only as CUDA (in a .cu file).
+//! The native kernels under `Mask`: the host twin on the host (block/device/host_forward.cuh,
+//! block/device/host_backward.cuh); on the device the tensor-core kernels
+//! (block/device/forward.cuh, block/device/backward.cuh). Its device functions compile only as CUDA
+//! (in a .cu file).
 template <class Mask>
 struct native_kernel : host_reference<Mask> {
   using forward_schedule = device_block_schedule;
@@ -86,7 +87,7 @@ struct native_kernel : host_reference<Mask> {
     (void)e, (void)a, (void)s, (void)out, (void)lse, (void)stream;
 #endif
   }
-  //! The split-K/V forward (kernel/decode.cuh): full blocks of few query rows per group.
+  //! The split-K/V forward (block/device/decode.cuh): full blocks of few query rows per group.
   using split_schedule = device_decode_schedule;
   //! The steps its split kernel takes, in the words of an error message.
   static constexpr const char* split_shapes =

@@ -10,6 +10,14 @@
 //! \endcode
 
 #include <ringattn/arguments.cuh>
+#include <ringattn/block/device/backward.cuh>
+#include <ringattn/block/device/backward_args.cuh>
+#include <ringattn/block/device/block.cuh>
+#include <ringattn/block/device/forward.cuh>
+#include <ringattn/block/device/forward_args.cuh>
+#include <ringattn/block/device/host_backward.cuh>
+#include <ringattn/block/device/host_forward.cuh>
+#include <ringattn/block/device/kv_quantize.cuh>
 #include <ringattn/block_kernel.cuh>
 #include <ringattn/comm/in_process.cuh>
 #include <ringattn/concepts.cuh>
@@ -23,14 +31,6 @@
 #include <ringattn/core/tuning.cuh>
 #include <ringattn/cuda_check.cuh>
 #include <ringattn/error.cuh>
-#include <ringattn/kernel/backward.cuh>
-#include <ringattn/kernel/backward_args.cuh>
-#include <ringattn/kernel/block.cuh>
-#include <ringattn/kernel/forward.cuh>
-#include <ringattn/kernel/forward_args.cuh>
-#include <ringattn/kernel/host_backward.cuh>
-#include <ringattn/kernel/host_forward.cuh>
-#include <ringattn/kernel/kv_quantize.cuh>
 #include <ringattn/partition/balanced.cuh>
 #include <ringattn/partition/contiguous.cuh>
 #include <ringattn/partition/device_plan.cuh>

@@ -41,6 +41,10 @@
 //! agree on the step.
 
 #include <ringattn/arguments.cuh>
+#include <ringattn/block/device/block.cuh>
+#include <ringattn/block/device/forward_args.cuh>
+#include <ringattn/block/device/host_forward.cuh>
+#include <ringattn/block/device/state_ops.cuh>
 #include <ringattn/concepts.cuh>
 #include <ringattn/core/kv_scales.cuh>
 #include <ringattn/core/state.cuh>
@@ -48,10 +52,6 @@
 #include <ringattn/detail/device_tables.cuh>
 #include <ringattn/detail/streams.cuh>
 #include <ringattn/error.cuh>
-#include <ringattn/kernel/block.cuh>
-#include <ringattn/kernel/forward_args.cuh>
-#include <ringattn/kernel/host_forward.cuh>
-#include <ringattn/kernel/state_ops.cuh>
 #include <ringattn/ring/agreement.cuh>
 #include <ringattn/ring/call.cuh>
 #include <ringattn/ring/device_engine.cuh>

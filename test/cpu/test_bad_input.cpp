@@ -5,9 +5,9 @@
 #include "../support/common.hpp"
 #include "../support/ranks.hpp"
 
+#include <ringattn/block/device/host_forward.cuh>
 #include <ringattn/block_kernel.cuh>
 #include <ringattn/comm/in_process.cuh>
-#include <ringattn/kernel/host_forward.cuh>
 #include <ringattn/partition/contiguous.cuh>
 #include <ringattn/partition/zigzag.cuh>
 #include <ringattn/ring_attention.cuh>

@@ -1,8 +1,8 @@
 // The host block backward against the float64 oracle's backward, and the sum of split K/V ranges.
 #include "../support/block_case.hpp"
 
-#include <ringattn/kernel/backward.cuh>
-#include <ringattn/kernel/host_backward.cuh>
+#include <ringattn/block/device/backward.cuh>
+#include <ringattn/block/device/host_backward.cuh>
 #include <ringattn/partition/contiguous.cuh>
 #include <ringattn/partition/plan.cuh>
 #include <ringattn/partition/round_robin.cuh>

@@ -1,7 +1,7 @@
 // The host block kernel against the float64 oracle, and the merge of split K/V ranges.
 #include "../support/block_case.hpp"
 
-#include <ringattn/kernel/host_forward.cuh>
+#include <ringattn/block/device/host_forward.cuh>
 
 #include <doctest/doctest.h>
 

@@ -1,11 +1,11 @@
-// Block groups as library pieces (kernel/pieces.cuh): for every partitioner, mask (windows
+// Block groups as library pieces (block/device/pieces.cuh): for every partitioner, mask (windows
 // included), rank count and packed batch, each step's pieces hold every visible (query, key) pair
 // of its groups exactly once, no piece row sees no key, and the row reductions name every packed
 // row once, in order.
 #include "../support/common.hpp"
 
-#include <ringattn/kernel/block.cuh>
-#include <ringattn/kernel/pieces.cuh>
+#include <ringattn/block/device/block.cuh>
+#include <ringattn/block/device/pieces.cuh>
 #include <ringattn/partition/contiguous.cuh>
 #include <ringattn/partition/plan.cuh>
 #include <ringattn/partition/round_robin.cuh>

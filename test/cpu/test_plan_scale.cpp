@@ -2,7 +2,7 @@
 // plan, the blocks and groups of every step) and the backward's work lists for 65,536 sequences
 // over 8 ranks, within a bound generous enough for sanitizer builds (the quadratic grouping took
 // minutes here).
-#include <ringattn/kernel/backward.cuh>
+#include <ringattn/block/device/backward.cuh>
 #include <ringattn/partition/plan.cuh>
 #include <ringattn/partition/zigzag.cuh>
 #include <ringattn/ring/schedule.cuh>

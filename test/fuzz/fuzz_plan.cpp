@@ -10,7 +10,7 @@
 #include "fuzz_input.hpp"
 
 #include <ringattn/arguments.cuh>
-#include <ringattn/kernel/block.cuh>
+#include <ringattn/block/device/block.cuh>
 #include <ringattn/partition/balanced.cuh>
 #include <ringattn/partition/contiguous.cuh>
 #include <ringattn/partition/plan.cuh>

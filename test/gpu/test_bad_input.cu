@@ -5,8 +5,8 @@
 // (Other-device cases need two GPUs: test/multi_gpu/test_other_device.cu.)
 #include "../support/bad_device_call.cuh"
 
-#include <ringattn/kernel/backward.cuh>
-#include <ringattn/kernel/forward.cuh>
+#include <ringattn/block/device/backward.cuh>
+#include <ringattn/block/device/forward.cuh>
 
 #include <doctest/doctest.h>
 

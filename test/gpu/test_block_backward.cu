@@ -3,7 +3,7 @@
 #include "../support/block_case.hpp"
 #include "../support/device_buffer.cuh"
 
-#include <ringattn/kernel/backward.cuh>
+#include <ringattn/block/device/backward.cuh>
 
 #include <doctest/doctest.h>
 

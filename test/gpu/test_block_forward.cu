@@ -3,8 +3,8 @@
 #include "../support/block_case.hpp"
 #include "../support/device_buffer.cuh"
 
-#include <ringattn/kernel/forward.cuh>
-#include <ringattn/kernel/host_forward.cuh>
+#include <ringattn/block/device/forward.cuh>
+#include <ringattn/block/device/host_forward.cuh>
 
 #include <doctest/doctest.h>
 

@@ -13,9 +13,9 @@
 #include "../support/ranks.hpp"
 #include "../support/recording_comm.hpp"
 
+#include <ringattn/block/device/kv_quantize.cuh>
 #include <ringattn/block_kernel.cuh>
 #include <ringattn/comm/in_process.cuh>
-#include <ringattn/kernel/kv_quantize.cuh>
 #include <ringattn/partition/contiguous.cuh>
 #include <ringattn/partition/round_robin.cuh>
 #include <ringattn/partition/zigzag.cuh>

@@ -1,13 +1,13 @@
 # The include layers of include/ringattn: every header belongs to one layer, and includes only
 # headers of its own layer or of lower ones. Folders of one rank never include each other, so no
-# two folders include each other both ways. Device code (core/, device/) stays below every
+# two folders include each other both ways. Device code (core/, block/kernel/) stays below every
 # host-side header. Run: cmake -DROOT=<source dir> -P check_layers.cmake
 #
 #   0 base        config.cuh, version.cuh
 #   1 core/       plain types and math for host and device
-#   2 device/     kernels and device primitives
+#   2 block/kernel/  the BlockKernel's __global__ kernels and device primitives
 #   3 foundation  error.cuh, arguments.cuh, tensor.cuh, cuda_check.cuh, detail/
-#   4 kernel/     host-side launchers, schedules, host block kernels
+#   4 block/device/  their host-side launchers, schedules, the host twin, the state operations
 #   5 concepts.cuh, concepts/ (one header per policy family)
 #   6 partition/, reference/, comm/
 #   7 block_kernel.cuh, block/ (the BlockKernel models' masks and host twin)
@@ -26,15 +26,15 @@ function(layer_of path out_rank out_group)
   elseif(path MATCHES "^core/")
     set(r 1)
     set(g core)
-  elseif(path MATCHES "^device/")
+  elseif(path MATCHES "^block/kernel/")
     set(r 2)
-    set(g device)
+    set(g block_kernel_code)
   elseif(path MATCHES "^(error|arguments|tensor|cuda_check)\\.cuh$" OR path MATCHES "^detail/")
     set(r 3)
     set(g foundation)
-  elseif(path MATCHES "^kernel/")
+  elseif(path MATCHES "^block/device/")
     set(r 4)
-    set(g kernel)
+    set(g block_launch)
   elseif(path STREQUAL "concepts.cuh" OR path MATCHES "^concepts/")
     set(r 5)
     set(g concepts)

@@ -4,7 +4,7 @@
 // float64 oracle, and ways to split the keys into several blocks.
 #include "common.hpp"
 
-#include <ringattn/kernel/block.cuh>
+#include <ringattn/block/device/block.cuh>
 #include <ringattn/reference/attention.cuh>
 
 #include <algorithm>

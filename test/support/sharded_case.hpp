@@ -3,7 +3,7 @@
 // through the plan's block groups — the computation of a ring without its communication.
 #include "common.hpp"
 
-#include <ringattn/kernel/block.cuh>
+#include <ringattn/block/device/block.cuh>
 #include <ringattn/partition/plan.cuh>
 #include <ringattn/partition/scatter.cuh>
 #include <ringattn/reference/attention.cuh>

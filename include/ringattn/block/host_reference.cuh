@@ -1,13 +1,13 @@
 #pragma once
 //! \file
-//! `host_reference<Mask>`: the BlockKernel with the host twin alone (kernel/host_forward.cuh,
-//! kernel/host_backward.cuh) and no device path; the base of every shipped model, whose host
+//! `host_reference<Mask>`: the BlockKernel with the host twin alone (block/device/host_forward.cuh,
+//! block/device/host_backward.cuh) and no device path; the base of every shipped model, whose host
 //! forward and backward it provides. Includes no device kernel.
 
+#include <ringattn/block/device/host_backward.cuh>
+#include <ringattn/block/device/host_forward.cuh>
 #include <ringattn/block/masks.cuh>
 #include <ringattn/concepts.cuh>
-#include <ringattn/kernel/host_backward.cuh>
-#include <ringattn/kernel/host_forward.cuh>
 
 #include <cuda_runtime_api.h>
 

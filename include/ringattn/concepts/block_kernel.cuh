@@ -5,10 +5,10 @@
 //! split-K/V forward for decoding). They name no CUDA type but the bf16 element they check with.
 
 #include <ringattn/arguments.cuh>
+#include <ringattn/block/device/backward_args.cuh>
+#include <ringattn/block/device/block.cuh>
+#include <ringattn/block/device/forward_args.cuh>
 #include <ringattn/core/mask.cuh>
-#include <ringattn/kernel/backward_args.cuh>
-#include <ringattn/kernel/block.cuh>
-#include <ringattn/kernel/forward_args.cuh>
 #include <ringattn/tensor.cuh>
 
 #include <cuda_bf16.h>

@@ -57,7 +57,7 @@ struct forward_tuning {
   RINGATTN_HOST_DEVICE constexpr int threads() const { return 32 * warps; }
 };
 
-//! Shapes of the mma.sync kernel (device/forward_sm80.cuh: sm_80 builds, head_dim 256, and
+//! Shapes of the mma.sync kernel (block/kernel/forward_sm80.cuh: sm_80 builds, head_dim 256, and
 //! `forward_path::mma_sync`; Hopper builds otherwise run the wgmma kernel below), Q read from
 //! shared memory at every width:
 //! - head_dim 64: 4 warps x 2 row tiles x 128 keys;
@@ -70,7 +70,7 @@ inline constexpr forward_tuning forward_tuning_for =
     : HeadDim == 128 ? forward_tuning{4, 2, 48, false}
                      : forward_tuning{4, 1, 32, false};
 
-//! Shapes of the Hopper (sm_90a) block-forward kernel (device/forward_sm90.cuh): a producer
+//! Shapes of the Hopper (sm_90a) block-forward kernel (block/kernel/forward_sm90.cuh): a producer
 //! warpgroup and two consumer warpgroups of 64 query rows each, K/V tiles of `block_n` keys in
 //! `stages` shared-memory stages. Tuned on an H200 at head_dim 64 and 128 (docs/kernels.md);
 //! Q/K 192 with V 128 (multi-head latent attention) fits two stages next to its 48 KB of Q.
@@ -90,9 +90,9 @@ template <int HeadDim>
 inline constexpr sm90_forward_tuning sm90_forward_tuning_for{
     128, 128, 384, 168, HeadDim == 64 ? 5 : HeadDim == 128 ? 3 : 2, HeadDim == 128};
 
-//! Shapes of the block backward on tensor cores (device/backward_sm80.cuh, backward_sm90.cuh):
-//! 64 key columns (dK/dV) or query rows (dQ) a mma.sync thread block of 4 warps, and the
-//! warpgroups of a Hopper thread block (3: a producer and two consumers of 64 each).
+//! Shapes of the block backward on tensor cores (block/kernel/backward_sm80.cuh,
+//! backward_sm90.cuh): 64 key columns (dK/dV) or query rows (dQ) a mma.sync thread block of 4
+//! warps, and the warpgroups of a Hopper thread block (3: a producer and two consumers of 64 each).
 struct backward_tuning {
   int rows;
   int threads;

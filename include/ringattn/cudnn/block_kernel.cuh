@@ -3,8 +3,8 @@
 //! `cudnn_kernel<Mask, T>`: a BlockKernel whose device path computes every ring step's block with
 //! cuDNN's fused attention (SDPA), the host path being the host twin.
 //!
-//! Plan time (`prepare_device`): each step's groups become pieces (kernel/pieces.cuh), one cuDNN
-//! call per mask that occurs (a window's band pieces: one per band, cuDNN's top-left diagonal
+//! Plan time (`prepare_device`): each step's groups become pieces (block/device/pieces.cuh), one
+//! cuDNN call per mask that occurs (a window's band pieces: one per band, cuDNN's top-left diagonal
 //! band), each with its graph built and planned once (cudnn/graphs.cuh, a
 //! cache shared by every functor of the same call shape) and its index tables in device memory.
 //! The backward's graphs are built there too, so no call builds anything.
@@ -40,16 +40,16 @@
 //! std::size_t ws = attn.device_workspace_bytes<__nv_bfloat16>(); // includes cuDNN's workspace
 //! \endcode
 
+#include <ringattn/block/device/backward_args.cuh>
+#include <ringattn/block/device/forward_args.cuh>
+#include <ringattn/block/device/pieces.cuh>
+#include <ringattn/block/device/row_reduce.cuh>
+#include <ringattn/block/device/state_ops.cuh>
 #include <ringattn/block/host_reference.cuh>
 #include <ringattn/block/masks.cuh>
 #include <ringattn/core/element.cuh>
 #include <ringattn/cudnn/graphs.cuh>
 #include <ringattn/detail/device_tables.cuh>
-#include <ringattn/kernel/backward_args.cuh>
-#include <ringattn/kernel/forward_args.cuh>
-#include <ringattn/kernel/pieces.cuh>
-#include <ringattn/kernel/row_reduce.cuh>
-#include <ringattn/kernel/state_ops.cuh>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

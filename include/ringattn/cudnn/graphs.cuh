@@ -14,9 +14,9 @@
 //! values token-major `[rows, heads]`. Needs the cudnn-frontend headers and cuDNN 9
 //! (`ringattn::cudnn`).
 
+#include <ringattn/block/device/pieces.cuh>
 #include <ringattn/core/element.cuh>
 #include <ringattn/error.cuh>
-#include <ringattn/kernel/pieces.cuh>
 
 #include <cstring> // before cudnn-frontend, whose shim uses std::strlen without including it
 #include <cuda_runtime_api.h>

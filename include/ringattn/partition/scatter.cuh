@@ -15,8 +15,8 @@
 //! ringattn::gather(device_plan, all_shards, full_out, stream);  // device, async
 //! \endcode
 
+#include <ringattn/block/kernel/copy_rows.cuh>
 #include <ringattn/cuda_check.cuh>
-#include <ringattn/device/copy_rows.cuh>
 #include <ringattn/partition/device_plan.cuh>
 #include <ringattn/partition/plan.cuh>
 #include <ringattn/tensor.cuh>

@@ -22,8 +22,8 @@
 //! the state merges across the steps as on the ring, and no token is reordered.
 
 #include <ringattn/arguments.cuh>
+#include <ringattn/block/device/block.cuh>
 #include <ringattn/error.cuh>
-#include <ringattn/kernel/block.cuh>
 #include <ringattn/partition/plan.cuh>
 #include <ringattn/ring/schedule.cuh>
 #include <ringattn/ring/workspace.cuh>

@@ -30,12 +30,12 @@
 //! the tests hold every call to them.
 
 #include <ringattn/arguments.cuh>
+#include <ringattn/block/device/backward_args.cuh>
+#include <ringattn/block/device/forward_args.cuh>
+#include <ringattn/block/device/host_backward.cuh>
+#include <ringattn/block/device/host_forward.cuh>
 #include <ringattn/core/state.cuh>
 #include <ringattn/detail/nvtx.cuh>
-#include <ringattn/kernel/backward_args.cuh>
-#include <ringattn/kernel/forward_args.cuh>
-#include <ringattn/kernel/host_backward.cuh>
-#include <ringattn/kernel/host_forward.cuh>
 #include <ringattn/ring/all_to_all.cuh>
 #include <ringattn/ring/device_engine.cuh>
 #include <ringattn/ring/host_engine.cuh>

@@ -8,14 +8,14 @@
 //! backward (so a forward-only user never builds them).
 
 #include <ringattn/arguments.cuh>
+#include <ringattn/block/device/backward_args.cuh>
+#include <ringattn/block/device/forward_args.cuh>
+#include <ringattn/block/device/state_ops.cuh>
 #include <ringattn/concepts.cuh>
 #include <ringattn/cuda_check.cuh>
 #include <ringattn/detail/nvtx.cuh>
 #include <ringattn/detail/streams.cuh>
 #include <ringattn/error.cuh>
-#include <ringattn/kernel/backward_args.cuh>
-#include <ringattn/kernel/forward_args.cuh>
-#include <ringattn/kernel/state_ops.cuh>
 #include <ringattn/ring/program.cuh>
 #include <ringattn/ring/schedule.cuh>
 #include <ringattn/ring/workspace.cuh>

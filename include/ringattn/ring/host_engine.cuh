@@ -5,9 +5,9 @@
 //! caller validated the arguments; the schedule's groups were validated at plan time.
 
 #include <ringattn/arguments.cuh>
+#include <ringattn/block/device/host_backward.cuh>
+#include <ringattn/block/device/host_forward.cuh>
 #include <ringattn/detail/nvtx.cuh>
-#include <ringattn/kernel/host_backward.cuh>
-#include <ringattn/kernel/host_forward.cuh>
 #include <ringattn/ring/program.cuh>
 #include <ringattn/ring/schedule.cuh>
 #include <ringattn/ring/workspace.cuh>

@@ -19,7 +19,7 @@
 #include <span>
 
 #if defined(__CUDACC__)
-#include <ringattn/device/elementwise.cuh>
+#include <ringattn/block/kernel/elementwise.cuh>
 #endif
 
 namespace ringattn::detail {

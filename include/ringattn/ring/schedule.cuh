@@ -19,8 +19,8 @@
 //!   ... step.source, step.groups, s.forward_epilogue(step.index, out_dense) ...
 //! \endcode
 
+#include <ringattn/block/device/block.cuh>
 #include <ringattn/error.cuh>
-#include <ringattn/kernel/block.cuh>
 #include <ringattn/partition/plan.cuh>
 
 #include <cstdint>

@@ -3,9 +3,10 @@
 //! Appending to an FP8 KV cache: rows of K or V in the step's element type quantised to e4m3
 //! (`quantize_e4m3`: x / scale, rounded to nearest even, finite values saturating at +-448, NaN
 //! and infinity becoming NaN) into rows of a cache shard, with the scales the cache is read with
-//! (`head_scales` or `page_scales`, core/kv_scales.cuh); the kernel is device/kv_quantize.cuh's.
-//! The scales are the caller's: a page's or a head's scale is chosen before its first row is
-//! written (from a prefill's largest magnitude, say) and kept while the cache holds it.
+//! (`head_scales` or `page_scales`, core/kv_scales.cuh); the kernel is
+//! block/kernel/kv_quantize.cuh's. The scales are the caller's: a page's or a head's scale is
+//! chosen before its first row is written (from a prefill's largest magnitude, say) and kept while
+//! the cache holds it.
 //!
 //! \code
 //! // After a step: this rank's owned new rows (owned_new_rows) into the pool rows it gave them.
@@ -13,10 +14,10 @@
 //!                               /*key=*/true, page_size, stream);
 //! \endcode
 
+#include <ringattn/block/kernel/kv_quantize.cuh>
 #include <ringattn/core/element.cuh>
 #include <ringattn/core/kv_scales.cuh>
 #include <ringattn/cuda_check.cuh>
-#include <ringattn/device/kv_quantize.cuh>
 #include <ringattn/error.cuh>
 #include <ringattn/tensor.cuh>
 

@@ -20,10 +20,10 @@
 //! while the current one is computed, as in the forward), and skip the band and bounds predicate
 //! on tiles that lie wholly inside the band.
 
+#include <ringattn/block/kernel/backward_cuda_cores.cuh>
+#include <ringattn/block/kernel/mask.cuh>
+#include <ringattn/block/kernel/primitives.cuh>
 #include <ringattn/core/tuning.cuh>
-#include <ringattn/device/backward_cuda_cores.cuh>
-#include <ringattn/device/mask.cuh>
-#include <ringattn/device/primitives.cuh>
 
 RINGATTN_ABI_BEGIN
 namespace kernels {

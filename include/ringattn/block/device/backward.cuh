@@ -14,22 +14,23 @@
 //! key columns of a kv head and walks the query rows that see them, and a dQ kernel that owns
 //! query rows of a query head and walks the keys they see; both recompute P from the forward's
 //! LSE. On tensor cores (64 columns or rows a thread block; mma.sync on sm_80 and later,
-//! device/backward_sm80.cuh, or wgmma on sm_90a, device/backward_sm90.cuh) for head_dim 64 and
-//! 128; on CUDA cores (a warp per column or row, device/backward_cuda_cores.cuh) for any head_dim
-//! and as their reference. The Hopper family runs both in one grid (the dK/dV blocks first). The
-//! schedule lists, for every run of key columns, the (group, key segment) pairs that cover it,
-//! and every query row of every group, and orders the tensor-core kernels' tiles heaviest first
+//! block/kernel/backward_sm80.cuh, or wgmma on sm_90a, block/kernel/backward_sm90.cuh) for head_dim
+//! 64 and 128; on CUDA cores (a warp per column or row, block/kernel/backward_cuda_cores.cuh) for
+//! any head_dim and as their reference. The Hopper family runs both in one grid (the dK/dV blocks
+//! first). The schedule lists, for every run of key columns, the (group, key segment) pairs that
+//! cover it, and every query row of every group, and orders the tensor-core kernels' tiles heaviest
+//! first
 //! (`plan_backward_tiles`). docs/kernels.md has the numbers.
 
+#include <ringattn/block/device/backward_args.cuh>
+#include <ringattn/block/device/forward.cuh>
+#include <ringattn/block/device/launch.cuh>
+#include <ringattn/block/device/state_ops.cuh>
+#include <ringattn/block/kernel/backward_cuda_cores.cuh>
+#include <ringattn/block/kernel/backward_sm80.cuh>
+#include <ringattn/block/kernel/backward_sm90.cuh>
 #include <ringattn/cuda_check.cuh>
 #include <ringattn/detail/device_tables.cuh>
-#include <ringattn/device/backward_cuda_cores.cuh>
-#include <ringattn/device/backward_sm80.cuh>
-#include <ringattn/device/backward_sm90.cuh>
-#include <ringattn/kernel/backward_args.cuh>
-#include <ringattn/kernel/forward.cuh>
-#include <ringattn/kernel/launch.cuh>
-#include <ringattn/kernel/state_ops.cuh>
 
 #include <cuda_runtime_api.h>
 

@@ -3,7 +3,7 @@
 //! The state operations of the device path, shared by every BlockKernel and every schedule: a
 //! state's reset and finalisation, finished partials and their merge (sharded decoding), the
 //! backward's delta, fp32 sums and the gradients' conversion to T. Each validates its views on
-//! the host, then enqueues one element-wise kernel (device/elementwise.cuh) on `stream`; none
+//! the host, then enqueues one element-wise kernel (block/kernel/elementwise.cuh) on `stream`; none
 //! allocates or waits on the host.
 //!
 //! \code
@@ -14,10 +14,10 @@
 //! ringattn::write_gradient(dq_fp32, dq, stream);      // fp32 -> T
 //! \endcode
 
+#include <ringattn/block/kernel/elementwise.cuh>
 #include <ringattn/core/element.cuh>
 #include <ringattn/core/state.cuh>
 #include <ringattn/cuda_check.cuh>
-#include <ringattn/device/elementwise.cuh>
 #include <ringattn/error.cuh>
 #include <ringattn/tensor.cuh>
 

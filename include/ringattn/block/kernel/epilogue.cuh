@@ -4,10 +4,10 @@
 //! then a plain write, a fresh state, a merge into the state or a merge into the output, as the
 //! launch's `epilogue` template argument says. Shared by the sm80 and sm90 kernels.
 
+#include <ringattn/block/kernel/forward_params.cuh>
+#include <ringattn/block/kernel/primitives.cuh>
 #include <ringattn/config.cuh>
 #include <ringattn/core/state.cuh>
-#include <ringattn/device/forward_params.cuh>
-#include <ringattn/device/primitives.cuh>
 
 #include <cstdint>
 

@@ -24,11 +24,11 @@
 //! The producer bounds it (ncu, H200), so `produce_tile` keeps a copy to 3 instructions: rows
 //! walked with constant shared offsets and a pointer increment for the source (docs/kernels.md).
 
+#include <ringattn/block/kernel/epilogue.cuh>
+#include <ringattn/block/kernel/mask.cuh>
+#include <ringattn/block/kernel/primitives.cuh>
+#include <ringattn/block/kernel/wgmma.cuh>
 #include <ringattn/core/tuning.cuh>
-#include <ringattn/device/epilogue.cuh>
-#include <ringattn/device/mask.cuh>
-#include <ringattn/device/primitives.cuh>
-#include <ringattn/device/wgmma.cuh>
 
 #if defined(__CUDACC__)
 

@@ -1,7 +1,7 @@
 #pragma once
 //! \file
-//! CUDA kernels of the block backward (kernel/backward.cuh): deterministic, no atomics. One warp
-//! computes one output row — a (key column, kv head) of dK/dV, or a (query row, query head) of
+//! CUDA kernels of the block backward (block/device/backward.cuh): deterministic, no atomics. One
+//! warp computes one output row — a (key column, kv head) of dK/dV, or a (query row, query head) of
 //! dQ — looping over everything that row depends on in a fixed order, with the head_dim spread
 //! over the lanes (head_dim / 32 elements each) and dot products reduced by shuffles. fp32
 //! throughout; P is recomputed from the forward's final LSE.
@@ -11,10 +11,10 @@
 //! shared memory, S, dP, dS on mma/wgmma) replace these with the same contract and the same
 //! determinism (docs/kernels.md).
 
+#include <ringattn/block/kernel/elementwise.cuh>
 #include <ringattn/config.cuh>
 #include <ringattn/core/block.cuh>
 #include <ringattn/core/element.cuh>
-#include <ringattn/device/elementwise.cuh>
 
 #include <cstdint>
 

@@ -1,7 +1,7 @@
 #pragma once
 //! \file
-//! The split-K/V block forward for blocks with few query rows per group (device/decode.cuh): its
-//! plan-time schedule and its launches.
+//! The split-K/V block forward for blocks with few query rows per group (block/kernel/decode.cuh):
+//! its plan-time schedule and its launches.
 //!
 //! A block qualifies when every group has one key segment that every one of its query rows sees
 //! whole (a full block per sequence, as new tokens against a KV cache) and at most
@@ -13,14 +13,14 @@
 //! (`key_pages`), decided at plan time and given to the kernel as a template argument.
 
 #include <ringattn/arguments.cuh>
+#include <ringattn/block/device/block.cuh>
+#include <ringattn/block/device/forward_args.cuh>
+#include <ringattn/block/device/launch.cuh>
+#include <ringattn/block/kernel/decode.cuh>
 #include <ringattn/core/block.cuh>
 #include <ringattn/cuda_check.cuh>
 #include <ringattn/detail/device_tables.cuh>
-#include <ringattn/device/decode.cuh>
 #include <ringattn/error.cuh>
-#include <ringattn/kernel/block.cuh>
-#include <ringattn/kernel/forward_args.cuh>
-#include <ringattn/kernel/launch.cuh>
 
 #include <cuda_runtime_api.h>
 

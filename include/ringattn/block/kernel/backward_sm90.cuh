@@ -20,8 +20,8 @@
 //! (`produce_tile`: by the producer, or else by the whole warpgroup into double buffers);
 //! deterministic like the other kernels (one writer per accumulator element, no atomics).
 
-#include <ringattn/device/backward_sm80.cuh>
-#include <ringattn/device/wgmma.cuh>
+#include <ringattn/block/kernel/backward_sm80.cuh>
+#include <ringattn/block/kernel/wgmma.cuh>
 
 #if defined(__CUDACC__)
 

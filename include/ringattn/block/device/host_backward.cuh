@@ -11,7 +11,7 @@
 //!                                                     {dq, dk, dv}}, groups);
 //! \endcode
 
-#include <ringattn/kernel/backward_args.cuh>
+#include <ringattn/block/device/backward_args.cuh>
 
 #include <algorithm>
 #include <array>

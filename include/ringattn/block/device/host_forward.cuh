@@ -10,8 +10,8 @@
 //! ringattn::finalize(state, out);                          // o / sum -> out, the lse
 //! \endcode
 
+#include <ringattn/block/device/forward_args.cuh>
 #include <ringattn/core/kv_scales.cuh>
-#include <ringattn/kernel/forward_args.cuh>
 
 #include <algorithm>
 #include <array>
@@ -147,9 +147,9 @@ void finalize(const attention_state& s, thd_view<T> out) {
     }
 }
 
-//! The host twin of the device `finish_partial` (kernel/state_ops.cuh): state `s` as a finished
-//! partial, its rows' normalised outputs (`[rows, head_dim]`, row = head * tokens + token) to `o`
-//! and their lse to `lse`.
+//! The host twin of the device `finish_partial` (block/device/state_ops.cuh): state `s` as a
+//! finished partial, its rows' normalised outputs (`[rows, head_dim]`, row = head * tokens + token)
+//! to `o` and their lse to `lse`.
 template <element T>
 void finish_partial(const attention_state& s, T* o, float* lse) {
   const std::int64_t rows = s.tokens * s.q_heads;
@@ -161,9 +161,9 @@ void finish_partial(const attention_state& s, T* o, float* lse) {
   }
 }
 
-//! The host twin of the device `merge_finished_partials` (kernel/state_ops.cuh): `parts` finished
-//! partials of `out`'s shape, partial r's outputs at `o + r * o_stride` and lse at
-//! `lse_of + r * lse_stride` (elements), merged in that order into `out` and `lse`.
+//! The host twin of the device `merge_finished_partials` (block/device/state_ops.cuh): `parts`
+//! finished partials of `out`'s shape, partial r's outputs at `o + r * o_stride` and lse at `lse_of
+//! + r * lse_stride` (elements), merged in that order into `out` and `lse`.
 template <element T>
 void merge_finished_partials(const T* o, std::int64_t o_stride, const float* lse_of,
                              std::int64_t lse_stride, int parts, thd_view<T> out, float* lse) {

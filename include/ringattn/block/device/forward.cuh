@@ -24,15 +24,15 @@
 //! ringattn::finalize(state, out, stream);                  // o / sum -> out, the lse
 //! \endcode
 
+#include <ringattn/block/device/forward_args.cuh>
+#include <ringattn/block/device/launch.cuh>
+#include <ringattn/block/device/state_ops.cuh>
+#include <ringattn/block/kernel/elementwise.cuh>
+#include <ringattn/block/kernel/forward_sm80.cuh>
+#include <ringattn/block/kernel/forward_sm90.cuh>
 #include <ringattn/core/tuning.cuh>
 #include <ringattn/cuda_check.cuh>
 #include <ringattn/detail/device_tables.cuh>
-#include <ringattn/device/elementwise.cuh>
-#include <ringattn/device/forward_sm80.cuh>
-#include <ringattn/device/forward_sm90.cuh>
-#include <ringattn/kernel/forward_args.cuh>
-#include <ringattn/kernel/launch.cuh>
-#include <ringattn/kernel/state_ops.cuh>
 
 #include <cuda_runtime_api.h>
 

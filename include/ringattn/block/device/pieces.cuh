@@ -29,9 +29,9 @@
 //! for (const ringattn::piece_call& c : ringattn::calls_of(pieces)) { ... }
 //! \endcode
 
+#include <ringattn/block/device/block.cuh>
 #include <ringattn/core/segment.cuh>
 #include <ringattn/error.cuh>
-#include <ringattn/kernel/block.cuh>
 
 #include <algorithm>
 #include <cstdint>

@@ -16,7 +16,7 @@
 //! where, under GQA, dk and dv of a kv head sum over the query heads of its group.
 
 #include <ringattn/arguments.cuh>
-#include <ringattn/kernel/block.cuh>
+#include <ringattn/block/device/block.cuh>
 #include <ringattn/tensor.cuh>
 
 #include <cstddef>

@@ -1,13 +1,14 @@
 #pragma once
 //! \file
 //! Mechanics of the CUDA block-forward kernel (FlashAttention-2 style, mma.sync m16n8k16 with
-//! ldmatrix and cp.async double buffering). CUDA only; see kernel/forward.cuh for the contract.
+//! ldmatrix and cp.async double buffering). CUDA only; see block/device/forward.cuh for the
+//! contract.
 
+#include <ringattn/block/kernel/epilogue.cuh>
+#include <ringattn/block/kernel/mask.cuh>
+#include <ringattn/block/kernel/primitives.cuh>
 #include <ringattn/config.cuh>
 #include <ringattn/core/tuning.cuh>
-#include <ringattn/device/epilogue.cuh>
-#include <ringattn/device/mask.cuh>
-#include <ringattn/device/primitives.cuh>
 
 #include <cstdint>
 

@@ -1,6 +1,6 @@
 #pragma once
 //! \file
-//! The kernel that quantises rows of K or V into an FP8 (e4m3) cache (kernel/kv_quantize.cuh
+//! The kernel that quantises rows of K or V into an FP8 (e4m3) cache (block/device/kv_quantize.cuh
 //! launches it): one thread per element, each divided by its row's scale.
 
 #include <ringattn/config.cuh>

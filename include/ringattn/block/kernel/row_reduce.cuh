@@ -1,14 +1,14 @@
 #pragma once
 //! \file
-//! Kernels that bring a library call's packed outputs (kernel/pieces.cuh) to the ring: merge
+//! Kernels that bring a library call's packed outputs (block/device/pieces.cuh) to the ring: merge
 //! packed (O, LSE) rows into the running state, gather LSE rows into the packed layout, add
 //! packed gradient rows into fp32 accumulators. Each destination row takes its packed rows in
 //! the order of its `row_reduction`, so results repeat bit for bit.
 
+#include <ringattn/block/kernel/primitives.cuh>
 #include <ringattn/config.cuh>
 #include <ringattn/core/element.cuh>
 #include <ringattn/core/state.cuh>
-#include <ringattn/device/primitives.cuh>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

@@ -1,8 +1,8 @@
 #pragma once
 //! \file
-//! Launchers of the packed-row kernels (device/row_reduce.cuh): what a model backed by another
-//! library's fused attention runs around each of its calls. Asynchronous on the given stream;
-//! nothing is allocated.
+//! Launchers of the packed-row kernels (block/kernel/row_reduce.cuh): what a model backed by
+//! another library's fused attention runs around each of its calls. Asynchronous on the given
+//! stream; nothing is allocated.
 //!
 //! \code
 //! ringattn::merge_rows(o_packed, lse_packed, heads, 1, reduction, state, stream); // forward
@@ -10,9 +10,9 @@
 //! ringattn::lse_of_row_maxima(max_packed, sum_packed, rows, heads, true, max_logit, stream);
 //! \endcode
 
+#include <ringattn/block/kernel/row_reduce.cuh>
 #include <ringattn/core/state.cuh>
 #include <ringattn/cuda_check.cuh>
-#include <ringattn/device/row_reduce.cuh>
 
 #include <cuda_runtime_api.h>
 
@@ -22,7 +22,7 @@
 
 namespace ringattn {
 
-//! A `row_reduction` (kernel/pieces.cuh) in device memory.
+//! A `row_reduction` (block/device/pieces.cuh) in device memory.
 struct device_row_reduction {
   const std::int32_t* dest = nullptr;
   const std::int32_t* first = nullptr; //!< entries + 1 offsets into source

@@ -26,12 +26,12 @@
 //! `decode_combine_kernel`: per row, the splits in order, then the block merges into the fp32 state
 //! (core/state.cuh) as a `fresh` or a `merge` epilogue.
 
+#include <ringattn/block/kernel/primitives.cuh>
 #include <ringattn/config.cuh>
 #include <ringattn/core/block.cuh>
 #include <ringattn/core/element.cuh>
 #include <ringattn/core/kv_scales.cuh>
 #include <ringattn/core/state.cuh>
-#include <ringattn/device/primitives.cuh>
 
 #include <cstdint>
 #include <type_traits>

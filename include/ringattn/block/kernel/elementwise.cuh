@@ -5,10 +5,10 @@
 //! and their merge, the backward's delta (one warp per row), fp32 sums and the gradients'
 //! conversion to T.
 
+#include <ringattn/block/kernel/primitives.cuh>
 #include <ringattn/config.cuh>
 #include <ringattn/core/element.cuh>
 #include <ringattn/core/state.cuh>
-#include <ringattn/device/primitives.cuh>
 
 #include <cstdint>
 

@@ -4,8 +4,8 @@
 //! validation (run before anything is launched or written).
 
 #include <ringattn/arguments.cuh>
+#include <ringattn/block/device/block.cuh>
 #include <ringattn/core/state.cuh>
-#include <ringattn/kernel/block.cuh>
 #include <ringattn/tensor.cuh>
 
 #include <cstddef>
