@@ -17,9 +17,11 @@
 //! Both engines run the same program, so the host path sends what the device path sends, in the
 //! same order: CI checks the GPU's protocol.
 //!
-//! A program is a type (`ring_program`, `all_gather_program`) with `workspace(schedule, args,
-//! element_bytes)` (the slots it needs), `forward(engine, schedule, workspace)` and
-//! `backward(engine, schedule, workspace)`; a Schedule model names it.
+//! A program is a type (`ring_program`, `all_gather_program`) with
+//! `workspace(schedule, args, element_bytes)` (the slots it needs),
+//! `forward(engine, schedule, workspace)` and `backward(engine, schedule, workspace)`; a Schedule
+//! model names it. The all-to-all's program
+//! is in ring/all_to_all_program.cuh; the sharded decode's step is `decode_program` (below).
 //!
 //! The vocabulary an engine provides (a `step` is a `ring_step` of the schedule, a `slot` a block
 //! buffer of the workspace):

@@ -162,8 +162,8 @@ void finish_partial(const attention_state& s, T* o, float* lse) {
 }
 
 //! The host twin of the device `merge_finished_partials` (block/device/state_ops.cuh): `parts`
-//! finished partials of `out`'s shape, partial r's outputs at `o + r * o_stride` and lse at `lse_of
-//! + r * lse_stride` (elements), merged in that order into `out` and `lse`.
+//! finished partials of `out`'s shape, partial r's outputs at `o + r * o_stride` and lse at
+//! `lse_of + r * lse_stride` (elements), merged in that order into `out` and `lse`.
 template <element T>
 void merge_finished_partials(const T* o, std::int64_t o_stride, const float* lse_of,
                              std::int64_t lse_stride, int parts, thd_view<T> out, float* lse) {
