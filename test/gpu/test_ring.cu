@@ -154,8 +154,7 @@ void check_device_programs(attention_arguments a, std::initializer_list<int> ran
           c.backward_rank(attn, r, c.forward_rank(attn, r));
           s.host = rec.log;
           if constexpr (requires { typename Schedule::program; }) {
-            auto [forward, backward] =
-                test::program_messages<Schedule, T>(attn.schedule(), c.args);
+            auto [forward, backward] = test::program_messages<Schedule, T>(attn.schedule(), c.args);
             s.program = std::move(forward);
             s.program.insert(s.program.end(), backward.begin(), backward.end());
           } else {
