@@ -384,7 +384,7 @@ public:
 private:
   template <element T>
   typename Schedule::layout_type layout() const {
-    return Schedule::workspace(schedule_, args_, sizeof(T));
+    return Schedule::workspace(schedule_, args_, element_format::of<T>());
   }
   std::size_t with_scratch(std::size_t ring_bytes, bool backward) const {
     return detail::with_scratch<BlockKernel>(device_.get(), ring_bytes, backward);

@@ -18,6 +18,7 @@
 #include <array>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 using namespace ringattn;
@@ -161,6 +162,42 @@ TEST_CASE("separate widths: the workspace and messages follow each width") {
   CHECK(reinterpret_cast<std::byte*>(b.v.data) - reinterpret_cast<std::byte*>(b.k.data) ==
         10 * 2 * 192 * 2);
   CHECK(b.dv - b.dk == 10 * 2 * 192);
+}
+
+TEST_CASE("a K/V slot keeps its block's scales after v: none for 16-bit elements, a k and a v "
+          "scale per kv head for e4m3, in the same message") {
+  static_assert(std::is_same_v<scales_for<T>, no_scales> &&
+                std::is_same_v<scales_for<const __half>, no_scales> &&
+                std::is_same_v<scales_for<fp8_e4m3>, head_scales>);
+  // The 16-bit elements' place takes no space in the block arguments.
+  static_assert(sizeof(block_forward_args<T>) == sizeof(block_forward_args<float>));
+  static_assert(element_format::of<T>().scale_bytes_per_kv_head == 0);
+  const attention_arguments a{.q_heads = 8, .kv_heads = 2, .head_dim = 192, .head_dim_v = 128};
+  const ring_workspace plain(100, 120, a, element_format::of<T>());
+  CHECK(plain.block_bytes(10) == 10u * 2 * (192 + 128) * 2);
+  CHECK(plain.scale_bytes(10) == 0);
+
+  constexpr element_format e4m3 = element_format::of<fp8_e4m3>();
+  static_assert(e4m3.bytes == 1 && e4m3.scale_bytes_per_kv_head == 2 * sizeof(float));
+  const ring_workspace w(100, 120, a, e4m3);
+  CHECK(w.scale_bytes(10) == 2u * 2 * 4);
+  CHECK(w.scale_bytes(0) == 0); // an empty block sends nothing
+  CHECK(w.block_bytes(10) == 10u * 2 * (192 + 128) + 2u * 2 * 4);
+  CHECK(w.largest_message(false) == w.block_bytes(120));
+  CHECK(w.kv_slot() == ring_workspace::align(w.block_bytes(120)));
+  std::vector<std::byte> buf(w.host_backward_bytes() + w.forward_bytes());
+  const auto kv = w.kv_slot_views<fp8_e4m3>(buf.data(), 1, 10);
+  const auto* slot = buf.data() + w.kv_slot();
+  CHECK(reinterpret_cast<const std::byte*>(kv.k.data) == slot);
+  CHECK(reinterpret_cast<const std::byte*>(kv.scales.k) == slot + 10 * 2 * (192 + 128));
+  CHECK(kv.scales.v == kv.scales.k + 2);
+  // In a grad slot the scales sit between v and the fp32 sums, which stay 4-byte aligned.
+  const auto g = w.grad_slot_views<fp8_e4m3>(buf.data(), 0, 10);
+  CHECK(reinterpret_cast<const std::byte*>(g.scales.k) ==
+        reinterpret_cast<const std::byte*>(g.v.data) + 10 * 2 * 128);
+  CHECK(reinterpret_cast<const std::byte*>(g.dk) ==
+        reinterpret_cast<const std::byte*>(g.k.data) + w.block_bytes(10));
+  CHECK(reinterpret_cast<std::uintptr_t>(g.dk) % alignof(float) == 0);
 }
 
 TEST_CASE("separate widths: views of the wrong width and unsupported widths are refused") {

@@ -37,7 +37,7 @@ std::pair<std::vector<sent>, std::vector<sent>> program_messages(const ring_sche
                                                                  const attention_arguments& a) {
   using program = typename Schedule::program;
   detail::trace_engine forward, backward;
-  const ring_workspace w = program::workspace(s, a, sizeof(T));
+  const ring_workspace w = program::workspace(s, a, element_format::of<T>());
   program::forward(forward, s, w);
   program::backward(backward, s, w);
   return {seen_of(forward.messages()), seen_of(backward.messages())};

@@ -3,6 +3,7 @@
 //! The Schedule family's concept: how the work reaches the ranks.
 
 #include <ringattn/arguments.cuh>
+#include <ringattn/core/kv_scales.cuh>
 
 #include <concepts>
 #include <cstddef>
@@ -21,7 +22,7 @@ concept schedule_policy = requires(const typename S::plan_type& plan,
                                    const typename S::layout_type& layout,
                                    const attention_arguments& args) {
   { S::name } -> std::convertible_to<const char*>;
-  { S::workspace(plan, args, std::size_t{2}) } -> std::same_as<typename S::layout_type>;
+  { S::workspace(plan, args, element_format{2}) } -> std::same_as<typename S::layout_type>;
   {S::compute(plan).steps()};
   { S::compute_arguments(plan, args) } -> std::convertible_to<attention_arguments>;
   { layout.forward_bytes() } -> std::convertible_to<std::size_t>;

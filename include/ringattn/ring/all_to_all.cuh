@@ -206,10 +206,12 @@ private:
 //! workspace.
 class all_to_all_workspace {
 public:
-  all_to_all_workspace(const all_to_all_plan& p, std::size_t element_bytes)
+  all_to_all_workspace(const all_to_all_plan& p, element_format format)
       : rank_(p.rank()), ranks_(p.ranks()), n_(p.q_tokens()), most_(p.max_tokens()),
         hq_(p.heads().q_per_rank), hk_(p.heads().kv_per_rank), d_(p.local_arguments().qk_dim()),
-        dv_(p.local_arguments().v_dim()), shared_(p.kv_sharers() > 1), e_(element_bytes) {
+        dv_(p.local_arguments().v_dim()), shared_(p.kv_sharers() > 1), e_(format.bytes) {
+    if (format.scale_bytes_per_kv_head != 0)
+      throw std::logic_error("ringattn: the all-to-all schedules' messages carry no block scales");
     const auto n = static_cast<std::size_t>(n_), m = static_cast<std::size_t>(most_);
     const auto all = static_cast<std::size_t>(p.tokens());
     const auto group = static_cast<std::size_t>(p.group_tokens());
@@ -253,7 +255,7 @@ public:
     backward_bytes_ = b.at + std::max(classes * send_[1] + (ranks - 1) * land_[1],
                                       ranks * back_send_[1] + (ranks - 1) * back_land_[1]);
     if (ranks == 1) { // one rank runs the ring's path (one block, nothing exchanged)
-      const ring_workspace ring(n_, n_, p.arguments(), element_bytes);
+      const ring_workspace ring(n_, n_, p.arguments(), format);
       forward_bytes_ = std::max(forward_bytes_, ring.forward_bytes());
       backward_bytes_ = std::max(backward_bytes_, ring.device_backward_bytes());
     }

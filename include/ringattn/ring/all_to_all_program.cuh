@@ -190,7 +190,7 @@ struct all_to_all_program {
   static void forward(Engine& e, const all_to_all_plan& p, thd_view<const T> q, thd_view<const T> k,
                       thd_view<const T> v, thd_view<T> out, float* lse, float* max_logit,
                       std::byte* base) {
-    const all_to_all_workspace ws(p, sizeof(T));
+    const all_to_all_workspace ws(p, element_format::of<T>());
     const auto& f = ws.forward();
     const head_split& h = p.heads();
     const attention_arguments& la = p.local_arguments();
@@ -264,7 +264,7 @@ struct all_to_all_program {
                        thd_view<const T> k, thd_view<const T> v, thd_view<const T> out,
                        const float* lse, thd_view<const T> dout, thd_view<T> dq, thd_view<T> dk,
                        thd_view<T> dv, std::byte* base) {
-    const all_to_all_workspace ws(p, sizeof(T));
+    const all_to_all_workspace ws(p, element_format::of<T>());
     const auto& b = ws.backward();
     const head_split& h = p.heads();
     const attention_arguments& la = p.local_arguments();
@@ -427,7 +427,7 @@ void device_all_to_all_forward(Communicator& comm, const all_to_all_plan& p,
         comm, p.local(), d, args, q, k, v, out, lse, max_logit, workspace, stream);
     return;
   }
-  const all_to_all_workspace ws(p, sizeof(T));
+  const all_to_all_workspace ws(p, element_format::of<T>());
   device_all_to_all_engine<BlockKernel, Communicator> e{
       comm, d, workspace + all_to_all_workspace::align(ws.forward_bytes()), stream};
   all_to_all_program::forward<T>(e, p, q, k, v, out, lse, max_logit, workspace);
@@ -446,7 +446,7 @@ void device_all_to_all_backward(Communicator& comm, const all_to_all_plan& p,
         comm, p.local(), d, args, q, k, v, out, lse, dout, dq, dk, dv, workspace, stream);
     return;
   }
-  const all_to_all_workspace ws(p, sizeof(T));
+  const all_to_all_workspace ws(p, element_format::of<T>());
   device_all_to_all_engine<BlockKernel, Communicator> e{
       comm, d, workspace + all_to_all_workspace::align(ws.device_backward_bytes()), stream};
   all_to_all_program::backward<T>(e, p, q, k, v, out, lse, dout, dq, dk, dv, workspace);

@@ -163,7 +163,8 @@ public:
     const step_epilogue e = s_.forward_epilogue(t, dense_);
     if (e != step_epilogue::none)
       BlockKernel::device_forward(
-          e, {q_, thd_view<const T>(b.k), thd_view<const T>(b.v), args_, state_, scratch_},
+          e,
+          {q_, thd_view<const T>(b.k), thd_view<const T>(b.v), args_, state_, scratch_, b.scales},
           d_.forward[static_cast<std::size_t>(t)], out_, lse_, stream_);
     RINGATTN_CUDA_CHECK(cudaEventRecord(d_.computed[slot], stream_));
   }
@@ -255,7 +256,7 @@ public:
     if (t > 0 && nk > 0)
       RINGATTN_CUDA_CHECK(cudaMemsetAsync(local_, 0, ws_.grad_bytes(nk), stream_));
     if (!step.groups.empty())
-      BlockKernel::device_backward(block_args(b.k, b.v, share, share + ws_.k_elements(nk)),
+      BlockKernel::device_backward(block_args(b, share, share + ws_.k_elements(nk)),
                                    d_.backward[static_cast<std::size_t>(t)], stream_);
     RINGATTN_CUDA_CHECK(cudaEventRecord(d_.computed[slot], stream_));
     if (t > 0) {
@@ -273,7 +274,7 @@ public:
     if (t > 0) RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream_, d_.arrived[slot], 0));
     if (nk > 0) RINGATTN_CUDA_CHECK(cudaMemsetAsync(b.dk, 0, ws_.grad_bytes(nk), stream_));
     if (!step.groups.empty())
-      BlockKernel::device_backward(block_args(b.k, b.v, b.dk, b.dv),
+      BlockKernel::device_backward(block_args(b, b.dk, b.dv),
                                    d_.backward[static_cast<std::size_t>(t)], stream_);
     RINGATTN_CUDA_CHECK(cudaEventRecord(d_.computed[slot], stream_));
   }
@@ -329,18 +330,10 @@ public:
   }
 
 private:
-  //! The block call over a slot's K/V, its dK/dV share into `dk` and `dv`.
-  block_backward_args<T> block_args(thd_view<T> k, thd_view<T> v, float* dk, float* dv) const {
-    return {q_,
-            thd_view<const T>(k),
-            thd_view<const T>(v),
-            dout_,
-            lse_,
-            delta_,
-            args_,
-            {dq_acc_, dk, dv},
-            out_,
-            scratch_};
+  //! The block call over a slot's K/V (and their scales), its dK/dV share into `dk` and `dv`.
+  block_backward_args<T> block_args(const grad_block_views<T>& b, float* dk, float* dv) const {
+    return over_slot<T>({q_, {}, {}, dout_, lse_, delta_, args_, {dq_acc_}, out_, scratch_}, b, dk,
+                        dv);
   }
   // This rank's own sums come home into the K/V area of the other slot.
   float* home_sums(int slot) const {
@@ -429,7 +422,7 @@ void device_forward(Communicator& comm, const ring_schedule& s,
                     ring_device_resources<BlockKernel>& d, const attention_arguments& args,
                     thd_view<const T> q, thd_view<const T> k, thd_view<const T> v, thd_view<T> out,
                     float* lse, float* max_logit, std::byte* workspace, cudaStream_t stream) {
-  const ring_workspace ws = Program::workspace(s, args, sizeof(T));
+  const ring_workspace ws = Program::workspace(s, args, element_format::of<T>());
   device_forward_engine<BlockKernel, Communicator, T> e(comm, s, d, ws, workspace, args, q, k, v,
                                                         out, lse, max_logit, stream);
   Program::forward(e, s, ws);
@@ -443,7 +436,7 @@ void device_backward(Communicator& comm, const ring_schedule& s,
                      thd_view<const T> out, const float* lse, thd_view<const T> dout,
                      thd_view<T> dq, thd_view<T> dk, thd_view<T> dv, std::byte* workspace,
                      cudaStream_t stream) {
-  const ring_workspace ws = Program::workspace(s, args, sizeof(T));
+  const ring_workspace ws = Program::workspace(s, args, element_format::of<T>());
   device_backward_engine<BlockKernel, Communicator, T> e(comm, s, d, ws, workspace, args, q, k, v,
                                                          out, lse, dout, dq, dk, dv, stream);
   Program::backward(e, s, ws);

@@ -68,9 +68,10 @@ public:
     nvtx_range range("step", step.index, rank_);
     const auto b = ws_.kv_slot_views<T>(base_, slot, step.kv_tokens);
     if (!step.groups.empty())
-      BlockKernel::host_forward(
-          block_forward_args<T>{q_, thd_view<const T>(b.k), thd_view<const T>(b.v), args_, state_},
-          step.groups);
+      BlockKernel::host_forward(block_forward_args<T>{q_, thd_view<const T>(b.k),
+                                                      thd_view<const T>(b.v), args_, state_,
+                                                      nullptr, b.scales},
+                                step.groups);
   }
   void exchange(const message& m) {
     comm_.exchange(ws_.kv_slot_views<T>(base_, m.send_slot, m.send_tokens).k.data, m.send_bytes,
@@ -122,8 +123,7 @@ public:
     const std::size_t elements = ws_.kv_elements(nk);
     if (t > 0) std::fill(local_, local_ + elements, 0.0f);
     if (!step.groups.empty())
-      BlockKernel::host_backward(block_args(b.k, b.v, share, share + ws_.k_elements(nk)),
-                                 step.groups);
+      BlockKernel::host_backward(block_args(b, share, share + ws_.k_elements(nk)), step.groups);
     if (t > 0)
       for (std::size_t i = 0; i < elements; ++i)
         b.dk[i] += local_[i];
@@ -133,8 +133,7 @@ public:
     nvtx_range range("backward block", step.index, rank_);
     const auto b = ws_.grad_slot_views<T>(base_, slot, step.kv_tokens);
     std::fill(b.dk, b.dk + ws_.kv_elements(step.kv_tokens), 0.0f); // dk, then dv
-    if (!step.groups.empty())
-      BlockKernel::host_backward(block_args(b.k, b.v, b.dk, b.dv), step.groups);
+    if (!step.groups.empty()) BlockKernel::host_backward(block_args(b, b.dk, b.dv), step.groups);
   }
   void exchange(const message& m) {
     comm_.exchange(source(m), m.send_bytes, m.to, target(m), m.recv_bytes, m.from, m.tag);
@@ -158,10 +157,9 @@ public:
   }
 
 private:
-  //! The block call over a slot's K/V, its dK/dV share into `dk` and `dv`.
-  block_backward_args<T> block_args(thd_view<T> k, thd_view<T> v, float* dk, float* dv) const {
-    return {q_,    thd_view<const T>(k), thd_view<const T>(v), dout_, lse_, delta_,
-            args_, {dq_acc_, dk, dv}};
+  //! The block call over a slot's K/V (and their scales), its dK/dV share into `dk` and `dv`.
+  block_backward_args<T> block_args(const grad_block_views<T>& b, float* dk, float* dv) const {
+    return over_slot<T>({q_, {}, {}, dout_, lse_, delta_, args_, {dq_acc_}}, b, dk, dv);
   }
   // A message's buffers: a slot's K/V, or its fp32 dK/dV; this rank's own sums come home into
   // the K/V area of the other slot.
@@ -252,7 +250,7 @@ template <class Program, class BlockKernel, class Communicator, element T>
 void host_forward(Communicator& comm, const ring_schedule& s, const attention_arguments& args,
                   thd_view<const T> q, thd_view<const T> k, thd_view<const T> v, thd_view<T> out,
                   float* lse, float* max_logit, std::span<std::byte> workspace) {
-  const ring_workspace ws = Program::workspace(s, args, sizeof(T));
+  const ring_workspace ws = Program::workspace(s, args, element_format::of<T>());
   host_forward_engine<BlockKernel, Communicator, T> e(comm, ws, workspace.data(), s.rank(), args, q,
                                                       k, v, out, lse, max_logit);
   Program::forward(e, s, ws);
@@ -264,7 +262,7 @@ void host_backward(Communicator& comm, const ring_schedule& s, const attention_a
                    thd_view<const T> q, thd_view<const T> k, thd_view<const T> v,
                    thd_view<const T> out, const float* lse, thd_view<const T> dout, thd_view<T> dq,
                    thd_view<T> dk, thd_view<T> dv, std::span<std::byte> workspace) {
-  const ring_workspace ws = Program::workspace(s, args, sizeof(T));
+  const ring_workspace ws = Program::workspace(s, args, element_format::of<T>());
   host_backward_engine<BlockKernel, Communicator, T> e(comm, s, ws, workspace.data(), args, q, k, v,
                                                        out, lse, dout, dq, dk, dv);
   Program::backward(e, s, ws);

@@ -18,7 +18,7 @@
 //! same order: CI checks the GPU's protocol.
 //!
 //! A program is a type (`ring_program`, `all_gather_program`) with
-//! `workspace(schedule, args, element_bytes)` (the slots it needs),
+//! `workspace(schedule, args, format)` (the slots it needs, for blocks of that `element_format`),
 //! `forward(engine, schedule, workspace)` and `backward(engine, schedule, workspace)`; a Schedule
 //! model names it. The all-to-all's program
 //! is in ring/all_to_all_program.cuh; the sharded decode's step is `decode_program` (below).
@@ -74,8 +74,8 @@ struct message {
 //! The ring's programs (`ring_pass`): two block slots per rank, whatever P.
 struct ring_program {
   static ring_workspace workspace(const ring_schedule& s, const attention_arguments& args,
-                                  std::size_t element_bytes) {
-    return {s.q_tokens(), s.max_kv_tokens(), args, element_bytes};
+                                  element_format format) {
+    return {s.q_tokens(), s.max_kv_tokens(), args, format};
   }
 
   //! The ring forward: step t computes the block in slot t % 2, then passes it on to rank + 1 while
@@ -148,9 +148,9 @@ struct all_gather_program {
   //! A slot for the block of every step (every rank's, or those a window needs); in the backward
   //! a share buffer for every block whose dK/dV come back (at least one).
   static ring_workspace workspace(const ring_schedule& s, const attention_arguments& args,
-                                  std::size_t element_bytes) {
-    return {s.q_tokens(),  s.max_kv_tokens(),           args,
-            element_bytes, std::max(2, s.step_count()), std::max(1, s.step_count() - 1)};
+                                  element_format format) {
+    return {s.q_tokens(), s.max_kv_tokens(),           args,
+            format,       std::max(2, s.step_count()), std::max(1, s.step_count() - 1)};
   }
 
   //! Exchange k of the all-gather: this rank's block goes to rank + k (whose step k it is), while

@@ -66,8 +66,8 @@ struct program_schedule {
     return args;
   }
   static ring_workspace workspace(const ring_schedule& s, const attention_arguments& args,
-                                  std::size_t element_bytes) {
-    return Program::workspace(s, args, element_bytes);
+                                  element_format format) {
+    return Program::workspace(s, args, format);
   }
   //! The host path computes a step's dK/dV share apart and receives the returning shares into
   //! the device path's regions, as the device path does.
@@ -129,8 +129,8 @@ struct heads_schedule {
     return s.local_arguments();
   }
   static all_to_all_workspace workspace(const all_to_all_plan& s, const attention_arguments&,
-                                        std::size_t element_bytes) {
-    return {s, element_bytes};
+                                        element_format format) {
+    return {s, format};
   }
   static std::size_t host_backward_bytes(const all_to_all_workspace& w) {
     return w.host_backward_bytes();

@@ -8,14 +8,17 @@
 //!   (`device_backward_bytes`: what the ring and the all-gather take on both paths)
 //!
 //! A K/V slot holds a block's k (`[tokens, kv_heads, head_dim]` in T, dense: what travels) then
-//! its v (`head_dim_v` wide); a grad slot the same followed by the block's fp32 dk, dv (their
-//! widths). The state's o and dQ take the widths of the output and of q. The schedule decides the
-//! counts: the ring keeps two slots (the block in use and the one arriving) and one share, the
-//! all-gather a slot for every rank's block and a share for every block it receives dK/dV of.
-//! Slots are sized for the largest block; every region starts 256-byte aligned. The state's lse
-//! is the caller's lse.
+//! its v (`head_dim_v` wide) and the scales its element type carries (`scales_for<T>`, none for
+//! fp16 and bf16; they travel in the same message); a grad slot the same followed by the block's
+//! fp32 dk, dv (their widths). The state's o and dQ take the widths of the output and of q. The
+//! schedule decides the counts: the ring keeps two slots (the block in use and the one arriving)
+//! and one share, the all-gather a slot for every rank's block and a share for every block it
+//! receives dK/dV of. Slots are sized for the largest block; every region starts 256-byte aligned.
+//! The state's lse is the caller's lse.
 
 #include <ringattn/arguments.cuh>
+#include <ringattn/block/device/backward_args.cuh>
+#include <ringattn/core/kv_scales.cuh>
 #include <ringattn/core/state.cuh>
 #include <ringattn/tensor.cuh>
 
@@ -24,25 +27,41 @@
 
 namespace ringattn {
 
-//! A K/V block in a ring buffer: k of `tokens` rows, then v, both dense.
+//! A K/V block in a ring buffer: k of `tokens` rows, then v, both dense, then its scales.
 template <class T>
 struct kv_block_views {
   thd_view<T> k, v;
+  [[no_unique_address]] scales_for<T> scales{};
 };
-//! A backward block in a ring buffer: k, v (T, dense), then its fp32 dk, dv accumulators.
+//! A backward block in a ring buffer: k, v (T, dense) and their scales, then its fp32 dk, dv
+//! accumulators.
 template <class T>
 struct grad_block_views {
   thd_view<T> k, v;
   float *dk, *dv;
+  [[no_unique_address]] scales_for<T> scales{};
 };
+
+//! A block-backward call over a grad slot: `call` (this rank's q, dout, lse, delta, arguments and
+//! dq sums) with the slot's k, v and scales, the block's dK/dV share into `dk` and `dv`.
+template <class T>
+block_backward_args<T> over_slot(block_backward_args<T> call, const grad_block_views<T>& b,
+                                 float* dk, float* dv) {
+  call.k = thd_view<const T>(b.k);
+  call.v = thd_view<const T>(b.v);
+  call.grad.dk = dk;
+  call.grad.dv = dv;
+  call.kv_scales = b.scales;
+  return call;
+}
 
 class ring_workspace {
 public:
   ring_workspace(std::int64_t q_tokens, std::int64_t max_kv_tokens, const attention_arguments& args,
-                 std::size_t element_bytes, int slots = 2, int shares = 1)
+                 element_format format, int slots = 2, int shares = 1)
       : n_(q_tokens), max_kv_(max_kv_tokens), qh_(args.q_heads), kvh_(args.kv_heads),
-        dk_(args.qk_dim()), dv_(args.v_dim()), slots_(slots), shares_(shares),
-        elem_(element_bytes) {}
+        dk_(args.qk_dim()), dv_(args.v_dim()), slots_(slots), shares_(shares), elem_(format.bytes),
+        scale_(format.scale_bytes_per_kv_head) {}
 
   static constexpr std::size_t align(std::size_t n) { return (n + 255) / 256 * 256; }
 
@@ -58,8 +77,14 @@ public:
   std::size_t kv_elements(std::int64_t tokens) const {
     return k_elements(tokens) + v_elements(tokens);
   }
-  //! Bytes a K/V block of `tokens` rows occupies on the wire: k and v in T.
-  std::size_t block_bytes(std::int64_t tokens) const { return kv_elements(tokens) * elem_; }
+  //! Bytes a K/V block of `tokens` rows occupies on the wire: k and v in T, then their scales.
+  std::size_t block_bytes(std::int64_t tokens) const {
+    return kv_elements(tokens) * elem_ + scale_bytes(tokens);
+  }
+  //! Bytes of a block's scales (after its k and v).
+  std::size_t scale_bytes(std::int64_t tokens) const {
+    return tokens > 0 ? static_cast<std::size_t>(kvh_) * scale_ : 0;
+  }
   //! Bytes of a block's fp32 dK and dV.
   std::size_t grad_bytes(std::int64_t tokens) const { return kv_elements(tokens) * sizeof(float); }
   //! The largest message a forward (or a backward: a block with its dK/dV) sends.
@@ -78,9 +103,11 @@ public:
   }
   template <class T>
   kv_block_views<T> kv_slot_views(std::byte* base, int slot, std::int64_t tokens) const {
-    T* k = reinterpret_cast<T*>(base + static_cast<std::size_t>(slot) * kv_slot());
+    std::byte* b = base + static_cast<std::size_t>(slot) * kv_slot();
+    T* k = reinterpret_cast<T*>(b);
     const auto e = static_cast<std::int64_t>(k_elements(tokens));
-    return {thd_view<T>(k, tokens, kvh_, dk_), thd_view<T>(k + e, tokens, kvh_, dv_)};
+    return {thd_view<T>(k, tokens, kvh_, dk_), thd_view<T>(k + e, tokens, kvh_, dv_),
+            scales_in<T>(b, tokens)};
   }
   //! The fp32 state in the workspace (o, then the weight sums) with the caller's lse and max
   //! logits (null where not asked for).
@@ -112,7 +139,8 @@ public:
     T* kv = reinterpret_cast<T*>(b);
     float* g = reinterpret_cast<float*>(b + block_bytes(tokens));
     const auto e = static_cast<std::int64_t>(k_elements(tokens));
-    return {thd_view<T>(kv, tokens, kvh_, dk_), thd_view<T>(kv + e, tokens, kvh_, dv_), g, g + e};
+    return {thd_view<T>(kv, tokens, kvh_, dk_), thd_view<T>(kv + e, tokens, kvh_, dv_), g, g + e,
+            scales_in<T>(b, tokens)};
   }
   float* dq(std::byte* base) const {
     return reinterpret_cast<float*>(base + slots() * grad_slot());
@@ -128,11 +156,17 @@ public:
   }
 
 private:
+  //! The scales of a block of `tokens` rows that starts at `block`.
+  template <class T>
+  scales_for<T> scales_in(std::byte* block, std::int64_t tokens) const {
+    return block_scales_at<scales_for<T>>(
+        reinterpret_cast<float*>(block + kv_elements(tokens) * elem_), kvh_);
+  }
   std::size_t slots() const { return static_cast<std::size_t>(slots_); }
   std::size_t shares() const { return static_cast<std::size_t>(shares_); }
   std::int64_t n_, max_kv_;
   int qh_, kvh_, dk_, dv_, slots_, shares_;
-  std::size_t elem_;
+  std::size_t elem_, scale_;
 };
 
 } // namespace ringattn

@@ -17,6 +17,7 @@
 
 #include <ringattn/arguments.cuh>
 #include <ringattn/block/device/block.cuh>
+#include <ringattn/core/kv_scales.cuh>
 #include <ringattn/tensor.cuh>
 
 #include <cstddef>
@@ -51,6 +52,8 @@ struct block_backward_args {
   thd_view<const T> out{};
   //! Device scratch of the BlockKernel's own, as in the forward.
   std::byte* scratch = nullptr;
+  //! The dequantisation scales of k and v, as in the forward.
+  [[no_unique_address]] scales_for<T> kv_scales{};
 };
 
 //! Shapes agree with the arguments, views are valid, pointers are there (the groups aside).

@@ -5,6 +5,7 @@
 
 #include <ringattn/arguments.cuh>
 #include <ringattn/block/device/block.cuh>
+#include <ringattn/core/kv_scales.cuh>
 #include <ringattn/core/state.cuh>
 #include <ringattn/tensor.cuh>
 
@@ -27,6 +28,10 @@ struct block_forward_args {
   //! Device scratch of the BlockKernel's own (`*_workspace_bytes()` count it; a model that asks
   //! for none gets a null pointer).
   std::byte* scratch = nullptr;
+  //! The dequantisation scales of k and v, in the layout their element type carries
+  //! (`scales_for<T>`, core/kv_scales.cuh: none for fp16 and bf16, taking no space). The ring
+  //! fills it from the K/V slot the block travelled in.
+  [[no_unique_address]] scales_for<T> kv_scales{};
 };
 
 //! Shapes agree with the arguments, views are valid, the state matches q (the groups aside: a
