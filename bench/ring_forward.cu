@@ -5,16 +5,21 @@
 // on the cuDNN block kernel too (cudnn_ring), and cudnn_block and native_block time one rank's
 // ring (a single block, written directly) at 2K, 8K and 32K tokens. The schedules rows run the
 // ring, the all-gather, the all-to-all and the hybrid (all-to-all in groups of 4, K/V gathered
-// across the 2 groups) side by side (8 ranks, 8K-64K tokens, 8 and 32 kv heads).
+// across the 2 groups) side by side (8 ranks, 8K-64K tokens, 8 and 32 kv heads). The documents
+// rows run the ring over packed document mixes with each partitioner (8 ranks, causal).
 // Time: host wall clock from launching every rank until every rank's stream has drained
 // (manual time), so it covers the ring's exchanges, the merges and the load balance; the single
 // call is timed the same way. A ring of one rank (the block benchmarks) is timed with CUDA events
 // on its stream, as PyTorch's side is.
 #include "single_gpu.cuh"
 
+#include "../test/support/document_mixes.hpp"
+
 #include <ringattn/block_kernel.cuh>
 #include <ringattn/comm/in_process.cuh>
+#include <ringattn/partition/balanced.cuh>
 #include <ringattn/partition/contiguous.cuh>
+#include <ringattn/partition/round_robin.cuh>
 #include <ringattn/partition/scatter.cuh>
 #include <ringattn/partition/zigzag.cuh>
 #include <ringattn/ring_attention.cuh>
@@ -73,17 +78,13 @@ void single_call(benchmark::State& state) {
   state.SetLabel(std::string("single call") + (causal ? " causal" : " full"));
 }
 
-// range(0): ranks; range(1): causal; range(2): forward + backward; range(3): tokens (default
-// 64K). `Causal` and `Full` are the BlockKernels of the two masks; with `Window` > 0, `Causal` is
-// a causal window of that many keys (the query's own included) and the FLOPs count its work.
-template <class P, class Causal = ringattn::causal, class Full = ringattn::full,
-          class Schedule = ringattn::ring_pass, int KvHeads = kv_heads, std::int64_t Window = 0>
-void ring_forward(benchmark::State& state) {
-  if (!ringattn::bench::require_gpu(state)) return;
-  const std::int64_t tokens = state.range(3) > 0 ? state.range(3) : ring_tokens;
-  const int ranks = static_cast<int>(state.range(0));
-  const bool causal = state.range(1) != 0, backward = state.range(2) != 0;
-  const std::vector<std::int32_t> cu = {0, static_cast<std::int32_t>(tokens)};
+// The ring over the packed sequences `cu` on `ranks` virtual ranks, forward or forward +
+// backward. `Causal` and `Full` are the BlockKernels of the two masks; with `Window` > 0, `Causal`
+// is a causal window of that many keys (the query's own included) and the FLOPs count its work.
+template <class P, class Causal, class Full, class Schedule, int KvHeads, std::int64_t Window>
+void ring_on(benchmark::State& state, const std::vector<std::int32_t>& cu, int ranks, bool causal,
+             bool backward) {
+  const std::int64_t tokens = cu.back();
   ringattn::attention_arguments args{q_heads, KvHeads, head_dim, 0.0f};
   if constexpr (Window > 0) args.window_left = Window - 1;
   T* q =
@@ -206,8 +207,12 @@ void ring_forward(benchmark::State& state) {
     const double w = static_cast<double>(std::min<std::int64_t>(Window, tokens));
     const double pairs = w * (w + 1) / 2 + (static_cast<double>(tokens) - w) * w;
     ringattn::bench::report_flops(state, (backward ? 3.5 : 1.0) * 4.0 * q_heads * pairs * head_dim);
-  } else {
-    report(state, causal, backward, tokens);
+  } else { // each sequence's own work
+    double flops = 0.0;
+    for (std::size_t i = 1; i < cu.size(); ++i)
+      flops += ringattn::bench::attention_forward_flops(1, q_heads, cu[i] - cu[i - 1],
+                                                        cu[i] - cu[i - 1], head_dim, causal);
+    ringattn::bench::report_flops(state, (backward ? 3.5 : 1.0) * flops);
   }
   std::string label = std::string(P::name) + (causal ? " causal" : " full") +
                       ", P = " + std::to_string(ranks) +
@@ -230,6 +235,52 @@ void ring_forward(benchmark::State& state) {
   }
   cudaFree(q), cudaFree(k), cudaFree(v);
 }
+
+// One sequence. range(0): ranks; range(1): causal; range(2): forward + backward; range(3): tokens
+// (default 64K).
+template <class P, class Causal = ringattn::causal, class Full = ringattn::full,
+          class Schedule = ringattn::ring_pass, int KvHeads = kv_heads, std::int64_t Window = 0>
+void ring_forward(benchmark::State& state) {
+  if (!ringattn::bench::require_gpu(state)) return;
+  const std::int64_t tokens = state.range(3) > 0 ? state.range(3) : ring_tokens;
+  ring_on<P, Causal, Full, Schedule, KvHeads, Window>(state, {0, static_cast<std::int32_t>(tokens)},
+                                                      static_cast<int>(state.range(0)),
+                                                      state.range(1) != 0, state.range(2) != 0);
+}
+
+// A document mix of 64K tokens (test/support/document_mixes.hpp), causal, over 8 ranks; its
+// FLOPs are the documents' own, so the rate compares with one 64K document's (the rows
+// ring_forward<zigzag>/ranks:8/causal:1). The counters say the partitioner's work max/mean.
+template <class P>
+void documents(benchmark::State& state, const ringattn::test::document_mix& mix, bool backward) {
+  if (!ringattn::bench::require_gpu(state)) return;
+  constexpr int ranks = 8;
+  ring_on<P, ringattn::causal, ringattn::full, ringattn::ring_pass, kv_heads, 0>(
+      state, mix.cu_seqlens, ranks, true, backward);
+  const ringattn::partition_plan<P> plan(mix.cu_seqlens, ranks);
+  state.counters["work_max_over_mean"] =
+      plan.work_imbalance(ringattn::position_window::of(ringattn::mask_kind::causal));
+  state.counters["documents"] = static_cast<double>(mix.cu_seqlens.size() - 1);
+}
+template <class P>
+void register_documents() {
+  for (const ringattn::test::document_mix& mix : ringattn::test::document_mixes(ring_tokens, 8))
+    for (const bool backward : {false, true})
+      benchmark::RegisterBenchmark(
+          ("documents/" + mix.name + "/" + P::name + (backward ? "/fwd_bwd" : "/fwd")).c_str(),
+          [mix, backward](benchmark::State& st) { documents<P>(st, mix, backward); })
+          ->UseManualTime()
+          ->Unit(benchmark::kMillisecond)
+          ->Iterations(3);
+}
+const int documents_registered = [] {
+  register_documents<ringattn::zigzag>();
+  register_documents<ringattn::round_robin>();
+  register_documents<ringattn::contiguous>();
+  register_documents<ringattn::balanced>();
+  return 0;
+}();
+
 BENCHMARK(single_call)
     ->ArgNames({"causal", "backward"})
     ->ArgsProduct({{1, 0}, {0, 1}})
