@@ -4,10 +4,11 @@
 // - `documents/<mix>/<partitioner>`: 64K tokens of a document mix
 //   (test/support/document_mixes.hpp) over P = 8 ranks, causal; the time to plan, and as
 //   counters the layout's causal work max/mean (`imbalance`), the steps of the ring (`steps`), and
-//   over the batch's tokens: the tokens the ring's forward sends (`sent`: a block goes on while a
-//   later rank sees some of it), those its backward carries (`carried`: every block the whole ring,
-//   its dK/dV going home) and the least any schedule must move (`needed`: a document held by k
-//   ranks reaches the k - 1 others; a document kept whole, none).
+//   over the batch's tokens: the tokens the ring's forward sends (`sent`: a block's rows that
+//   another rank sees, on while a later rank sees some of them), those its backward carries
+//   (`carried`: those rows of every block the whole ring, their dK/dV going home) and the least
+//   any schedule must move (`needed`: to every rank the key segments of the others that its
+//   queries see, once).
 //
 //   bench_plan [--benchmark_out=plan.json --benchmark_out_format=json]
 #include "../test/support/document_mixes.hpp"
@@ -22,6 +23,7 @@
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -71,17 +73,18 @@ void documents(benchmark::State& state, const ra::test::document_mix& mix) {
   for (int r = 0; r < ranks; ++r) {
     const ra::ring_schedule s(p, r, causal);
     for (const ra::ring_step& step : s.steps()) {
-      const auto tokens = static_cast<double>(p.local_tokens(step.source));
+      const auto tokens = static_cast<double>(s.travel_tokens(step.source));
       sent += step.forwarded ? tokens : 0.0;
       carried += step.index + 1 < steps ? tokens : 0.0;
     }
   }
-  for (int s = 0; s < p.batch(); ++s) {
-    int holders = 0;
-    for (int r = 0; r < ranks; ++r)
-      holders += p.local_cu_seqlens(r)[s + 1] > p.local_cu_seqlens(r)[s] ? 1 : 0;
-    needed += static_cast<double>(p.length(s)) * (holders - 1);
-  }
+  for (int q = 0; q < ranks; ++q)
+    for (int src = 0; src < ranks; ++src) {
+      if (src == q) continue;
+      std::set<std::int64_t> segments; // by first row: a key segment seen by several query ones
+      for (const ra::block& b : p.blocks(q, src, causal))
+        if (segments.insert(b.kv.local_begin).second) needed += static_cast<double>(b.kv.count);
+    }
   const auto tokens = static_cast<double>(p.tokens());
   state.counters["documents"] = p.batch();
   state.counters["imbalance"] = p.work_imbalance(causal);

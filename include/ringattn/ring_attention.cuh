@@ -122,10 +122,10 @@ public:
   }
 
   //! Bytes a K/V block of rank `src` occupies on the wire (and in a ring buffer): the ring and
-  //! the all-gather.
+  //! the all-gather; its rows that some other rank sees (`ring_schedule::travel_tokens`).
   template <element T>
   std::size_t block_bytes(int src) const requires ring_shaped {
-    return layout<T>().block_bytes(plan_.local_tokens(src));
+    return layout<T>().block_bytes(Schedule::compute(schedule_).travel_tokens(src));
   }
   //! Bytes this rank sends in one forward on the ring or the all-gather, as its communicator counts
   //! them (the max logit's exchanges aside): the ring forwards the blocks a later rank sees, the
@@ -145,7 +145,7 @@ public:
   //! Bytes a K/V block of rank `src` and its fp32 dK/dV occupy on the wire in the backward.
   template <element T>
   std::size_t backward_block_bytes(int src) const requires ring_shaped {
-    const std::int64_t n = plan_.local_tokens(src);
+    const std::int64_t n = Schedule::compute(schedule_).travel_tokens(src);
     return layout<T>().block_bytes(n) + layout<T>().grad_bytes(n);
   }
   //! Workspace of `forward_host` and `forward`: two K/V ring buffers of the largest shard and the

@@ -34,7 +34,7 @@ struct ring_result {
   double max_logit_error = 0.0; // the largest on any rank (sharded_case::max_logit_error)
   bool max_logit_agrees = true; // every rank got the same bits
   std::uint64_t bytes = 0, expected_bytes = 0;
-  std::uint64_t unskipped_bytes = 0; // were every block forwarded at every step but the last
+  std::uint64_t unskipped_bytes = 0; // were every whole shard forwarded at every step but the last
   std::vector<std::uint64_t> sent;   // per rank
 };
 
@@ -56,9 +56,11 @@ ring_result run_ring(const test::sharded_case<P, __nv_bfloat16>& c) {
     want[static_cast<std::size_t>(r)] =
         test::ring_forward_bytes<__nv_bfloat16>(attn, r, Mask::mask);
     CHECK(attn.template forward_bytes<__nv_bfloat16>() == want[static_cast<std::size_t>(r)]);
-    for (int t = 0; t + 1 < attn.schedule().step_count(); ++t)
+    for (int t = 0; t + 1 < attn.schedule().step_count(); ++t) // whole shards
       every[static_cast<std::size_t>(r)] +=
-          attn.template block_bytes<__nv_bfloat16>((r - t + ranks) % ranks);
+          sizeof(__nv_bfloat16) *
+          static_cast<std::uint64_t>(c.plan.local_tokens((r - t + ranks) % ranks)) *
+          c.args.kv_heads * (c.args.qk_dim() + c.args.v_dim());
   });
   for (const auto& e : errors)
     REQUIRE(message(e) == "");
@@ -168,6 +170,131 @@ TEST_CASE("balanced: documents kept whole send nothing; whole and split ones equ
     CHECK(res.lse_error < 1e-5);
     CHECK(res.bytes == res.expected_bytes);
   }
+}
+
+namespace {
+// Which rows of rank `src`'s shard some query of another rank sees, token by token.
+template <class P>
+std::vector<char> seen_elsewhere(const partition_plan<P>& plan, int src, const position_window& w) {
+  struct token {
+    int sequence;
+    std::int32_t position;
+  };
+  auto tokens_of = [&](int r) {
+    std::vector<token> out;
+    const auto pos = plan.position_ids(r);
+    const auto lc = plan.local_cu_seqlens(r);
+    for (int s = 0; s < plan.batch(); ++s)
+      for (std::int32_t i = lc[s]; i < lc[s + 1]; ++i)
+        out.push_back({s, pos[static_cast<std::size_t>(i)]});
+    return out;
+  };
+  const std::vector<token> keys = tokens_of(src);
+  std::vector<char> seen(keys.size(), 0);
+  for (int q = 0; q < plan.ranks(); ++q) {
+    if (q == src) continue;
+    for (const token& x : tokens_of(q))
+      for (std::size_t j = 0; j < keys.size(); ++j)
+        if (keys[j].sequence == x.sequence && w.sees(x.position, keys[j].position)) seen[j] = 1;
+  }
+  return seen;
+}
+
+// travelling_rows against the token-by-token oracle: every row another rank sees travels; a
+// shard that does not travel whole sends only whole key segments with a row seen elsewhere, in
+// shard order, and `row()` counts the travelling rows before it.
+template <class P>
+void check_travel(const std::vector<std::int32_t>& cu, int ranks, const position_window& w) {
+  const partition_plan<P> plan(cu, ranks);
+  for (int r = 0; r < ranks; ++r) {
+    CAPTURE(r);
+    const kv_travel t = travelling_rows(plan, r, w);
+    const std::vector<char> seen = seen_elsewhere(plan, r, w);
+    const auto n = static_cast<std::int64_t>(seen.size());
+    std::vector<char> travels(seen.size(), t.whole ? 1 : 0);
+    std::int64_t at = 0;
+    for (const travel_run& run : t.runs) {
+      CHECK(run.count > 0);
+      CHECK(run.travel_begin == at);
+      for (std::int64_t i = 0; i < run.count; ++i) {
+        travels[static_cast<std::size_t>(run.local_begin + i)] = 1;
+        CHECK(t.row(run.local_begin + i) == at + i);
+      }
+      at += run.count;
+    }
+    CHECK(t.tokens == (t.whole ? n : at));
+    if (!t.whole) CHECK(t.runs.size() <= static_cast<std::size_t>(kv_travel::max_runs));
+    for (std::int64_t j = 0; j < n; ++j)
+      if (seen[static_cast<std::size_t>(j)]) CHECK(travels[static_cast<std::size_t>(j)] == 1);
+    // What travels beyond the rows seen: the rest of their segments.
+    if (!t.whole)
+      for (int s = 0; s < plan.batch(); ++s)
+        for (const segment& g : plan.segments(r, s)) {
+          if (g.count == 0) continue;
+          bool any = false, all = true;
+          for (std::int64_t i = 0; i < g.count; ++i) {
+            any = any || seen[static_cast<std::size_t>(g.local_begin + i)];
+            all = all && travels[static_cast<std::size_t>(g.local_begin + i)];
+          }
+          CHECK(all == any);
+        }
+  }
+}
+} // namespace
+
+TEST_CASE_TEMPLATE("the rows of a shard that travel are those another rank sees", P, contiguous,
+                   round_robin, zigzag, balanced) {
+  const auto seed = test::fresh_seed();
+  CAPTURE(seed);
+  std::mt19937_64 rng(seed);
+  const position_window windows[] = {position_window::of(mask_kind::full),
+                                     position_window::of(mask_kind::causal),
+                                     position_window::of(mask_kind::causal_window, 5),
+                                     position_window::of(mask_kind::sliding_window, 3, 2)};
+  for (int ranks : {1, 2, 3, 4, 8})
+    for (const position_window& w : windows) {
+      CAPTURE(ranks);
+      CAPTURE(w.max_behind);
+      CAPTURE(w.max_ahead);
+      check_travel<P>(test::random_cu_seqlens(4, 1, 70, rng), ranks, w);
+      std::vector<std::int32_t> docs{0, 120}; // one long document and short ones
+      for (int i = 0; i < 12; ++i)
+        docs.push_back(docs.back() + 1 + static_cast<std::int32_t>(rng() % 9));
+      check_travel<P>(docs, ranks, w);
+    }
+}
+
+TEST_CASE(
+    "what travels: zigzag's last chunk stays on rank 0, contiguous's last rank sends nothing, "
+    "a full mask moves every row, documents kept whole none") {
+  const position_window causal_w = position_window::of(mask_kind::causal);
+  const std::vector<std::int32_t> one = {0, 64};
+  const partition_plan<zigzag> z(one, 4); // chunks of 8: rank 0 holds 0-7 and 56-63
+  const kv_travel z0 = travelling_rows(z, 0, causal_w);
+  CHECK_FALSE(z0.whole);
+  CHECK(z0.tokens == 8);
+  CHECK(z0.runs == std::vector<travel_run>{{0, 8, 0}});
+  for (int r = 1; r < 4; ++r)
+    CHECK(travelling_rows(z, r, causal_w).whole);
+  const partition_plan<contiguous> c(one, 4);
+  CHECK(travelling_rows(c, 0, causal_w).whole);
+  const kv_travel last = travelling_rows(c, 3, causal_w);
+  CHECK_FALSE(last.whole);
+  CHECK(last.tokens == 0);
+  for (int r = 0; r < 4; ++r)
+    CHECK(travelling_rows(c, r, position_window::of(mask_kind::full)).whole);
+  std::vector<std::int32_t> short_docs{0};
+  for (int i = 0; i < 64; ++i)
+    short_docs.push_back(short_docs.back() + 1 + i % 3);
+  const partition_plan<balanced> b(short_docs, 4);
+  for (int r = 0; r < 4; ++r)
+    CHECK(travelling_rows(b, r, causal_w).tokens == 0);
+  // One run per document piece on zigzag's rank 0 with many documents: more than max_runs, so
+  // the shard travels whole.
+  std::vector<std::int32_t> many{0};
+  for (int i = 0; i < 3 * kv_travel::max_runs; ++i)
+    many.push_back(many.back() + 16);
+  CHECK(travelling_rows(partition_plan<zigzag>(many, 2), 0, causal_w).whole);
 }
 
 TEST_CASE("ranks that disagree are rejected at plan time, on every rank, without a hang") {

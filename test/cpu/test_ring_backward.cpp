@@ -59,17 +59,17 @@ backward_run run_ring(const test::sharded_backward_case<P, T>& c, bool repeat) {
           std::memcmp(g.dv.data(), again.dv.data(), g.dv.size() * sizeof(T)) == 0;
     }
     parts[static_cast<std::size_t>(r)] = c.rank_grad_error(r, g, ref);
-    // Every step but the last passes the block with its dK/dV on; then the dK/dV of the block
-    // held last (rank r + 1's after P steps) go home.
+    // Every step but the last passes the block's travelling rows with their dK/dV on; then the
+    // dK/dV of the block held last (rank r + 1's after P steps) go home.
     const int steps = attn.schedule().step_count();
     for (int t = 0; t + 1 < steps; ++t)
       want[static_cast<std::size_t>(r)] +=
           attn.template backward_block_bytes<T>((r - t + ranks) % ranks);
     if (steps > 1)
-      want[static_cast<std::size_t>(r)] +=
-          2 * sizeof(float) *
-          static_cast<std::size_t>(c.plan.local_tokens(attn.schedule().source_of(steps - 1))) *
-          c.args.kv_heads * c.args.head_dim;
+      want[static_cast<std::size_t>(r)] += 2 * sizeof(float) *
+                                           static_cast<std::size_t>(attn.schedule().travel_tokens(
+                                               attn.schedule().source_of(steps - 1))) *
+                                           c.args.kv_heads * c.args.head_dim;
   });
   for (const auto& e : errors)
     REQUIRE(message(e) == "");
@@ -126,6 +126,41 @@ TEST_CASE_TEMPLATE("host ring backward equals the oracle: full and causal, P = 1
   check_matrix<P, causal>();
 }
 
+TEST_CASE("ring backward: documents kept whole send nothing; a block travels with the rows others "
+          "see") {
+  const auto seed = test::fresh_seed();
+  CAPTURE(seed);
+  for (int ranks : {2, 4, 8}) {
+    CAPTURE(ranks);
+    std::mt19937_64 rng(seed);
+    // Short documents, each kept on one rank: no rank sees another's keys.
+    std::vector<std::int32_t> cu{0};
+    for (int i = 0; i < 300; ++i)
+      cu.push_back(cu.back() + 2 + i % 3);
+    test::sharded_backward_case<balanced, T> whole(cu, ranks, {4, 2, 64, 0.0f}, mask_kind::causal,
+                                                   rng);
+    for (int s = 0; s < whole.plan.batch(); ++s)
+      REQUIRE(whole.plan.placement_of(s).ranks == 1);
+    const backward_run none = run_ring<balanced, causal>(whole, false);
+    for (std::size_t i = 0; i < 3; ++i)
+      CHECK(none.error[i] < 4e-3);
+    CHECK(none.bytes == 0);
+    // One sequence under zigzag: rank 0's last chunk is seen by no other rank and stays home.
+    const std::vector<std::int32_t> one = {0, 32 * ranks};
+    test::sharded_backward_case<zigzag, T> z(one, ranks, {4, 2, 64, 0.0f}, mask_kind::causal, rng);
+    const backward_run half = run_ring<zigzag, causal>(z, false);
+    for (std::size_t i = 0; i < 3; ++i)
+      CHECK(half.error[i] < 4e-3);
+    CHECK(half.bytes == half.expected_bytes);
+    // Every rank sends its own block, with its dK/dV, P - 1 hops and the block it holds home:
+    // 16 of rank 0's 32 rows travel, all of the others'.
+    // Bytes per row: 2 kv heads of k and v, 64 wide each (bf16, and the fp32 sums).
+    const std::uint64_t row = 2 * 128 * (sizeof(T) + sizeof(float)), home = 2 * 128 * sizeof(float);
+    const std::uint64_t travelling = 16 + 32 * static_cast<std::uint64_t>(ranks - 1);
+    CHECK(half.bytes == travelling * (ranks - 1) * row + travelling * home);
+  }
+}
+
 TEST_CASE("ring backward workspace: host and device sizes") {
   in_process_group group(3);
   const std::vector<std::int32_t> cu = {0, 100, 161};
@@ -133,16 +168,20 @@ TEST_CASE("ring backward workspace: host and device sizes") {
   const auto errors = on_ranks(group, [&](int, in_process_communicator& comm) {
     ring_attention<zigzag, in_process_communicator, causal> attn(comm, a, cu);
     const std::size_t n = static_cast<std::size_t>(attn.local_tokens());
-    const std::size_t most = static_cast<std::size_t>(attn.plan().max_local_tokens());
-    // K, V (bf16) and dK, dV (fp32) of the largest block, twice; dQ fp32; D fp32; one fp32
-    // dK/dV of the largest block (a step's share); 256-byte alignment of the pieces. The host
-    // and device paths take the same.
+    const ring_schedule& s = attn.schedule();
+    const std::size_t most = static_cast<std::size_t>(s.max_kv_tokens());
+    CHECK(s.max_kv_tokens() <= attn.plan().max_local_tokens());
+    // K, V (bf16) and dK, dV (fp32) of the largest block that travels, twice; dQ fp32; the
+    // shard's fp32 dK, dV where it does not travel whole; D fp32; one fp32 dK/dV of the largest
+    // block (a step's share); 256-byte alignment of the pieces. The host and device paths take the
+    // same.
     const std::size_t blocks = 2 * (2 * most * 2 * 64 * (2 + 4));
-    const std::size_t rest = n * 8 * 64 * 4 + n * 8 * 4;
+    const std::size_t own = s.own_travel().whole ? 0 : n * 2 * 64 * 2 * 4;
+    const std::size_t rest = n * 8 * 64 * 4 + own + n * 8 * 4;
     const std::size_t share = 2 * most * 2 * 64 * 4;
     const std::size_t bytes = attn.host_backward_workspace_bytes<T>();
     CHECK(bytes >= blocks + rest + share);
-    CHECK(bytes <= blocks + rest + share + 5 * 256);
+    CHECK(bytes <= blocks + rest + share + 6 * 256);
     CHECK(attn.device_backward_workspace_bytes<T>() == bytes);
   });
   for (const auto& e : errors)
@@ -177,15 +216,16 @@ TEST_CASE_TEMPLATE("host ring backward: the device path's messages in its order"
       std::vector<test::sent> want;
       for (const ring_step& step : s.steps())
         if (const ring_step* next = s.next(step.index)) {
-          want.push_back({w.block_bytes(step.kv_tokens), w.block_bytes(next->kv_tokens),
-                          s.send_to(), s.receive_from(), step.index});
-          want.push_back({w.grad_bytes(step.kv_tokens), w.grad_bytes(next->kv_tokens), s.send_to(),
+          const std::int64_t held = s.travel_tokens(step.source);
+          want.push_back({w.block_bytes(held), w.block_bytes(next->kv_tokens), s.send_to(),
+                          s.receive_from(), step.index});
+          want.push_back({w.grad_bytes(held), w.grad_bytes(next->kv_tokens), s.send_to(),
                           s.receive_from(), step.index});
         }
       if (const int steps = s.step_count(); steps > 1) {
         const ring_step& held = s.step(steps - 1);
-        want.push_back({w.grad_bytes(held.kv_tokens), w.grad_bytes(s.q_tokens()), held.source,
-                        s.holder_of_own(), steps});
+        want.push_back({w.grad_bytes(held.kv_tokens), w.grad_bytes(s.own_travel().tokens),
+                        held.source, s.holder_of_own(), steps});
       }
       CHECK(rec.log == want);
     });

@@ -82,11 +82,17 @@ run_result run(const test::sharded_backward_case<P, T>& c) {
     // Of n steps (all P under a full mask; a causal one may need fewer), ring: the forward sends
     // on the blocks some later rank sees (ring_bytes.hpp); the backward sends step t's block of
     // rank r - t on with its fp32 dk, dv, every step but the last, then the last block's dk, dv
-    // go home. All-gather: the own block to the ranks that see some of it (in the forward, and
-    // again in the backward), then the dk, dv share of every block this rank sees home.
+    // go home: the rows of each block that travel. All-gather: the own block to the ranks that see
+    // some of it (in the forward, and again in the backward), then the dk, dv share of every block
+    // this rank sees home.
     const attention_arguments& a = c.args;
     const int n = steps[at];
-    auto tokens = [&](int src) { return c.plan.local_tokens(((src % ranks) + ranks) % ranks); };
+    // The rows of a shard that some other rank sees travel (ring/schedule.cuh).
+    auto tokens = [&](int src) {
+      return travelling_rows(c.plan, ((src % ranks) + ranks) % ranks,
+                             c.args.window(host_reference<Mask>::mask))
+          .tokens;
+    };
     if constexpr (std::is_same_v<Schedule, ring_pass>) {
       res.want_forward += ring_forward[at];
       for (int t = 0; t + 1 < n; ++t)

@@ -101,9 +101,9 @@ void check_ring(mpi_communicator& comm, std::uint64_t seed, std::int64_t window_
     // Backward from this forward's output: dq, dk, dv of every rank against the oracle's backward.
     const std::uint64_t before_backward = comm.bytes_sent();
     const auto g = c.backward_rank(attn, r, out);
-    const auto grad_bytes = [&](int src) {
-      return sizeof(float) * static_cast<std::size_t>(c.plan.local_tokens(src)) * a.kv_heads *
-             (a.qk_dim() + a.v_dim());
+    const auto grad_bytes = [&](auto src) { // a generic lambda: ring-shaped schedules only
+      return sizeof(float) * static_cast<std::size_t>(attn.schedule().travel_tokens(src)) *
+             a.kv_heads * (a.qk_dim() + a.v_dim());
     };
     std::uint64_t want_backward = 0;
     if constexpr (heads) {

@@ -54,12 +54,8 @@ std::uint64_t expected_forward_bytes(const Ring& attn, int r, mask_kind mask) {
 //! the last block's dK/dV home; the all-gather gathers K/V again and returns the fp32 dK/dV share
 //! of every block it sees to its owner; the all-to-all its formula.
 template <class Schedule, class Ring, class Plan>
-std::uint64_t expected_backward_bytes(const Ring& attn, const Plan& plan, int r, int ranks,
+std::uint64_t expected_backward_bytes(const Ring& attn, const Plan& /*plan*/, int r, int ranks,
                                       const attention_arguments& a, mask_kind mask) {
-  const auto grads = [&](int src) {
-    return sizeof(float) * static_cast<std::uint64_t>(plan.local_tokens(src)) * a.kv_heads *
-           (a.qk_dim() + a.v_dim());
-  };
   std::uint64_t want = 0;
   if constexpr (std::is_same_v<typename Schedule::plan_type, all_to_all_plan>) {
     want = expected_all_to_all_bytes(attn, r).backward;
@@ -69,7 +65,11 @@ std::uint64_t expected_backward_bytes(const Ring& attn, const Plan& plan, int r,
     const int steps = attn.schedule().step_count();
     for (int t = 0; t + 1 < steps; ++t)
       want += attn.template backward_block_bytes<__nv_bfloat16>((r - t + ranks) % ranks);
-    if (steps > 1) want += grads(attn.schedule().source_of(steps - 1));
+    if (steps > 1) // the own block's fp32 dK/dV go home
+      want += sizeof(float) *
+              static_cast<std::uint64_t>(
+                  attn.schedule().travel_tokens(attn.schedule().source_of(steps - 1))) *
+              a.kv_heads * (a.qk_dim() + a.v_dim());
   }
   return want;
 }

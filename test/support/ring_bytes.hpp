@@ -50,8 +50,8 @@ std::uint64_t all_gather_share_bytes(const Ring& attn, int r, mask_kind mask) {
   for (int t = 1; t < steps; ++t) {
     const int source = ((r - t) % p + p) % p;
     if (!plan.blocks(r, source, w).empty())
-      bytes += sizeof(float) * static_cast<std::uint64_t>(plan.local_tokens(source)) * a.kv_heads *
-               (a.qk_dim() + a.v_dim());
+      bytes += sizeof(float) * static_cast<std::uint64_t>(attn.schedule().travel_tokens(source)) *
+               a.kv_heads * (a.qk_dim() + a.v_dim());
   }
   return bytes;
 }

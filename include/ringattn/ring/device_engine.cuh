@@ -100,26 +100,28 @@ std::size_t with_scratch(const Resources* d, std::size_t ring_bytes, bool backwa
 }
 
 #if defined(__CUDACC__)
-//! A shard's k and v into a dense block (the layout that travels): one copy each when the input
-//! is dense too, else one 2D copy per head.
+//! The travelling rows of a shard's k and v into a dense block (the layout that travels): per
+//! stretch one copy each when the input is dense too, else one 2D copy per head.
 template <class T, class Block>
-void copy_own_block_device(thd_view<const T> k, thd_view<const T> v, const Block& own,
-                           cudaStream_t stream) {
-  const std::int64_t n = k.tokens;
-  if (n == 0) return;
-  for (int which = 0; which < 2; ++which) {
-    const thd_view<const T>& x = which == 0 ? k : v;
-    T* dst = which == 0 ? own.k.data : own.v.data;
-    if (x.dense())
-      RINGATTN_CUDA_CHECK(cudaMemcpyAsync(dst, x.data, sizeof(T) * n * x.heads * x.head_dim,
-                                          cudaMemcpyDeviceToDevice, stream));
-    else
-      for (int h = 0; h < x.heads; ++h)
-        RINGATTN_CUDA_CHECK(
-            cudaMemcpy2DAsync(dst + h * x.head_dim, sizeof(T) * x.heads * x.head_dim, x.row(0, h),
-                              sizeof(T) * x.token_stride, sizeof(T) * x.head_dim,
-                              static_cast<std::size_t>(n), cudaMemcpyDeviceToDevice, stream));
-  }
+void copy_own_block_device(thd_view<const T> k, thd_view<const T> v, const kv_travel& travel,
+                           const Block& own, cudaStream_t stream) {
+  travel.for_each_run(k.tokens, [&](std::int64_t local, std::int64_t n, std::int64_t at) {
+    for (int which = 0; which < 2; ++which) {
+      const thd_view<const T>& x = which == 0 ? k : v;
+      const thd_view<T>& to = which == 0 ? own.k : own.v;
+      T* dst = to.row(at, 0);
+      if (x.dense())
+        RINGATTN_CUDA_CHECK(cudaMemcpyAsync(dst, x.row(local, 0),
+                                            sizeof(T) * n * x.heads * x.head_dim,
+                                            cudaMemcpyDeviceToDevice, stream));
+      else
+        for (int h = 0; h < x.heads; ++h)
+          RINGATTN_CUDA_CHECK(
+              cudaMemcpy2DAsync(dst + h * x.head_dim, sizeof(T) * x.heads * x.head_dim,
+                                x.row(local, h), sizeof(T) * x.token_stride, sizeof(T) * x.head_dim,
+                                static_cast<std::size_t>(n), cudaMemcpyDeviceToDevice, stream));
+    }
+  });
 }
 
 //! The device engine of the ring's programs (ring/program.cuh), forward: the computes on
@@ -151,21 +153,25 @@ public:
   }
   void start_forward() {
     if (s_.needs_reset()) reset(state_, stream_);
-    copy_own_block_device(k_, v_, ws_.kv_slot_views<T>(base_, 0, s_.q_tokens()), stream_);
+    const kv_travel& own = s_.own_travel();
+    copy_own_block_device(k_, v_, own, ws_.kv_slot_views<T>(base_, 0, own.tokens), stream_);
     RINGATTN_CUDA_CHECK(cudaEventRecord(d_.own_ready, stream_));
     RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(d_.comm, d_.own_ready, 0));
   }
   void forward(const ring_step& step, int slot) {
     const int t = step.index;
     nvtx_range range("step", t, s_.rank());
-    const auto b = ws_.kv_slot_views<T>(base_, slot, step.kv_tokens);
+    const auto b = ws_.kv_slot_views<T>(base_, slot, s_.travel_tokens(step.source));
+    // Step 0 of a shard that does not travel whole reads the caller's k and v.
+    const bool caller = t == 0 && !s_.own_travel().whole;
     if (t > 0) RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream_, d_.arrived[slot], 0));
     const step_epilogue e = s_.forward_epilogue(t, dense_);
     if (e != step_epilogue::none)
-      BlockKernel::device_forward(
-          e,
-          {q_, thd_view<const T>(b.k), thd_view<const T>(b.v), args_, state_, scratch_, b.scales},
-          d_.forward[static_cast<std::size_t>(t)], out_, lse_, stream_);
+      BlockKernel::device_forward(e,
+                                  {q_, caller ? k_ : thd_view<const T>(b.k),
+                                   caller ? v_ : thd_view<const T>(b.v), args_, state_, scratch_,
+                                   b.scales},
+                                  d_.forward[static_cast<std::size_t>(t)], out_, lse_, stream_);
     RINGATTN_CUDA_CHECK(cudaEventRecord(d_.computed[slot], stream_));
   }
   void exchange(const message& m) {
@@ -218,7 +224,7 @@ public:
         out_(out), dout_(dout), lse_(lse), dq_(dq), dk_(dk), dv_(dv),
         scratch_(workspace + ring_workspace::align(ws.device_backward_bytes())),
         dq_acc_(ws.dq(workspace)), delta_(ws.delta(workspace)), local_(ws.share(workspace)),
-        stream_(stream) {}
+        own_sums_(ws.own_sums(workspace)), stream_(stream) {}
 
   //! One block: a model that can write dq, dk and dv directly does (no D, no fp32 sums).
   bool backward_direct() {
@@ -234,14 +240,18 @@ public:
   }
   void start_backward() {
     const std::int64_t n = s_.q_tokens();
+    const kv_travel& travel = s_.own_travel();
     compute_delta<T>(out_, dout_, delta_, stream_);
     if (n > 0) {
       RINGATTN_CUDA_CHECK(cudaMemsetAsync(
           dq_acc_, 0, sizeof(float) * static_cast<std::size_t>(n) * args_.q_heads * args_.qk_dim(),
           stream_));
-      const auto own = ws_.grad_slot_views<T>(base_, 0, n);
-      copy_own_block_device(k_, v_, own, stream_);
-      RINGATTN_CUDA_CHECK(cudaMemsetAsync(own.dk, 0, ws_.grad_bytes(n), stream_));
+      const auto own = ws_.grad_slot_views<T>(base_, 0, travel.tokens);
+      copy_own_block_device(k_, v_, travel, own, stream_);
+      if (travel.tokens > 0)
+        RINGATTN_CUDA_CHECK(cudaMemsetAsync(own.dk, 0, ws_.grad_bytes(travel.tokens), stream_));
+      if (!travel.whole)
+        RINGATTN_CUDA_CHECK(cudaMemsetAsync(own_sums_, 0, ws_.grad_bytes(n), stream_));
     }
     RINGATTN_CUDA_CHECK(cudaEventRecord(d_.own_ready, stream_));
     RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(d_.comm, d_.own_ready, 0));
@@ -250,6 +260,14 @@ public:
     const int t = step.index;
     nvtx_range range("backward step", t, s_.rank());
     const std::int64_t nk = step.kv_tokens;
+    if (t == 0 && !s_.own_travel().whole) {
+      // The travelling rows' sums start at zero and may leave at once; the whole shard's share
+      // is kept apart.
+      RINGATTN_CUDA_CHECK(cudaEventRecord(d_.grads_ready[slot], stream_));
+      own_share(step);
+      RINGATTN_CUDA_CHECK(cudaEventRecord(d_.computed[slot], stream_));
+      return;
+    }
     const auto b = ws_.grad_slot_views<T>(base_, slot, nk);
     if (t > 0) RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream_, d_.arrived[slot], 0));
     float* share = t == 0 ? b.dk : local_;
@@ -270,6 +288,11 @@ public:
     const int t = step.index;
     nvtx_range range("backward block", t, s_.rank());
     const std::int64_t nk = step.kv_tokens;
+    if (t == 0 && !s_.own_travel().whole) {
+      own_share(step);
+      RINGATTN_CUDA_CHECK(cudaEventRecord(d_.computed[slot], stream_));
+      return;
+    }
     const auto b = ws_.grad_slot_views<T>(base_, slot, nk);
     if (t > 0) RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream_, d_.arrived[slot], 0));
     if (nk > 0) RINGATTN_CUDA_CHECK(cudaMemsetAsync(b.dk, 0, ws_.grad_bytes(nk), stream_));
@@ -308,20 +331,24 @@ public:
   //! block's, in step order.
   void finish_shares() {
     const std::int64_t n = s_.q_tokens();
-    const auto own = ws_.grad_slot_views<T>(base_, 0, n);
+    const bool whole = s_.own_travel().whole;
+    float* own = whole ? ws_.grad_slot_views<T>(base_, 0, n).dk : own_sums_;
     RINGATTN_CUDA_CHECK(cudaEventRecord(d_.comm_end, d_.comm));
     RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream_, d_.comm_end, 0));
     for (int t = 1; t < s_.step_count(); ++t)
-      if (s_.step(t).own_wanted)
-        accumulate(own.dk, ws_.share(base_, t - 1), static_cast<std::int64_t>(ws_.kv_elements(n)),
-                   stream_);
+      if (s_.step(t).own_wanted) add_travelled(own, ws_.share(base_, t - 1));
     write_gradient<T>(dq_acc_, dq_, stream_);
-    write_gradient<T>(own.dk, dk_, stream_);
-    write_gradient<T>(own.dv, dv_, stream_);
+    write_gradient<T>(own, dk_, stream_);
+    write_gradient<T>(own + ws_.k_elements(n), dv_, stream_);
   }
   void finish_backward(int home) {
     const std::int64_t n = s_.q_tokens();
-    const float* own = home < 0 ? ws_.grad_slot_views<T>(base_, 0, n).dk : home_sums(home);
+    const kv_travel& travel = s_.own_travel();
+    float* own = home < 0 ? ws_.grad_slot_views<T>(base_, 0, travel.tokens).dk : home_sums(home);
+    if (!travel.whole) {
+      if (home >= 0) add_travelled(own_sums_, own);
+      own = own_sums_;
+    }
     write_gradient<T>(dq_acc_, dq_, stream_);
     write_gradient<T>(own, dk_, stream_);
     write_gradient<T>(own + ws_.k_elements(n), dv_, stream_);
@@ -334,6 +361,25 @@ private:
   block_backward_args<T> block_args(const grad_block_views<T>& b, float* dk, float* dv) const {
     return over_slot<T>({q_, {}, {}, dout_, lse_, delta_, args_, {dq_acc_}, out_, scratch_}, b, dk,
                         dv);
+  }
+  //! Step 0 where the shard does not travel whole: the share over the caller's k and v into the
+  //! whole shard's sums.
+  void own_share(const ring_step& step) {
+    if (step.groups.empty()) return;
+    block_backward_args<T> call = block_args(ws_.grad_slot_views<T>(base_, 0, 0), own_sums_,
+                                             own_sums_ + ws_.k_elements(s_.q_tokens()));
+    call.k = k_;
+    call.v = v_;
+    BlockKernel::device_backward(call, d_.backward[0], stream_);
+  }
+  //! The travelled rows' sums (`from`, the own block's layout as it travels) added to the whole
+  //! shard's: an addition per stretch, dk and dv.
+  void add_travelled(float* own, const float* from) const {
+    for_each_travelled_range(s_.own_travel(), ws_, s_.q_tokens(),
+                             [&](std::size_t at, std::size_t src, std::size_t count) {
+                               accumulate(own + at, from + src, static_cast<std::int64_t>(count),
+                                          stream_);
+                             });
   }
   // This rank's own sums come home into the K/V area of the other slot.
   float* home_sums(int slot) const {
@@ -350,7 +396,7 @@ private:
   const float* lse_;
   thd_view<T> dq_, dk_, dv_;
   std::byte* scratch_;
-  float *dq_acc_, *delta_, *local_;
+  float *dq_acc_, *delta_, *local_, *own_sums_;
   cudaStream_t stream_;
 };
 

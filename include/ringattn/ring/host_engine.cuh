@@ -20,14 +20,17 @@
 
 namespace ringattn::detail {
 
-//! Copies a shard's k and v into a dense block (the layout that travels).
+//! Copies the travelling rows of a shard's k and v into a dense block (the layout that travels).
 template <class T, class Block>
-void copy_own_block_host(thd_view<const T> k, thd_view<const T> v, const Block& own) {
-  for (std::int64_t t = 0; t < k.tokens; ++t)
-    for (int h = 0; h < k.heads; ++h) {
-      std::memcpy(own.k.row(t, h), k.row(t, h), sizeof(T) * k.head_dim);
-      std::memcpy(own.v.row(t, h), v.row(t, h), sizeof(T) * v.head_dim);
-    }
+void copy_own_block_host(thd_view<const T> k, thd_view<const T> v, const kv_travel& travel,
+                         const Block& own) {
+  travel.for_each_run(k.tokens, [&](std::int64_t local, std::int64_t count, std::int64_t at) {
+    for (std::int64_t t = 0; t < count; ++t)
+      for (int h = 0; h < k.heads; ++h) {
+        std::memcpy(own.k.row(at + t, h), k.row(local + t, h), sizeof(T) * k.head_dim);
+        std::memcpy(own.v.row(at + t, h), v.row(local + t, h), sizeof(T) * v.head_dim);
+      }
+  });
 }
 
 //! A rank's fp32 gradient sums (dense `[tokens, heads, width]`) into its dq, dk and dv.
@@ -53,24 +56,28 @@ void write_host_gradients(const float* dq_acc, const float* dk_acc, const float*
 template <class BlockKernel, class Communicator, element T>
 class host_forward_engine {
 public:
-  host_forward_engine(Communicator& comm, const ring_workspace& ws, std::byte* base, int rank,
-                      const attention_arguments& args, thd_view<const T> q, thd_view<const T> k,
-                      thd_view<const T> v, thd_view<T> out, float* lse, float* max_logit)
-      : comm_(comm), ws_(ws), base_(base), rank_(rank), args_(args), q_(q), k_(k), v_(v), out_(out),
+  host_forward_engine(Communicator& comm, const ring_schedule& s, const ring_workspace& ws,
+                      std::byte* base, const attention_arguments& args, thd_view<const T> q,
+                      thd_view<const T> k, thd_view<const T> v, thd_view<T> out, float* lse,
+                      float* max_logit)
+      : comm_(comm), s_(s), ws_(ws), base_(base), args_(args), q_(q), k_(k), v_(v), out_(out),
         state_(ws.state(base, lse, max_logit)) {}
 
   bool forward_direct() const noexcept { return false; }
   void start_forward() {
     reset(state_);
-    copy_own_block_host(k_, v_, ws_.kv_slot_views<T>(base_, 0, k_.tokens));
+    const kv_travel& own = s_.own_travel();
+    copy_own_block_host(k_, v_, own, ws_.kv_slot_views<T>(base_, 0, own.tokens));
   }
   void forward(const ring_step& step, int slot) {
-    nvtx_range range("step", step.index, rank_);
-    const auto b = ws_.kv_slot_views<T>(base_, slot, step.kv_tokens);
+    nvtx_range range("step", step.index, s_.rank());
+    const auto b = ws_.kv_slot_views<T>(base_, slot, s_.travel_tokens(step.source));
+    // Step 0 of a shard that does not travel whole reads the caller's k and v.
+    const bool caller = step.index == 0 && !s_.own_travel().whole;
     if (!step.groups.empty())
-      BlockKernel::host_forward(block_forward_args<T>{q_, thd_view<const T>(b.k),
-                                                      thd_view<const T>(b.v), args_, state_,
-                                                      nullptr, b.scales},
+      BlockKernel::host_forward(block_forward_args<T>{q_, caller ? k_ : thd_view<const T>(b.k),
+                                                      caller ? v_ : thd_view<const T>(b.v), args_,
+                                                      state_, nullptr, b.scales},
                                 step.groups);
   }
   void exchange(const message& m) {
@@ -82,9 +89,9 @@ public:
 
 private:
   Communicator& comm_;
+  const ring_schedule& s_;
   const ring_workspace& ws_;
   std::byte* base_;
-  int rank_;
   const attention_arguments& args_;
   thd_view<const T> q_, k_, v_;
   thd_view<T> out_;
@@ -103,21 +110,27 @@ public:
                        thd_view<T> dv)
       : comm_(comm), s_(s), ws_(ws), base_(base), rank_(s.rank()), args_(args), q_(q), k_(k), v_(v),
         out_(out), dout_(dout), lse_(lse), dq_(dq), dk_(dk), dv_(dv), dq_acc_(ws.dq(base)),
-        delta_(ws.delta(base)), local_(ws.share(base)) {}
+        delta_(ws.delta(base)), local_(ws.share(base)), own_sums_(ws.own_sums(base)) {}
 
   bool backward_direct() const noexcept { return false; }
   void start_backward() {
     const std::int64_t n = q_.tokens;
+    const kv_travel& travel = s_.own_travel();
     compute_delta(out_, dout_, delta_);
     std::fill(dq_acc_, dq_acc_ + n * args_.q_heads * args_.qk_dim(), 0.0f);
-    const auto own = ws_.grad_slot_views<T>(base_, 0, n);
-    copy_own_block_host(k_, v_, own);
-    std::fill(own.dk, own.dk + ws_.kv_elements(n), 0.0f); // dk, then dv
+    const auto own = ws_.grad_slot_views<T>(base_, 0, travel.tokens);
+    copy_own_block_host(k_, v_, travel, own);
+    std::fill(own.dk, own.dk + ws_.kv_elements(travel.tokens), 0.0f); // dk, then dv
+    if (!travel.whole) std::fill(own_sums_, own_sums_ + ws_.kv_elements(n), 0.0f);
   }
   void backward(const ring_step& step, int slot) {
     const int t = step.index;
     nvtx_range range("backward step", t, rank_);
     const std::int64_t nk = step.kv_tokens;
+    if (t == 0 && !s_.own_travel().whole) { // the whole shard's share, apart
+      own_share(step);
+      return;
+    }
     const auto b = ws_.grad_slot_views<T>(base_, slot, nk);
     float* share = t == 0 ? b.dk : local_;
     const std::size_t elements = ws_.kv_elements(nk);
@@ -131,6 +144,10 @@ public:
   //! The all-gather's: the block's share of dK/dV into its slot's sums.
   void backward_share(const ring_step& step, int slot) {
     nvtx_range range("backward block", step.index, rank_);
+    if (step.index == 0 && !s_.own_travel().whole) {
+      own_share(step);
+      return;
+    }
     const auto b = ws_.grad_slot_views<T>(base_, slot, step.kv_tokens);
     std::fill(b.dk, b.dk + ws_.kv_elements(step.kv_tokens), 0.0f); // dk, then dv
     if (!step.groups.empty()) BlockKernel::host_backward(block_args(b, b.dk, b.dv), step.groups);
@@ -141,25 +158,48 @@ public:
   //! The all-gather's: the shares received added to the own block's, in step order.
   void finish_shares() {
     const std::int64_t n = q_.tokens;
-    const auto own = ws_.grad_slot_views<T>(base_, 0, n);
-    const std::size_t elements = ws_.kv_elements(n);
+    const kv_travel& travel = s_.own_travel();
+    float* own = travel.whole ? ws_.grad_slot_views<T>(base_, 0, n).dk : own_sums_;
     for (int t = 1; t < s_.step_count(); ++t)
-      if (s_.step(t).own_wanted) {
-        const float* received = ws_.share(base_, t - 1);
-        for (std::size_t i = 0; i < elements; ++i)
-          own.dk[i] += received[i];
-      }
-    write_host_gradients(dq_acc_, own.dk, own.dv, dq_, dk_, dv_);
+      if (s_.step(t).own_wanted) add_travelled(own, ws_.share(base_, t - 1));
+    write_host_gradients(dq_acc_, own, own + ws_.k_elements(n), dq_, dk_, dv_);
   }
   void finish_backward(int home) {
-    const float* own = home < 0 ? ws_.grad_slot_views<T>(base_, 0, q_.tokens).dk : home_sums(home);
-    write_host_gradients(dq_acc_, own, own + ws_.k_elements(q_.tokens), dq_, dk_, dv_);
+    const std::int64_t n = q_.tokens;
+    const kv_travel& travel = s_.own_travel();
+    float* travelled =
+        home < 0 ? ws_.grad_slot_views<T>(base_, 0, travel.tokens).dk : home_sums(home);
+    float* own = travelled;
+    if (!travel.whole) {
+      own = own_sums_;
+      if (home >= 0) add_travelled(own, travelled);
+    }
+    write_host_gradients(dq_acc_, own, own + ws_.k_elements(n), dq_, dk_, dv_);
   }
 
 private:
   //! The block call over a slot's K/V (and their scales), its dK/dV share into `dk` and `dv`.
   block_backward_args<T> block_args(const grad_block_views<T>& b, float* dk, float* dv) const {
     return over_slot<T>({q_, {}, {}, dout_, lse_, delta_, args_, {dq_acc_}}, b, dk, dv);
+  }
+  //! Step 0 where the shard does not travel whole: the share over the caller's k and v into the
+  //! whole shard's sums.
+  void own_share(const ring_step& step) {
+    if (step.groups.empty()) return;
+    block_backward_args<T> call = block_args(ws_.grad_slot_views<T>(base_, 0, 0), own_sums_,
+                                             own_sums_ + ws_.k_elements(q_.tokens));
+    call.k = k_;
+    call.v = v_;
+    BlockKernel::host_backward(call, step.groups);
+  }
+  //! The travelled rows' sums (`from`, the own block's layout as it travels) added to the whole
+  //! shard's.
+  void add_travelled(float* own, const float* from) const {
+    for_each_travelled_range(s_.own_travel(), ws_, q_.tokens,
+                             [&](std::size_t at, std::size_t src, std::size_t count) {
+                               for (std::size_t i = 0; i < count; ++i)
+                                 own[at + i] += from[src + i];
+                             });
   }
   // A message's buffers: a slot's K/V, or its fp32 dK/dV; this rank's own sums come home into
   // the K/V area of the other slot.
@@ -186,7 +226,7 @@ private:
   thd_view<const T> q_, k_, v_, out_, dout_;
   const float* lse_;
   thd_view<T> dq_, dk_, dv_;
-  float *dq_acc_, *delta_, *local_;
+  float *dq_acc_, *delta_, *local_, *own_sums_;
 };
 
 //! The host engine of the all-to-all's programs (ring/all_to_all_program.cuh): blocking
@@ -251,8 +291,8 @@ void host_forward(Communicator& comm, const ring_schedule& s, const attention_ar
                   thd_view<const T> q, thd_view<const T> k, thd_view<const T> v, thd_view<T> out,
                   float* lse, float* max_logit, std::span<std::byte> workspace) {
   const ring_workspace ws = Program::workspace(s, args, element_format::of<T>());
-  host_forward_engine<BlockKernel, Communicator, T> e(comm, ws, workspace.data(), s.rank(), args, q,
-                                                      k, v, out, lse, max_logit);
+  host_forward_engine<BlockKernel, Communicator, T> e(comm, s, ws, workspace.data(), args, q, k, v,
+                                                      out, lse, max_logit);
   Program::forward(e, s, ws);
 }
 

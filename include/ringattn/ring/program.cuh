@@ -71,16 +71,36 @@ struct message {
   friend bool operator==(const message&, const message&) = default;
 };
 
+//! The element ranges that add a block's travelled fp32 dK/dV (dk then dv of its `t.tokens`
+//! rows) into the whole shard's (dk then dv of `n` rows): `f(shard_offset, travelled_offset,
+//! count)`, a run's dk, then its dv.
+template <class F>
+void for_each_travelled_range(const kv_travel& t, const ring_workspace& ws, std::int64_t n, F&& f) {
+  if (t.whole) { // the same layout: one range
+    if (n > 0) f(std::size_t{0}, std::size_t{0}, ws.kv_elements(n));
+    return;
+  }
+  const std::size_t kr = ws.k_elements(1), vr = ws.v_elements(1);
+  const std::size_t kn = ws.k_elements(n), km = ws.k_elements(t.tokens);
+  t.for_each_run(n, [&](std::int64_t local, std::int64_t count, std::int64_t at) {
+    const auto l = static_cast<std::size_t>(local), c = static_cast<std::size_t>(count),
+               a = static_cast<std::size_t>(at);
+    f(l * kr, a * kr, c * kr);
+    f(kn + l * vr, km + a * vr, c * vr);
+  });
+}
+
 //! The ring's programs (`ring_pass`): two block slots per rank, whatever P.
 struct ring_program {
   static ring_workspace workspace(const ring_schedule& s, const attention_arguments& args,
                                   element_format format) {
-    return {s.q_tokens(), s.max_kv_tokens(), args, format};
+    return {s.q_tokens(), s.max_kv_tokens(), args, format, 2, 1, !s.own_travel().whole};
   }
 
   //! The ring forward: step t computes the block in slot t % 2, then passes it on to rank + 1 while
   //! the next one arrives from rank - 1 into the other slot. A block no later rank sees goes no
   //! further, and its receiver expects nothing (`ring_step::forwarded`, `ring_step::arrives`).
+  //! Slot 0 holds the own block's travelling rows.
   template <class Engine>
   static void forward(Engine& e, const ring_schedule& s, const ring_workspace& ws) {
     if (e.forward_direct()) return;
@@ -88,11 +108,13 @@ struct ring_program {
     for (const ring_step& step : s.steps()) {
       const int t = step.index;
       e.forward(step, t % 2);
-      if (const ring_step* next = s.next(t))
-        e.exchange(message{payload::kv, t % 2, (t + 1) % 2, step.kv_tokens, next->kv_tokens,
-                           step.forwarded ? ws.block_bytes(step.kv_tokens) : 0,
-                           next->arrives ? ws.block_bytes(next->kv_tokens) : 0, s.send_to(),
+      if (const ring_step* next = s.next(t)) {
+        const std::int64_t held = s.travel_tokens(step.source), coming = next->kv_tokens;
+        e.exchange(message{payload::kv, t % 2, (t + 1) % 2, held, coming,
+                           step.forwarded ? ws.block_bytes(held) : 0,
+                           next->arrives ? ws.block_bytes(coming) : 0, s.send_to(),
                            s.receive_from(), t});
+      }
     }
     e.finish_forward();
   }
@@ -101,7 +123,8 @@ struct ring_program {
   //! step t computes); its share of dK/dV is added to the block's sum, which came from rank - 1
   //! in step t - 1's second message, and the sum goes on to rank + 1. After the last step the
   //! complete dK/dV of the block held (rank + 1's after P steps) go home while this rank's own come
-  //! back ("step P"). Every block travels the whole ring.
+  //! back ("step P"). Every block travels the whole ring, its travelling rows only (a block of
+  //! none sends nothing).
   template <class Engine>
   static void backward(Engine& e, const ring_schedule& s, const ring_workspace& ws) {
     if (e.backward_direct()) return;
@@ -109,22 +132,24 @@ struct ring_program {
     for (const ring_step& step : s.steps()) {
       const int t = step.index;
       const ring_step* next = s.next(t);
+      const std::int64_t held = s.travel_tokens(step.source);
       if (next)
-        e.exchange(message{payload::kv, t % 2, (t + 1) % 2, step.kv_tokens, next->kv_tokens,
-                           ws.block_bytes(step.kv_tokens), ws.block_bytes(next->kv_tokens),
-                           s.send_to(), s.receive_from(), t});
+        e.exchange(message{payload::kv, t % 2, (t + 1) % 2, held, next->kv_tokens,
+                           ws.block_bytes(held), ws.block_bytes(next->kv_tokens), s.send_to(),
+                           s.receive_from(), t});
       e.backward(step, t % 2);
       if (next)
-        e.exchange(message{payload::grad, t % 2, (t + 1) % 2, step.kv_tokens, next->kv_tokens,
-                           ws.grad_bytes(step.kv_tokens), ws.grad_bytes(next->kv_tokens),
-                           s.send_to(), s.receive_from(), t});
+        e.exchange(message{payload::grad, t % 2, (t + 1) % 2, held, next->kv_tokens,
+                           ws.grad_bytes(held), ws.grad_bytes(next->kv_tokens), s.send_to(),
+                           s.receive_from(), t});
     }
     int home = -1;
     if (const int last = s.step_count() - 1; last > 0) {
       const ring_step& held = s.step(last);
+      const std::int64_t own = s.own_travel().tokens;
       home = (last + 1) % 2;
-      e.exchange(message{payload::home, last % 2, home, held.kv_tokens, s.q_tokens(),
-                         ws.grad_bytes(held.kv_tokens), ws.grad_bytes(s.q_tokens()), held.source,
+      e.exchange(message{payload::home, last % 2, home, held.kv_tokens, own,
+                         ws.grad_bytes(held.kv_tokens), ws.grad_bytes(own), held.source,
                          s.holder_of_own(), last + 1});
     }
     e.finish_backward(home);
@@ -149,19 +174,25 @@ struct all_gather_program {
   //! a share buffer for every block whose dK/dV come back (at least one).
   static ring_workspace workspace(const ring_schedule& s, const attention_arguments& args,
                                   element_format format) {
-    return {s.q_tokens(), s.max_kv_tokens(),           args,
-            format,       std::max(2, s.step_count()), std::max(1, s.step_count() - 1)};
+    return {s.q_tokens(),
+            s.max_kv_tokens(),
+            args,
+            format,
+            std::max(2, s.step_count()),
+            std::max(1, s.step_count() - 1),
+            !s.own_travel().whole};
   }
 
   //! Exchange k of the all-gather: this rank's block goes to rank + k (whose step k it is), while
   //! the block of rank - k (this rank's step k) arrives.
   static int gather_to(const ring_schedule& s, int k) { return (s.rank() + k) % s.ranks(); }
 
-  //! The all-gather's K/V messages: exchange t sends the own block (slot 0) to rank + t where that
-  //! rank sees some of it, and receives the block of step t into slot t where this rank sees some.
+  //! The all-gather's K/V messages: exchange t sends the own block's travelling rows (slot 0) to
+  //! rank + t where that rank sees some of it, and receives the block of step t into slot t where
+  //! this rank sees some.
   template <class Engine>
   static void gather_blocks(Engine& e, const ring_schedule& s, const ring_workspace& ws) {
-    const std::int64_t n = s.q_tokens();
+    const std::int64_t n = s.own_travel().tokens;
     for (int t = 1; t < s.step_count(); ++t) {
       const ring_step& step = s.step(t);
       e.exchange(message{payload::kv, 0, t, n, step.kv_tokens,
@@ -195,7 +226,7 @@ struct all_gather_program {
     e.start_backward();
     e.backward_share(s.step(0), 0);
     gather_blocks(e, s, ws);
-    const std::int64_t n = s.q_tokens();
+    const std::int64_t n = s.own_travel().tokens;
     for (int t = 1; t < s.step_count(); ++t) {
       const ring_step& step = s.step(t);
       e.backward_share(step, t);

@@ -13,6 +13,12 @@
 //! receives nothing (`ring_step::arrives`) and computes nothing. The backward carries every block
 //! the whole ring, since its dK/dV go home from the last rank.
 //!
+//! Only the rows of a shard that some other rank's queries see travel (`kv_travel`): the key
+//! segments no other rank sees under the window (a document kept whole on its rank, zigzag's last
+//! chunk on rank 0 under a causal mask) stay home, in the forward and in the backward. A step's
+//! groups index the block as it travels; step 0 computes on the caller's k and v where the shard
+//! does not travel whole.
+//!
 //! \code
 //! ringattn::ring_schedule s(plan, rank, ringattn::position_window::of(mask_kind::causal));
 //! for (const ringattn::ring_step& step : s.steps())
@@ -23,17 +29,96 @@
 #include <ringattn/error.cuh>
 #include <ringattn/partition/plan.cuh>
 
+#include <algorithm>
 #include <cstdint>
+#include <iterator>
 #include <span>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 namespace ringattn {
+
+//! A stretch of a shard that travels: rows `[local_begin, local_begin + count)` of the shard are
+//! rows `[travel_begin, travel_begin + count)` of the block that travels.
+struct travel_run {
+  std::int64_t local_begin = 0, count = 0, travel_begin = 0;
+  friend bool operator==(const travel_run&, const travel_run&) = default;
+};
+
+//! The rows of a rank's K/V shard that travel on the ring and the all-gather: every key segment
+//! that some query of another rank sees under the window, in shard order. A shard travels `whole`
+//! (no runs) where all its rows do, or where they lie in more than `max_runs` stretches (each is a
+//! copy when the block is packed, and an addition when its dK/dV come home).
+struct kv_travel {
+  static constexpr int max_runs = 16;
+  bool whole = true;
+  std::int64_t tokens = 0;      //!< rows that travel
+  std::vector<travel_run> runs; //!< where they are (none when whole)
+
+  //! The row of the travelling block that holds shard row `local` (a row that travels).
+  std::int64_t row(std::int64_t local) const {
+    if (whole) return local;
+    const auto next =
+        std::upper_bound(runs.begin(), runs.end(), local,
+                         [](std::int64_t x, const travel_run& r) { return x < r.local_begin; });
+    if (next == runs.begin() || local >= std::prev(next)->local_begin + std::prev(next)->count)
+      throw std::logic_error("ringattn: shard row " + std::to_string(local) + " does not travel");
+    return std::prev(next)->travel_begin + local - std::prev(next)->local_begin;
+  }
+  //! Calls `f(local_begin, count, travel_begin)` for every stretch that travels (one, the whole
+  //! shard of `shard_tokens` rows, when whole).
+  template <class F>
+  void for_each_run(std::int64_t shard_tokens, F&& f) const {
+    if (whole) {
+      if (shard_tokens > 0) f(std::int64_t{0}, shard_tokens, std::int64_t{0});
+      return;
+    }
+    for (const travel_run& r : runs)
+      f(r.local_begin, r.count, r.travel_begin);
+  }
+};
+
+//! Which rows of rank `rank`'s shard travel under `window` (`kv_travel`). O(segments x ranks
+//! holding each sequence), stopping at the first rank that sees a segment.
+template <class Partitioner>
+kv_travel travelling_rows(const partition_plan<Partitioner>& plan, int rank,
+                          const position_window& window) {
+  const std::int64_t n = plan.local_tokens(rank);
+  kv_travel t;
+  t.whole = false;
+  for (int s = 0; s < plan.batch(); ++s) {
+    const placement pl = plan.placement_of(s);
+    for (const segment& k : plan.segments(rank, s)) {
+      if (k.count == 0) continue;
+      bool seen = false;
+      for (int i = 0; i < pl.ranks && !seen; ++i) {
+        const int q = (pl.first + i) % plan.ranks();
+        if (q == rank) continue;
+        for (const segment& g : plan.segments(q, s))
+          if (g.count > 0 && classify(g, k, window).kind != block_kind::empty) {
+            seen = true;
+            break;
+          }
+      }
+      if (!seen) continue;
+      if (!t.runs.empty() && t.runs.back().local_begin + t.runs.back().count == k.local_begin)
+        t.runs.back().count += k.count;
+      else
+        t.runs.push_back({k.local_begin, k.count, t.tokens});
+      t.tokens += k.count;
+    }
+  }
+  if (t.tokens == n || t.runs.size() > static_cast<std::size_t>(kv_travel::max_runs))
+    return {true, n, {}};
+  return t;
+}
 
 //! One step of a rank's ring.
 struct ring_step {
   int index = 0;                   //!< t
   int source = 0;                  //!< whose K/V block this step attends to: (rank - t) mod P
-  std::int64_t kv_tokens = 0;      //!< rows of that block
+  std::int64_t kv_tokens = 0;      //!< rows of that block (step 0: the shard; later: what travels)
   std::int64_t rows = 0;           //!< query rows the groups cover
   std::vector<block_group> groups; //!< this rank's queries against the block, validated
   //! Forward: the block arrives from the previous rank before this step (false at step 0, the
@@ -52,9 +137,14 @@ public:
   //! form valid groups (a partitioner meeting more key segments than a kernel takes).
   template <class Partitioner>
   ring_schedule(const partition_plan<Partitioner>& plan, int rank, const position_window& window)
-      : ranks_(plan.ranks()), rank_(rank), q_tokens_(plan.local_tokens(rank)),
-        max_kv_tokens_(plan.max_local_tokens()) {
+      : ranks_(plan.ranks()), rank_(rank), q_tokens_(plan.local_tokens(rank)), max_kv_tokens_(0) {
     const int steps = steps_needed(plan, window);
+    std::vector<kv_travel> travel;
+    for (int r = 0; r < ranks_; ++r) {
+      travel.push_back(travelling_rows(plan, r, window));
+      travel_tokens_.push_back(travel.back().tokens);
+    }
+    own_ = travel[static_cast<std::size_t>(rank)];
     // Whether some rank at hop `from_hop` or later sees the block this rank holds at step t: the
     // block of rank (rank - t) is at rank (rank - t + u) at step u.
     auto seen_later = [&](int t, int from_hop) {
@@ -70,10 +160,16 @@ public:
       s.arrives = t > 0 && seen_later(t, t);
       s.forwarded = t + 1 < steps && seen_later(t, t + 1);
       s.own_wanted = t > 0 && plan.sees((rank + t) % ranks_, rank, window);
-      s.kv_tokens = plan.local_tokens(s.source);
+      const kv_travel& held = travel[static_cast<std::size_t>(s.source)];
+      s.kv_tokens = t == 0 ? q_tokens_ : held.tokens;
       s.groups = group_blocks(plan.blocks(rank, s.source, window));
+      if (t > 0)
+        for (block_group& g : s.groups)
+          for (int b = 0; b < g.count; ++b)
+            g.kv[b].kv_begin = held.row(g.kv[b].kv_begin);
       validate_groups(s.groups, q_tokens_, s.kv_tokens).throw_if_invalid();
       s.rows = rows_of(s.groups);
+      max_kv_tokens_ = std::max(max_kv_tokens_, held.tokens);
       steps_.push_back(std::move(s));
     }
     note_writes();
@@ -84,8 +180,8 @@ public:
   //! groups and counts their rows; throws `invalid_argument` on groups that do not fit.
   ring_schedule(int ranks, int rank, std::int64_t q_tokens, std::int64_t max_kv_tokens,
                 std::vector<ring_step> steps)
-      : ranks_(ranks), rank_(rank), q_tokens_(q_tokens), max_kv_tokens_(max_kv_tokens),
-        steps_(std::move(steps)) {
+      : ranks_(ranks), rank_(rank), q_tokens_(q_tokens),
+        max_kv_tokens_(max_kv_tokens), own_{true, q_tokens, {}}, steps_(std::move(steps)) {
     if (steps_.empty()) throw invalid_argument("ringattn: a schedule needs at least one step");
     for (std::size_t t = 0; t < steps_.size(); ++t) { // every block exchanged, nothing skipped
       steps_[t].arrives = t > 0;
@@ -107,9 +203,17 @@ public:
   //! The rank whose block a step t in [0, P] holds (step P: the block after the last, rank + 1's
   //! dK/dV home exchange in the backward).
   int source_of(int t) const noexcept { return ((rank_ - t) % ranks_ + ranks_) % ranks_; }
-  //! Tokens of this rank's Q shard and of the largest block (the size of a ring buffer).
+  //! Tokens of this rank's Q shard and of the largest block that travels (the size of a ring
+  //! buffer).
   std::int64_t q_tokens() const noexcept { return q_tokens_; }
   std::int64_t max_kv_tokens() const noexcept { return max_kv_tokens_; }
+  //! The rows of this rank's shard that travel.
+  const kv_travel& own_travel() const noexcept { return own_; }
+  //! Rows of rank `r`'s block as it travels (ring-shaped schedules; step t's slot holds
+  //! `travel_tokens(step.source)` rows).
+  std::int64_t travel_tokens(int r) const {
+    return r == rank_ ? own_.tokens : travel_tokens_.at(static_cast<std::size_t>(r));
+  }
 
   std::span<const ring_step> steps() const noexcept { return steps_; }
   const ring_step& step(int t) const { return steps_.at(static_cast<std::size_t>(t)); }
@@ -165,6 +269,8 @@ private:
 
   int ranks_, rank_;
   std::int64_t q_tokens_, max_kv_tokens_;
+  kv_travel own_;
+  std::vector<std::int64_t> travel_tokens_; // every rank's (plan-built schedules)
   bool first_writes_ = false, last_writes_ = false;
   std::vector<ring_step> steps_;
 };

@@ -3,7 +3,7 @@
 //! The layout of a ring's workspace, one formula for every path and every `*_bytes()` query.
 //!
 //! Forward (host and device):   [ K/V slot 0 | ... | K/V slot S-1 | state o | state sum ]
-//! Backward, its base:          [ grad slot 0 | ... | grad slot S-1 | dQ (fp32) | D ]
+//! Backward, its base:          [ grad slot 0 | ... | grad slot S-1 | dQ (fp32) | own dK/dV | D ]
 //!   (`host_backward_bytes`), then `shares` fp32 dK/dV of the largest block
 //!   (`device_backward_bytes`: what the ring and the all-gather take on both paths)
 //!
@@ -13,8 +13,11 @@
 //! fp32 dk, dv (their widths). The state's o and dQ take the widths of the output and of q. The
 //! schedule decides the counts: the ring keeps two slots (the block in use and the one arriving)
 //! and one share, the all-gather a slot for every rank's block and a share for every block it
-//! receives dK/dV of. Slots are sized for the largest block; every region starts 256-byte aligned.
-//! The state's lse is the caller's lse.
+//! receives dK/dV of. Slots are sized for the largest block that travels; every region starts
+//! 256-byte aligned. The state's lse is the caller's lse. Where not all of a rank's shard travels
+//! (ring/schedule.cuh, `kv_travel`), the backward keeps the fp32 dK/dV of the whole shard apart
+//! ("own dK/dV"): the own slot then holds the travelling rows and the sums the other ranks add to
+//! them.
 
 #include <ringattn/arguments.cuh>
 #include <ringattn/block/device/backward_args.cuh>
@@ -58,10 +61,10 @@ block_backward_args<T> over_slot(block_backward_args<T> call, const grad_block_v
 class ring_workspace {
 public:
   ring_workspace(std::int64_t q_tokens, std::int64_t max_kv_tokens, const attention_arguments& args,
-                 element_format format, int slots = 2, int shares = 1)
+                 element_format format, int slots = 2, int shares = 1, bool own_sums = false)
       : n_(q_tokens), max_kv_(max_kv_tokens), qh_(args.q_heads), kvh_(args.kv_heads),
         dk_(args.qk_dim()), dv_(args.v_dim()), slots_(slots), shares_(shares), elem_(format.bytes),
-        scale_(format.scale_bytes_per_kv_head) {}
+        scale_(format.scale_bytes_per_kv_head), own_sums_(own_sums) {}
 
   static constexpr std::size_t align(std::size_t n) { return (n + 255) / 256 * 256; }
 
@@ -127,8 +130,11 @@ public:
   std::size_t dq_bytes() const {
     return align(static_cast<std::size_t>(n_) * qh_ * dk_ * sizeof(float));
   }
+  //! The shard's own fp32 dK/dV apart from the slots (none where the shard travels whole).
+  std::size_t own_sums_bytes() const { return own_sums_ ? align(grad_bytes(n_)) : 0; }
   std::size_t host_backward_bytes() const {
-    return slots() * grad_slot() + dq_bytes() + static_cast<std::size_t>(n_) * qh_ * sizeof(float);
+    return slots() * grad_slot() + dq_bytes() + own_sums_bytes() +
+           static_cast<std::size_t>(n_) * qh_ * sizeof(float);
   }
   std::size_t device_backward_bytes() const {
     return align(host_backward_bytes()) + shares() * align(grad_bytes(max_kv_));
@@ -145,8 +151,12 @@ public:
   float* dq(std::byte* base) const {
     return reinterpret_cast<float*>(base + slots() * grad_slot());
   }
-  float* delta(std::byte* base) const {
+  //! The whole shard's fp32 dK (then dV), `[q_tokens, kv_heads, width]` each, where kept apart.
+  float* own_sums(std::byte* base) const {
     return reinterpret_cast<float*>(base + slots() * grad_slot() + dq_bytes());
+  }
+  float* delta(std::byte* base) const {
+    return reinterpret_cast<float*>(base + slots() * grad_slot() + dq_bytes() + own_sums_bytes());
   }
   //! Share i of `shares` fp32 dK/dV regions after the host layout (the device ring: a step's
   //! share before it joins the arriving accumulators; the all-gather: a block's dK/dV received).
@@ -167,6 +177,7 @@ private:
   std::int64_t n_, max_kv_;
   int qh_, kvh_, dk_, dv_, slots_, shares_;
   std::size_t elem_, scale_;
+  bool own_sums_;
 };
 
 } // namespace ringattn
