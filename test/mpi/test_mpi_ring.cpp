@@ -101,10 +101,6 @@ void check_ring(mpi_communicator& comm, std::uint64_t seed, std::int64_t window_
     // Backward from this forward's output: dq, dk, dv of every rank against the oracle's backward.
     const std::uint64_t before_backward = comm.bytes_sent();
     const auto g = c.backward_rank(attn, r, out);
-    const auto grad_bytes = [&](auto src) { // a generic lambda: ring-shaped schedules only
-      return sizeof(float) * static_cast<std::size_t>(attn.schedule().travel_tokens(src)) *
-             a.kv_heads * (a.qk_dim() + a.v_dim());
-    };
     std::uint64_t want_backward = 0;
     if constexpr (heads) {
       want_backward = by_heads.backward;
@@ -113,7 +109,11 @@ void check_ring(mpi_communicator& comm, std::uint64_t seed, std::int64_t window_
     } else { // blocks travel with their dK/dV; the last one's go home
       for (int t = 0; t + 1 < steps; ++t)
         want_backward += attn.template backward_block_bytes<__nv_bfloat16>((r - t + p) % p);
-      if (steps > 1) want_backward += grad_bytes(source_of(attn, steps - 1));
+      if (steps > 1) // the fp32 dK/dV of the block held last go home: its travelling rows
+        want_backward +=
+            sizeof(float) *
+            static_cast<std::size_t>(attn.schedule().travel_tokens(source_of(attn, steps - 1))) *
+            a.kv_heads * (a.qk_dim() + a.v_dim());
     }
     CHECK(comm.bytes_sent() - before_backward == want_backward);
     const auto gp = c.rank_grad_error(r, g, c.oracle_backward());
