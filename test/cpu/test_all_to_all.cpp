@@ -211,3 +211,24 @@ TEST_CASE("all-to-all: a rank's heads, and what a replicated kv head costs") {
     CHECK(b.kv_begin(r) == b.q_begin(r) / (32 / 2));
   }
 }
+
+TEST_CASE("one rank: the all-to-all's gathered schedule runs the ring's program (the device path)") {
+  // With one rank the device all-to-all runs ring/program.cuh's ring program over the gathered
+  // schedule, whose step has no source rank: its one block is step 0's, whole.
+  const std::vector<std::int32_t> cu = {0, 37, 40, 95};
+  const attention_arguments a{8, 2, 64, 0.0f};
+  for (mask_kind m : {mask_kind::full, mask_kind::causal}) {
+    CAPTURE(static_cast<int>(m));
+    const partition_plan<zigzag> plan(cu, 1);
+    const all_to_all_plan p(plan, 0, position_window::of(m), a);
+    const ring_schedule& s = p.local();
+    CHECK(s.own_travel().whole);
+    CHECK(s.held_tokens(s.step(0)) == plan.tokens());
+    const ring_workspace ws = detail::ring_program::workspace(s, a, element_format::of<T>());
+    detail::trace_engine e;
+    detail::ring_program::forward(e, s, ws);
+    detail::ring_program::backward(e, s, ws);
+    CHECK(e.messages().empty());
+    CHECK(ws.own_sums_bytes() == 0);
+  }
+}

@@ -161,7 +161,7 @@ public:
   void forward(const ring_step& step, int slot) {
     const int t = step.index;
     nvtx_range range("step", t, s_.rank());
-    const auto b = ws_.kv_slot_views<T>(base_, slot, s_.travel_tokens(step.source));
+    const auto b = ws_.kv_slot_views<T>(base_, slot, s_.held_tokens(step));
     // Step 0 of a shard that does not travel whole reads the caller's k and v.
     const bool caller = t == 0 && !s_.own_travel().whole;
     if (t > 0) RINGATTN_CUDA_CHECK(cudaStreamWaitEvent(stream_, d_.arrived[slot], 0));

@@ -71,7 +71,7 @@ public:
   }
   void forward(const ring_step& step, int slot) {
     nvtx_range range("step", step.index, s_.rank());
-    const auto b = ws_.kv_slot_views<T>(base_, slot, s_.travel_tokens(step.source));
+    const auto b = ws_.kv_slot_views<T>(base_, slot, s_.held_tokens(step));
     // Step 0 of a shard that does not travel whole reads the caller's k and v.
     const bool caller = step.index == 0 && !s_.own_travel().whole;
     if (!step.groups.empty())

@@ -109,7 +109,7 @@ struct ring_program {
       const int t = step.index;
       e.forward(step, t % 2);
       if (const ring_step* next = s.next(t)) {
-        const std::int64_t held = s.travel_tokens(step.source), coming = next->kv_tokens;
+        const std::int64_t held = s.held_tokens(step), coming = next->kv_tokens;
         e.exchange(message{payload::kv, t % 2, (t + 1) % 2, held, coming,
                            step.forwarded ? ws.block_bytes(held) : 0,
                            next->arrives ? ws.block_bytes(coming) : 0, s.send_to(),
@@ -132,7 +132,7 @@ struct ring_program {
     for (const ring_step& step : s.steps()) {
       const int t = step.index;
       const ring_step* next = s.next(t);
-      const std::int64_t held = s.travel_tokens(step.source);
+      const std::int64_t held = s.held_tokens(step);
       if (next)
         e.exchange(message{payload::kv, t % 2, (t + 1) % 2, held, next->kv_tokens,
                            ws.block_bytes(held), ws.block_bytes(next->kv_tokens), s.send_to(),

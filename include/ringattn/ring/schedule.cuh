@@ -180,9 +180,10 @@ public:
   //! groups and counts their rows; throws `invalid_argument` on groups that do not fit.
   ring_schedule(int ranks, int rank, std::int64_t q_tokens, std::int64_t max_kv_tokens,
                 std::vector<ring_step> steps)
-      : ranks_(ranks), rank_(rank), q_tokens_(q_tokens),
-        max_kv_tokens_(max_kv_tokens), own_{true, q_tokens, {}}, steps_(std::move(steps)) {
+      : ranks_(ranks), rank_(rank), q_tokens_(q_tokens), max_kv_tokens_(max_kv_tokens),
+        steps_(std::move(steps)) {
     if (steps_.empty()) throw invalid_argument("ringattn: a schedule needs at least one step");
+    own_ = {true, steps_.front().kv_tokens, {}};      // step 0's block, whole
     for (std::size_t t = 0; t < steps_.size(); ++t) { // every block exchanged, nothing skipped
       steps_[t].arrives = t > 0;
       steps_[t].forwarded = t + 1 < steps_.size();
@@ -209,10 +210,14 @@ public:
   std::int64_t max_kv_tokens() const noexcept { return max_kv_tokens_; }
   //! The rows of this rank's shard that travel.
   const kv_travel& own_travel() const noexcept { return own_; }
-  //! Rows of rank `r`'s block as it travels (ring-shaped schedules; step t's slot holds
-  //! `travel_tokens(step.source)` rows).
+  //! Rows of rank `r`'s block as it travels (schedules built from a plan).
   std::int64_t travel_tokens(int r) const {
     return r == rank_ ? own_.tokens : travel_tokens_.at(static_cast<std::size_t>(r));
+  }
+  //! Rows of the block in a step's slot: the own block's travelling rows at step 0, the block as
+  //! it arrived later.
+  std::int64_t held_tokens(const ring_step& step) const noexcept {
+    return step.index == 0 ? own_.tokens : step.kv_tokens;
   }
 
   std::span<const ring_step> steps() const noexcept { return steps_; }
