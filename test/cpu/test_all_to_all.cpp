@@ -212,7 +212,8 @@ TEST_CASE("all-to-all: a rank's heads, and what a replicated kv head costs") {
   }
 }
 
-TEST_CASE("one rank: the all-to-all's gathered schedule runs the ring's program (the device path)") {
+TEST_CASE(
+    "one rank: the all-to-all's gathered schedule runs the ring's program (the device path)") {
   // With one rank the device all-to-all runs ring/program.cuh's ring program over the gathered
   // schedule, whose step has no source rank: its one block is step 0's, whole.
   const std::vector<std::int32_t> cu = {0, 37, 40, 95};
