@@ -26,6 +26,7 @@
 //! `decode_combine_kernel`: per row, the splits in order, then the block merges into the fp32 state
 //! (core/state.cuh) as a `fresh` or a `merge` epilogue.
 
+#include <ringattn/block/kernel/online_softmax.cuh>
 #include <ringattn/block/kernel/primitives.cuh>
 #include <ringattn/config.cuh>
 #include <ringattn/core/block.cuh>
@@ -253,7 +254,7 @@ __global__ void __launch_bounds__(128, 2)
 #pragma unroll
   for (int t = 0; t < DTiles; ++t)
     acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
-  float m[2] = {neg_inf, neg_inf}, l[2] = {0.0f, 0.0f};
+  online_softmax<carrying_max> sm; // this thread's two rows
   // Each score's factor for this thread's two rows: the key scale of a head, and for bf16
   // queries in fp16 their row's power of two.
   float row_scale[2] = {k_scale, k_scale};
@@ -375,52 +376,25 @@ __global__ void __launch_bounds__(128, 2)
           if (wk * KW + n * 8 + 2 * (lane & 3) + (e & 1) >= left) s[n][e] = neg_inf;
     }
 
-    // Online softmax in base 2 (NaN-aware maxima: a NaN score stays NaN in m, l and o); P is
-    // packed to 16-bit pairs, two score tiles making one A fragment of P V.
+    // Online softmax (NaN carried: a NaN score stays NaN in m, l and o); P is packed to 16-bit
+    // pairs, two score tiles making one A fragment of P V.
     std::uint32_t pa[NT / 2][4];
-    float mx[2] = {neg_inf, neg_inf};
-#pragma unroll
-    for (int n = 0; n < NT; ++n) {
-      mx[0] = nan_max(mx[0], nan_max(s[n][0], s[n][1]));
-      mx[1] = nan_max(mx[1], nan_max(s[n][2], s[n][3]));
-    }
-    float corr[2], base[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      mx[r] = nan_max(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = nan_max(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      const float now = nan_max(m[r], mx[r] * scale_log2);
-      corr[r] = m[r] == neg_inf ? 0.0f : fast_exp2(m[r] - now);
-      base[r] = now == neg_inf ? 0.0f : now; // nothing seen yet: every p is 0
-      m[r] = now;
-      l[r] *= corr[r];
-    }
-#pragma unroll
-    for (int n = 0; n < NT; ++n) {
-      const float p0 = fast_exp2(fmaf(s[n][0], scale_log2, -base[0]));
-      const float p1 = fast_exp2(fmaf(s[n][1], scale_log2, -base[0]));
-      const float p2 = fast_exp2(fmaf(s[n][2], scale_log2, -base[1]));
-      const float p3 = fast_exp2(fmaf(s[n][3], scale_log2, -base[1]));
-      l[0] += p0 + p1;
-      l[1] += p2 + p3;
-      if constexpr (per_key) {
-        // Each weight times its value's scale, the sum of weights unscaled.
-        const int col = wk * KW + n * 8 + 2 * (lane & 3);
-        const float s0 = vscale_t[col] * v_over, s1 = vscale_t[col + 1] * v_over;
-        pa[n / 2][(n & 1) * 2] = pack2<M>(p0 * s0, p1 * s1);
-        pa[n / 2][(n & 1) * 2 + 1] = pack2<M>(p2 * s0, p3 * s1);
-      } else {
-        pa[n / 2][(n & 1) * 2] = pack2<M>(p0, p1);
-        pa[n / 2][(n & 1) * 2 + 1] = pack2<M>(p2, p3);
-      }
-    }
-#pragma unroll
-    for (int d = 0; d < DTiles; ++d) {
-      acc[d][0] *= corr[0];
-      acc[d][1] *= corr[0];
-      acc[d][2] *= corr[1];
-      acc[d][3] *= corr[1];
-    }
+    float corr[2];
+    sm.template update<NT>([&](int n, int e) { return s[n][e]; }, scale_log2, corr,
+                           [&](int n, float p0, float p1, float p2, float p3) {
+                             if constexpr (per_key) {
+                               // Each weight times its value's scale, the sum of weights unscaled.
+                               const int col = wk * KW + n * 8 + 2 * (lane & 3);
+                               const float s0 = vscale_t[col] * v_over,
+                                           s1 = vscale_t[col + 1] * v_over;
+                               pa[n / 2][(n & 1) * 2] = pack2<M>(p0 * s0, p1 * s1);
+                               pa[n / 2][(n & 1) * 2 + 1] = pack2<M>(p2 * s0, p3 * s1);
+                             } else {
+                               pa[n / 2][(n & 1) * 2] = pack2<M>(p0, p1);
+                               pa[n / 2][(n & 1) * 2 + 1] = pack2<M>(p2, p3);
+                             }
+                           });
+    scale_rows<DTiles>([&](int d, int e) -> float& { return acc[d][e]; }, corr);
 
     // O += P V over the warp's keys.
 #pragma unroll
@@ -446,8 +420,8 @@ __global__ void __launch_bounds__(128, 2)
 
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    sm.l[r] += __shfl_xor_sync(0xffffffffu, sm.l[r], 1);
+    sm.l[r] += __shfl_xor_sync(0xffffffffu, sm.l[r], 2);
   }
   float* out = scratch + (static_cast<std::int64_t>(item.slot) * kv_heads + kvh) *
                              decode_partial_floats(D, Rows);
@@ -461,7 +435,7 @@ __global__ void __launch_bounds__(128, 2)
       for (int d = 0; d < DTiles; ++d)
         *reinterpret_cast<float2*>(out + row * D + d * 8 + 2 * (lane & 3)) =
             make_float2(acc[d][2 * r], acc[d][2 * r + 1]);
-      if ((lane & 3) == 0) out[Rows * D + row] = m[r], out[Rows * (D + 1) + row] = l[r];
+      if ((lane & 3) == 0) out[Rows * D + row] = sm.m[r], out[Rows * (D + 1) + row] = sm.l[r];
     }
   } else {
     float* o_s = reinterpret_cast<float*>(decode_smem); // [KeyWarps][Rows][D]
@@ -474,7 +448,7 @@ __global__ void __launch_bounds__(128, 2)
       for (int d = 0; d < DTiles; ++d)
         *reinterpret_cast<float2*>(o_s + (wk * Rows + row) * D + d * 8 + 2 * (lane & 3)) =
             make_float2(acc[d][2 * r], acc[d][2 * r + 1]);
-      if ((lane & 3) == 0) m_s[wk * Rows + row] = m[r], l_s[wk * Rows + row] = l[r];
+      if ((lane & 3) == 0) m_s[wk * Rows + row] = sm.m[r], l_s[wk * Rows + row] = sm.l[r];
     }
     __syncthreads();
     for (int i = static_cast<int>(threadIdx.x); i < rows * D; i += 128) {

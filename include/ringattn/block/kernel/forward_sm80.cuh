@@ -6,6 +6,7 @@
 
 #include <ringattn/block/kernel/epilogue.cuh>
 #include <ringattn/block/kernel/mask.cuh>
+#include <ringattn/block/kernel/online_softmax.cuh>
 #include <ringattn/block/kernel/primitives.cuh>
 #include <ringattn/config.cuh>
 #include <ringattn/core/tuning.cuh>
@@ -26,7 +27,6 @@ __global__ void __launch_bounds__(Warps * 32, Warps == 4 && D <= 128 ? 2 : 1)
   constexpr int KSteps = D / 16; // k-steps of Q K^T
   constexpr int NTiles = BN / 8; // 8-column tiles of S
   constexpr int DTiles = D / 8;  // 8-column tiles of O
-  constexpr float neg_inf = -__builtin_huge_valf();
 
   extern __shared__ __align__(128) unsigned char smem_raw[];
   T* sQ = reinterpret_cast<T*>(smem_raw);
@@ -68,12 +68,7 @@ __global__ void __launch_bounds__(Warps * 32, Warps == 4 && D <= 128 ? 2 : 1)
 #pragma unroll
     for (int t = 0; t < DTiles; ++t)
       acc[mt][t][0] = acc[mt][t][1] = acc[mt][t][2] = acc[mt][t][3] = 0.0f;
-  // Running max of scaled scores (log2 units) and this thread's part of the running sum, for
-  // rows r and r + 8 of each row tile.
-  float m[MT][2], l[MT][2];
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-    m[mt][0] = m[mt][1] = neg_inf, l[mt][0] = l[mt][1] = 0.0f;
+  online_softmax<> sm[MT]; // rows r and r + 8 of each row tile
   std::uint32_t qf[QInRegisters ? MT : 1][QInRegisters ? KSteps : 1][4];
 
   const int wrow = warp * 16 * MT; // first row of this warp in the tile
@@ -150,47 +145,19 @@ __global__ void __launch_bounds__(Warps * 32, Warps == 4 && D <= 128 ? 2 : 1)
                               row0 + wrow + mt * 16, j * BN, walk.count(b), lane);
     }
 
-    // Online softmax in base 2: p = 2^(s * scale_log2 - m). P is packed to 16-bit pairs at once:
-    // the fp32 scores die here (half the registers), and two 8-column tiles of S accumulators are
-    // exactly the A fragment of one k-step of P V.
+    // Online softmax (online_softmax.cuh). P is packed to 16-bit pairs at once: the fp32 scores
+    // die here (half the registers), and two 8-column tiles of S accumulators are exactly the A
+    // fragment of one k-step of P V.
     std::uint32_t pa[MT][BN / 16][4];
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
-      float mx[2] = {neg_inf, neg_inf};
-#pragma unroll
-      for (int t = 0; t < NTiles; ++t) {
-        mx[0] = fmaxf(mx[0], fmaxf(s[mt][t][0], s[mt][t][1]));
-        mx[1] = fmaxf(mx[1], fmaxf(s[mt][t][2], s[mt][t][3]));
-      }
-      float corr[2], base[2];
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-        const float mnew = fmaxf(m[mt][r], mx[r] * p.scale_log2);
-        corr[r] = m[mt][r] == neg_inf ? 0.0f : fast_exp2(m[mt][r] - mnew);
-        base[r] = mnew == neg_inf ? 0.0f : mnew; // a row with nothing visible yet: p = 0
-        m[mt][r] = mnew;
-        l[mt][r] *= corr[r];
-      }
-#pragma unroll
-      for (int t = 0; t < NTiles; ++t) {
-        const float p0 = fast_exp2(fmaf(s[mt][t][0], p.scale_log2, -base[0]));
-        const float p1 = fast_exp2(fmaf(s[mt][t][1], p.scale_log2, -base[0]));
-        const float p2 = fast_exp2(fmaf(s[mt][t][2], p.scale_log2, -base[1]));
-        const float p3 = fast_exp2(fmaf(s[mt][t][3], p.scale_log2, -base[1]));
-        l[mt][0] += p0 + p1;
-        l[mt][1] += p2 + p3;
-        pa[mt][t / 2][(t & 1) * 2] = pack2<T>(p0, p1);
-        pa[mt][t / 2][(t & 1) * 2 + 1] = pack2<T>(p2, p3);
-      }
-#pragma unroll
-      for (int t = 0; t < DTiles; ++t) {
-        acc[mt][t][0] *= corr[0];
-        acc[mt][t][1] *= corr[0];
-        acc[mt][t][2] *= corr[1];
-        acc[mt][t][3] *= corr[1];
-      }
+      float corr[2];
+      sm[mt].template update<NTiles>([&](int t, int e) { return s[mt][t][e]; }, p.scale_log2, corr,
+                                     [&](int t, float p0, float p1, float p2, float p3) {
+                                       pa[mt][t / 2][(t & 1) * 2] = pack2<T>(p0, p1);
+                                       pa[mt][t / 2][(t & 1) * 2 + 1] = pack2<T>(p2, p3);
+                                     });
+      scale_rows<DTiles>([&](int t, int e) -> float& { return acc[mt][t][e]; }, corr);
     }
 
     // O += P V; each V fragment feeds MT instructions.
@@ -217,8 +184,8 @@ __global__ void __launch_bounds__(Warps * 32, Warps == 4 && D <= 128 ? 2 : 1)
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int r = 0; r < 2; ++r)
-        x = nan_max(x, row_max_logit(wrow + mt * 16 + (lane >> 2) + r * 8 < rows_valid, m[mt][r],
-                                     l[mt][r]));
+        x = nan_max(x, row_max_logit(wrow + mt * 16 + (lane >> 2) + r * 8 < rows_valid, sm[mt].m[r],
+                                     sm[mt].l[r]));
     add_max_logit(p, h, lane, x);
   }
   // The block's (o, lse) per row, then merge into the state (or write it plainly).
@@ -227,8 +194,8 @@ __global__ void __launch_bounds__(Warps * 32, Warps == 4 && D <= 128 ? 2 : 1)
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int local = wrow + mt * 16 + (lane >> 2) + r * 8;
-      finish_row<T, D, E>(p, h, g.q_begin + row0 + local, local < rows_valid, m[mt][r], l[mt][r],
-                          lane, [&](int t, int x) { return acc[mt][t][2 * r + x]; });
+      finish_row<T, D, E>(p, h, g.q_begin + row0 + local, local < rows_valid, sm[mt].m[r],
+                          sm[mt].l[r], lane, [&](int t, int x) { return acc[mt][t][2 * r + x]; });
     }
 }
 
