@@ -205,24 +205,40 @@ def test_group_of_one_rank_skips_the_agreement():
     run_ranks(1, _group_of_one)
 
 
-def _gloo_threads():
-    """Threads of this process that run a gloo process group's work loop (Linux)."""
-    count = 0
-    for task in os.listdir("/proc/self/task"):
+def _tasks():
+    """Ids of this process's threads (Linux)."""
+    return set(os.listdir("/proc/self/task"))
+
+
+def _gloo_threads(excluding):
+    """Threads of this process that run a gloo process group's work loop, less `excluding` (ids).
+
+    A group's threads exist when it is made but name themselves once they run, so a count by name
+    alone can grow later for an older group; ids taken before a group is made tell its threads
+    apart from the older groups'."""
+    found = set()
+    for task in _tasks() - excluding:
         try:
             with open(f"/proc/self/task/{task}/comm") as f:
-                count += f.read().strip() == "pt_gloo_runloop"
+                if f.read().strip() == "pt_gloo_runloop":
+                    found.add(task)
         except OSError:  # a thread that ended meanwhile
             pass
-    return count
+    return found
+
+
+def _wait_until(condition, seconds=10):
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return condition()
 
 
 def _group_released(rank, ranks):
-    dist.barrier()  # the default group's own threads, which may start at its first collective
-    base = _gloo_threads()
+    before = _tasks()  # every thread of the default group among them, named or not yet
     sub = dist.new_group(list(range(ranks)), backend="gloo")
     dist.barrier(group=sub)
-    assert _gloo_threads() > base, "no gloo work loop threads to count"
+    assert _wait_until(lambda: _gloo_threads(before)), "no gloo work loop threads to count"
     g = torch.Generator().manual_seed(5)
     cu = [0, 30, 61]
     q, k, v = inputs(cu, 4, 2, 64, 64, torch.float32, "cpu", g)
@@ -235,12 +251,9 @@ def _group_released(rank, ranks):
     # The extension keeps no group alive: its work loop threads end with it, now, and not during
     # the interpreter's shutdown (where a late work's Python decref aborts the process). The last
     # reference may be a finished work's, dropped on a work loop thread a moment later.
-    deadline = time.monotonic() + 10
-    while _gloo_threads() > base and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert _gloo_threads() == base, (f"rank {rank}: a process group outlived "
-                                     f"destroy_process_group ({_gloo_threads()} work loop "
-                                     f"threads, {base} before it was made)")
+    released = _wait_until(lambda: not _gloo_threads(before))
+    assert released, (f"rank {rank}: a process group outlived destroy_process_group "
+                      f"({len(_gloo_threads(before))} of its work loop threads still run)")
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads through /proc")
